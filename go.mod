@@ -1,6 +1,6 @@
 module github.com/airlockhq/airlock
 
-go 1.26
+go 1.26.0
 
 require (
 	github.com/cavaliergopher/cpio v1.0.1

@@ -1,0 +1,585 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/creack/pty"
+	"golang.org/x/sys/unix"
+
+	"github.com/airlockhq/airlock/internal/agentproto"
+)
+
+// drainIdle is how long output pipes may stay silent after the process
+// exited before the agent stops reading them. Output the process wrote is
+// already in the pipe and drains at once; only a background child that
+// inherited the pipe and keeps it open hits this.
+const drainIdle = 250 * time.Millisecond
+
+// reaper waits for every child of PID 1, including orphans it adopts, and
+// hands exit statuses to the processes the agent started.
+type reaper struct {
+	mu      sync.Mutex // guards waiters; held across fork so a fast exit is never missed
+	waiters map[int]chan unix.WaitStatus
+}
+
+func newReaper() *reaper { return &reaper{waiters: map[int]chan unix.WaitStatus{}} }
+
+// run reaps children on SIGCHLD until ctx ends.
+func (r *reaper) run(ctx context.Context) {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, unix.SIGCHLD)
+	defer signal.Stop(sigs)
+	tick := time.NewTicker(time.Second) // a lost SIGCHLD never strands a zombie
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-sigs:
+		case <-tick.C:
+		}
+		r.reap()
+	}
+}
+
+func (r *reaper) reap() {
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+		if pid <= 0 || err != nil {
+			return
+		}
+		r.mu.Lock()
+		ch, ok := r.waiters[pid]
+		delete(r.waiters, pid)
+		r.mu.Unlock()
+		if ok {
+			ch <- ws
+		}
+	}
+}
+
+// start runs fork, which returns the new child's PID, and registers a
+// waiter for it.
+func (r *reaper) start(fork func() (int, error)) (int, <-chan unix.WaitStatus, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	pid, err := fork()
+	if err != nil {
+		return 0, nil, err
+	}
+	ch := make(chan unix.WaitStatus, 1)
+	r.waiters[pid] = ch
+	return pid, ch, nil
+}
+
+// process is a running exec, reachable by ID for signals and resizes.
+type process struct {
+	pid    int
+	pty    *os.File // nil without a terminal
+	killed chan struct{}
+}
+
+// streamWriter serialises messages from several goroutines on one stream.
+type streamWriter struct {
+	mu sync.Mutex // one message at a time
+	w  io.Writer
+}
+
+func (s *streamWriter) msg(t agentproto.MsgType, p []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return agentproto.WriteMsg(s.w, t, p)
+}
+
+func (s *streamWriter) json(t agentproto.MsgType, v any) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return agentproto.WriteJSON(s.w, t, v)
+}
+
+func (a *Agent) handleExec(st net.Conn, req *agentproto.ExecRequest) {
+	if req == nil {
+		replyErr(st, agentproto.CodeInvalid, "exec request without exec parameters")
+		return
+	}
+	if !a.initialized.Load() {
+		replyErr(st, agentproto.CodeState, "the sandbox is not initialised yet")
+		return
+	}
+	if err := req.Validate(); err != nil {
+		replyErr(st, agentproto.CodeInvalid, err.Error())
+		return
+	}
+	spec, err := a.prepare(req)
+	if err != nil {
+		var pe *agentproto.Error
+		if errors.As(err, &pe) {
+			reply(st, agentproto.Result{Error: pe})
+		} else {
+			replyErr(st, agentproto.CodeInternal, err.Error())
+		}
+		return
+	}
+	a.run(st, req, spec)
+}
+
+// execSpec is an exec request resolved against the sandbox's filesystem.
+type execSpec struct {
+	path string
+	argv []string
+	env  []string
+	dir  string
+	cred *syscall.Credential
+}
+
+func (a *Agent) prepare(req *agentproto.ExecRequest) (*execSpec, error) {
+	argv := req.Argv
+	if req.Cmd != "" {
+		argv = []string{"/bin/sh", "-c", req.Cmd}
+	}
+	env := map[string]string{
+		"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"LANG": "C.UTF-8",
+	}
+	a.mu.Lock()
+	for k, v := range a.defaultEnv {
+		env[k] = v
+	}
+	a.mu.Unlock()
+
+	spec := &execSpec{argv: argv}
+	home := "/"
+	if a.cfg.System || req.User != "" {
+		name := req.User
+		if name == "" {
+			name = "root"
+		}
+		cred, h, u, err := lookupUser(name)
+		if err != nil {
+			return nil, err
+		}
+		spec.cred, home = cred, h
+		env["HOME"], env["USER"], env["LOGNAME"] = h, u, u
+	}
+	if req.PTY != nil {
+		env["TERM"] = "xterm-256color"
+	}
+	for k, v := range req.Env {
+		env[k] = v
+	}
+	for k, v := range env {
+		spec.env = append(spec.env, k+"="+v)
+	}
+	sort.Strings(spec.env)
+
+	spec.dir = req.Cwd
+	if spec.dir == "" {
+		spec.dir = home
+		if fi, err := os.Stat(home); err != nil || !fi.IsDir() {
+			spec.dir = "/"
+		}
+	}
+	if fi, err := os.Stat(spec.dir); err != nil || !fi.IsDir() {
+		return nil, &agentproto.Error{Code: agentproto.CodeInvalid, Message: fmt.Sprintf("working directory %s does not exist", spec.dir)}
+	}
+	p, err := lookPath(argv[0], env["PATH"], spec.dir)
+	if err != nil {
+		return nil, err
+	}
+	spec.path = p
+	return spec, nil
+}
+
+// lookupUser resolves a user name or numeric "uid[:gid]" in the sandbox's
+// /etc/passwd.
+func lookupUser(name string) (*syscall.Credential, string, string, error) {
+	if uidStr, gidStr, ok := strings.Cut(name, ":"); ok || isDigits(name) {
+		uid, err1 := strconv.ParseUint(uidStr, 10, 32)
+		gid := uid
+		var err2 error
+		if ok {
+			gid, err2 = strconv.ParseUint(gidStr, 10, 32)
+		}
+		if err1 != nil || err2 != nil {
+			return nil, "", "", &agentproto.Error{Code: agentproto.CodeInvalid, Message: fmt.Sprintf("user %q is not a name or uid[:gid]", name)}
+		}
+		home := "/"
+		if u, err := user.LookupId(uidStr); err == nil {
+			home = u.HomeDir
+		}
+		return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, home, uidStr, nil
+	}
+	u, err := user.Lookup(name)
+	if err != nil {
+		return nil, "", "", &agentproto.Error{Code: agentproto.CodeInvalid, Message: fmt.Sprintf("user %q does not exist in the sandbox", name)}
+	}
+	uid, _ := strconv.ParseUint(u.Uid, 10, 32)
+	gid, _ := strconv.ParseUint(u.Gid, 10, 32)
+	cred := &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	if gids, err := u.GroupIds(); err == nil {
+		for _, g := range gids {
+			if n, err := strconv.ParseUint(g, 10, 32); err == nil {
+				cred.Groups = append(cred.Groups, uint32(n))
+			}
+		}
+	}
+	return cred, u.HomeDir, u.Username, nil
+}
+
+func isDigits(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// lookPath finds an executable the way a shell would, with the process's
+// own PATH.
+func lookPath(name, pathEnv, dir string) (string, error) {
+	notFound := &agentproto.Error{Code: agentproto.CodeNotFound, Message: fmt.Sprintf("%s: command not found", name)}
+	check := func(p string) bool {
+		fi, err := os.Stat(p)
+		return err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0
+	}
+	if strings.Contains(name, "/") {
+		p := name
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(dir, p)
+		}
+		if !check(p) {
+			return "", notFound
+		}
+		return p, nil
+	}
+	for _, d := range filepath.SplitList(pathEnv) {
+		if d == "" {
+			d = "."
+		}
+		if p := filepath.Join(d, name); check(p) {
+			return p, nil
+		}
+	}
+	return "", notFound
+}
+
+// run starts the process, streams its output and reports its end.
+func (a *Agent) run(st net.Conn, req *agentproto.ExecRequest, spec *execSpec) {
+	out := &streamWriter{w: st}
+	var (
+		childFiles []*os.File // the child's ends, closed once it started
+		stdin      *os.File   // our end of stdin, nil without one
+		outputs    []*os.File // our ends of stdout, stderr (or the pty)
+		types      []agentproto.MsgType
+		ptmx       *os.File
+	)
+	closeAll := func(fs []*os.File) {
+		for _, f := range fs {
+			if f != nil {
+				f.Close()
+			}
+		}
+	}
+	fail := func(err error) {
+		closeAll(childFiles)
+		closeAll(outputs)
+		if stdin != nil {
+			stdin.Close()
+		}
+		replyErr(st, agentproto.CodeInternal, err.Error())
+	}
+	sys := &syscall.SysProcAttr{Credential: spec.cred}
+	if spec.cred != nil && spec.cred.Uid == uint32(os.Geteuid()) && spec.cred.Gid == uint32(os.Getegid()) && len(spec.cred.Groups) == 0 {
+		sys.Credential = nil // nothing to change; also lets tests run unprivileged
+	}
+	if req.PTY != nil {
+		m, tty, err := pty.Open()
+		if err != nil {
+			fail(fmt.Errorf("open pty: %w", err))
+			return
+		}
+		pty.Setsize(m, &pty.Winsize{Rows: req.PTY.Rows, Cols: req.PTY.Cols})
+		ptmx = m
+		childFiles = []*os.File{tty, tty, tty}
+		outputs, types = []*os.File{m}, []agentproto.MsgType{agentproto.MsgStdout}
+		if req.Stdin {
+			stdin = m
+		}
+		sys.Setsid, sys.Setctty, sys.Ctty = true, true, 0
+	} else {
+		var in *os.File
+		if req.Stdin {
+			r, w, err := os.Pipe()
+			if err != nil {
+				fail(err)
+				return
+			}
+			in, stdin = r, w
+		} else {
+			f, err := os.Open(os.DevNull)
+			if err != nil {
+				fail(err)
+				return
+			}
+			in = f
+		}
+		or, ow, err := os.Pipe()
+		if err != nil {
+			in.Close()
+			fail(err)
+			return
+		}
+		er, ew, err := os.Pipe()
+		if err != nil {
+			closeAll([]*os.File{in, or, ow})
+			fail(err)
+			return
+		}
+		childFiles = []*os.File{in, ow, ew}
+		outputs = []*os.File{or, er}
+		types = []agentproto.MsgType{agentproto.MsgStdout, agentproto.MsgStderr}
+		sys.Setpgid = true
+	}
+
+	start := time.Now()
+	pid, waitCh, err := a.reaper.start(func() (int, error) {
+		p, err := os.StartProcess(spec.path, spec.argv, &os.ProcAttr{Dir: spec.dir, Env: spec.env, Files: childFiles, Sys: sys})
+		if err != nil {
+			return 0, err
+		}
+		pid := p.Pid
+		p.Release()
+		return pid, nil
+	})
+	if req.PTY != nil {
+		childFiles = childFiles[:1] // one tty, listed three times
+	}
+	closeAll(childFiles)
+	childFiles = nil
+	if err != nil {
+		closeAll(outputs)
+		if stdin != nil && stdin != ptmx {
+			stdin.Close()
+		}
+		code := agentproto.CodeInternal
+		if errors.Is(err, os.ErrPermission) {
+			code = agentproto.CodePermission
+		}
+		replyErr(st, code, fmt.Sprintf("start %s: %v", spec.argv[0], err))
+		return
+	}
+
+	id := fmt.Sprintf("p%d", a.nextID.Add(1))
+	proc := &process{pid: pid, pty: ptmx, killed: make(chan struct{})}
+	a.mu.Lock()
+	a.procs[id] = proc
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		delete(a.procs, id)
+		a.mu.Unlock()
+	}()
+	out.json(agentproto.MsgStarted, agentproto.Started{ID: id, PID: pid})
+
+	// Output pumps: each ends at EOF, on a write error, or once the process
+	// has exited and its pipe stays idle for drainIdle.
+	exited := make(chan struct{})
+	var pumps sync.WaitGroup
+	for i, f := range outputs {
+		pumps.Add(1)
+		go func(f *os.File, t agentproto.MsgType) {
+			defer pumps.Done()
+			pumpOutput(f, t, out, exited)
+		}(f, types[i])
+	}
+	if stdin != nil {
+		go pumpStdin(st, stdin, ptmx != nil)
+	} else {
+		// Still read the stream so that the host closing it is noticed.
+		go io.Copy(io.Discard, st)
+	}
+
+	var timer <-chan time.Time
+	if req.TimeoutMS > 0 {
+		t := time.NewTimer(time.Duration(req.TimeoutMS) * time.Millisecond)
+		defer t.Stop()
+		timer = t.C
+	}
+	var ws unix.WaitStatus
+	timedOut := false
+	select {
+	case ws = <-waitCh:
+	case <-timer:
+		timedOut = true
+		unix.Kill(-pid, unix.SIGKILL)
+		unix.Kill(pid, unix.SIGKILL)
+		ws = <-waitCh
+	}
+	dur := time.Since(start)
+	close(exited)
+	pumps.Wait()
+	closeAll(outputs)
+	if stdin != nil && stdin != ptmx {
+		stdin.Close()
+	}
+
+	exit := agentproto.Exit{TimedOut: timedOut, DurationMS: dur.Milliseconds()}
+	switch {
+	case ws.Signaled():
+		exit.ExitCode = 128 + int(ws.Signal())
+		exit.Signal = strings.TrimPrefix(unix.SignalName(ws.Signal()), "SIG")
+	default:
+		exit.ExitCode = ws.ExitStatus()
+	}
+	out.json(agentproto.MsgExit, exit)
+}
+
+func pumpOutput(f *os.File, t agentproto.MsgType, out *streamWriter, exited <-chan struct{}) {
+	buf := make([]byte, agentproto.ChunkSize)
+	done := false
+	for {
+		if !done {
+			select {
+			case <-exited:
+				done = true
+			default:
+			}
+		}
+		if done {
+			f.SetReadDeadline(time.Now().Add(drainIdle))
+		} else {
+			// Wake up now and then to notice the exit.
+			f.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		}
+		n, err := f.Read(buf)
+		if n > 0 {
+			if werr := out.msg(t, buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) && !done {
+				continue
+			}
+			return // EOF, EIO from a pty whose last holder left, or idle after exit
+		}
+	}
+}
+
+// pumpStdin copies MsgStdin payloads into the process until MsgEOF or the
+// end of the stream. For a pty, EOF is sent as the terminal's EOF character
+// instead of closing the master, which would hang up the terminal.
+func pumpStdin(st net.Conn, stdin *os.File, isPTY bool) {
+	buf := make([]byte, agentproto.ChunkSize+64)
+	for {
+		t, p, err := agentproto.ReadMsg(st, buf)
+		if err != nil {
+			if !isPTY {
+				stdin.Close()
+			}
+			return
+		}
+		switch t {
+		case agentproto.MsgStdin:
+			if _, err := stdin.Write(p); err != nil {
+				io.Copy(io.Discard, st)
+				return
+			}
+		case agentproto.MsgEOF:
+			if isPTY {
+				stdin.Write([]byte{4})
+			} else {
+				stdin.Close()
+			}
+			io.Copy(io.Discard, st)
+			return
+		}
+	}
+}
+
+func (a *Agent) lookupProc(id string) *process {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.procs[id]
+}
+
+func (a *Agent) handleSignal(st net.Conn, req *agentproto.SignalReq) {
+	if req == nil {
+		replyErr(st, agentproto.CodeInvalid, "signal request without parameters")
+		return
+	}
+	sig, err := ParseSignal(req.Signal)
+	if err != nil {
+		replyErr(st, agentproto.CodeInvalid, err.Error())
+		return
+	}
+	p := a.lookupProc(req.ID)
+	if p == nil {
+		replyErr(st, agentproto.CodeNotFound, fmt.Sprintf("no running process %q", req.ID))
+		return
+	}
+	// The whole group: a shell's children get it too.
+	if err := unix.Kill(-p.pid, sig); err != nil {
+		unix.Kill(p.pid, sig)
+	}
+	reply(st, agentproto.Result{})
+}
+
+func (a *Agent) handleResize(st net.Conn, req *agentproto.ResizeReq) {
+	if req == nil || req.Rows == 0 || req.Cols == 0 {
+		replyErr(st, agentproto.CodeInvalid, "resize needs positive rows and cols")
+		return
+	}
+	p := a.lookupProc(req.ID)
+	if p == nil {
+		replyErr(st, agentproto.CodeNotFound, fmt.Sprintf("no running process %q", req.ID))
+		return
+	}
+	if p.pty == nil {
+		replyErr(st, agentproto.CodeInvalid, "the process has no terminal to resize")
+		return
+	}
+	if err := pty.Setsize(p.pty, &pty.Winsize{Rows: req.Rows, Cols: req.Cols}); err != nil {
+		replyErr(st, agentproto.CodeInternal, fmt.Sprintf("resize: %v", err))
+		return
+	}
+	reply(st, agentproto.Result{})
+}
+
+// ParseSignal accepts "TERM", "SIGTERM" or a number.
+func ParseSignal(s string) (syscall.Signal, error) {
+	if n, err := strconv.Atoi(s); err == nil {
+		if n <= 0 || n > 64 {
+			return 0, fmt.Errorf("signal %d is out of range", n)
+		}
+		return syscall.Signal(n), nil
+	}
+	name := strings.ToUpper(s)
+	if !strings.HasPrefix(name, "SIG") {
+		name = "SIG" + name
+	}
+	sig := unix.SignalNum(name)
+	if sig == 0 {
+		return 0, fmt.Errorf("unknown signal %q", s)
+	}
+	return sig, nil
+}

@@ -1,0 +1,149 @@
+package agentclient
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+
+	"github.com/airlockhq/airlock/internal/agentproto"
+)
+
+func jsonDecode(b []byte, v any) error {
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("decode agent message: %w", err)
+	}
+	return nil
+}
+
+// ReadFile copies the file at path in the sandbox into w and returns its
+// stat.
+func (c *Client) ReadFile(ctx context.Context, path string, w io.Writer) (agentproto.Stat, error) {
+	st, done, err := c.open(ctx, agentproto.Request{Op: agentproto.OpRead, Path: path})
+	if err != nil {
+		return agentproto.Stat{}, err
+	}
+	defer done()
+	res, err := c.result(ctx, st)
+	if err != nil {
+		return agentproto.Stat{}, err
+	}
+	if err := c.receive(ctx, st, w); err != nil {
+		return agentproto.Stat{}, err
+	}
+	if res.Stat == nil {
+		return agentproto.Stat{}, nil
+	}
+	return *res.Stat, nil
+}
+
+// receive copies MsgData payloads into w until MsgEOF. An error result in
+// their place ends the transfer with that error.
+func (c *Client) receive(ctx context.Context, r io.Reader, w io.Writer) error {
+	buf := make([]byte, agentproto.ChunkSize+64)
+	for {
+		t, b, err := agentproto.ReadMsg(r, buf)
+		if err != nil {
+			return c.linkErr(ctx, err)
+		}
+		switch t {
+		case agentproto.MsgData:
+			if _, err := w.Write(b); err != nil {
+				return err
+			}
+		case agentproto.MsgEOF:
+			return nil
+		case agentproto.MsgResult:
+			var res agentproto.Result
+			if err := jsonDecode(b, &res); err != nil {
+				return err
+			}
+			if res.Error != nil {
+				return AgentError(res.Error)
+			}
+			return fmt.Errorf("agent ended a transfer without an error or EOF")
+		default:
+			return fmt.Errorf("unexpected message type %d in a transfer", t)
+		}
+	}
+}
+
+// send streams r as MsgData and then MsgEOF, and reads the result.
+func (c *Client) send(ctx context.Context, req agentproto.Request, r io.Reader) error {
+	st, done, err := c.open(ctx, req)
+	if err != nil {
+		return err
+	}
+	defer done()
+	// The agent may refuse before reading everything (a directory in the
+	// way, a full disk); it then reads on to our EOF, so keep sending.
+	if _, err := io.CopyBuffer(agentproto.DataWriter{W: st, Type: agentproto.MsgData}, r, make([]byte, agentproto.ChunkSize)); err != nil {
+		return c.linkErr(ctx, err)
+	}
+	if err := agentproto.WriteMsg(st, agentproto.MsgEOF, nil); err != nil {
+		return c.linkErr(ctx, err)
+	}
+	_, err = c.result(ctx, st)
+	return err
+}
+
+// WriteFile writes r to path in the sandbox with the permission mode, after
+// creating missing parent directories. The file appears whole or not at all.
+func (c *Client) WriteFile(ctx context.Context, path string, mode uint32, r io.Reader) error {
+	return c.send(ctx, agentproto.Request{Op: agentproto.OpWrite, Path: path, Mode: mode}, r)
+}
+
+// Stat describes path without following a final symlink.
+func (c *Client) Stat(ctx context.Context, path string) (agentproto.Stat, error) {
+	res, err := c.call(ctx, agentproto.Request{Op: agentproto.OpStat, Path: path})
+	if err != nil {
+		return agentproto.Stat{}, err
+	}
+	if res.Stat == nil {
+		return agentproto.Stat{}, fmt.Errorf("agent answered stat without a stat")
+	}
+	return *res.Stat, nil
+}
+
+// List describes the entries under dir, depth levels deep (1: its own).
+func (c *Client) List(ctx context.Context, dir string, depth int) ([]agentproto.Stat, error) {
+	res, err := c.call(ctx, agentproto.Request{Op: agentproto.OpList, Path: dir, Depth: depth})
+	return res.Items, err
+}
+
+// Mkdir creates dir and its missing parents.
+func (c *Client) Mkdir(ctx context.Context, dir string) error {
+	_, err := c.call(ctx, agentproto.Request{Op: agentproto.OpMkdir, Path: dir})
+	return err
+}
+
+// Move renames from to to, creating to's missing parents.
+func (c *Client) Move(ctx context.Context, from, to string) error {
+	_, err := c.call(ctx, agentproto.Request{Op: agentproto.OpMove, Path: from, To: to})
+	return err
+}
+
+// Remove deletes path; a non-empty directory only when recursive.
+func (c *Client) Remove(ctx context.Context, path string, recursive bool) error {
+	_, err := c.call(ctx, agentproto.Request{Op: agentproto.OpRemove, Path: path, Recursive: recursive})
+	return err
+}
+
+// TarOut writes a tar stream of path (a directory's contents, or one file)
+// to w.
+func (c *Client) TarOut(ctx context.Context, path string, w io.Writer) error {
+	st, done, err := c.open(ctx, agentproto.Request{Op: agentproto.OpTarOut, Path: path})
+	if err != nil {
+		return err
+	}
+	defer done()
+	if _, err := c.result(ctx, st); err != nil {
+		return err
+	}
+	return c.receive(ctx, st, w)
+}
+
+// TarIn extracts the tar stream r into the directory path.
+func (c *Client) TarIn(ctx context.Context, path string, r io.Reader) error {
+	return c.send(ctx, agentproto.Request{Op: agentproto.OpTarIn, Path: path}, r)
+}

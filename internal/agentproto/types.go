@@ -1,0 +1,226 @@
+package agentproto
+
+import (
+	"fmt"
+	"path"
+	"strings"
+	"time"
+)
+
+// Operations a Request may name.
+const (
+	OpPing   = "ping"
+	OpInit   = "init"
+	OpExec   = "exec"
+	OpSignal = "signal"
+	OpResize = "resize"
+	OpRead   = "read"
+	OpWrite  = "write"
+	OpStat   = "stat"
+	OpList   = "list"
+	OpMkdir  = "mkdir"
+	OpMove   = "move"
+	OpRemove = "remove"
+	OpTarOut = "tar_out"
+	OpTarIn  = "tar_in"
+)
+
+// Request opens every stream. Op selects which of the other fields apply.
+type Request struct {
+	Op     string       `json:"op"`
+	Init   *InitRequest `json:"init,omitempty"`
+	Exec   *ExecRequest `json:"exec,omitempty"`
+	Signal *SignalReq   `json:"signal,omitempty"`
+	Resize *ResizeReq   `json:"resize,omitempty"`
+	// Path is the file operations' subject, absolute inside the sandbox.
+	Path string `json:"path,omitempty"`
+	// To is the destination of a move.
+	To string `json:"to,omitempty"`
+	// Mode is the permission bits of a written file (0 means 0644).
+	Mode uint32 `json:"mode,omitempty"`
+	// Depth bounds a list: 1 lists the directory's entries only.
+	Depth int `json:"depth,omitempty"`
+	// Recursive lets remove delete a directory and what it holds.
+	Recursive bool `json:"recursive,omitempty"`
+}
+
+// InitRequest prepares a freshly booted guest to run the sandbox.
+type InitRequest struct {
+	// Hostname of the guest.
+	Hostname string `json:"hostname"`
+	// TimeUnixNano is the host's clock when the request was sent.
+	TimeUnixNano int64 `json:"time_unix_nano"`
+	// Entropy is mixed into the guest kernel's random pool.
+	Entropy []byte `json:"entropy"`
+	// Env is the default environment of every process.
+	Env map[string]string `json:"env,omitempty"`
+	// RootDevice is the block device holding the root filesystem.
+	RootDevice string `json:"root_device"`
+}
+
+// InitResult describes the guest after init.
+type InitResult struct {
+	Kernel    string `json:"kernel"`
+	DiskBytes int64  `json:"disk_bytes"`
+}
+
+// PTY asks for a terminal of the given size.
+type PTY struct {
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
+}
+
+// ExecRequest starts a process.
+type ExecRequest struct {
+	// Argv is the program and its arguments; exclusive with Cmd.
+	Argv []string `json:"argv,omitempty"`
+	// Cmd is a shell command run with /bin/sh -c; exclusive with Argv.
+	Cmd  string            `json:"cmd,omitempty"`
+	Env  map[string]string `json:"env,omitempty"`
+	Cwd  string            `json:"cwd,omitempty"`
+	User string            `json:"user,omitempty"`
+	// Stdin true connects the process's stdin to the MsgStdin stream;
+	// otherwise it reads /dev/null.
+	Stdin bool `json:"stdin,omitempty"`
+	PTY   *PTY `json:"pty,omitempty"`
+	// TimeoutMS, when positive, kills the process group with SIGKILL after
+	// that many milliseconds.
+	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+}
+
+// Validate checks the request before anything starts.
+func (e *ExecRequest) Validate() error {
+	switch {
+	case len(e.Argv) > 0 && e.Cmd != "":
+		return fmt.Errorf("give either argv or cmd, not both")
+	case len(e.Argv) == 0 && e.Cmd == "":
+		return fmt.Errorf("give a command: argv or cmd")
+	case len(e.Argv) > 0 && e.Argv[0] == "":
+		return fmt.Errorf("argv[0] is empty")
+	case e.TimeoutMS < 0:
+		return fmt.Errorf("timeout must not be negative")
+	case e.PTY != nil && (e.PTY.Rows == 0 || e.PTY.Cols == 0):
+		return fmt.Errorf("pty rows and cols must be positive")
+	}
+	for _, a := range append([]string{e.Cmd, e.Cwd, e.User}, e.Argv...) {
+		if strings.ContainsRune(a, 0) {
+			return fmt.Errorf("arguments must not contain NUL bytes")
+		}
+	}
+	for k, v := range e.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
+			return fmt.Errorf("invalid environment variable %q", k)
+		}
+	}
+	if e.Cwd != "" {
+		if err := CheckPath(e.Cwd); err != nil {
+			return fmt.Errorf("cwd: %w", err)
+		}
+	}
+	return nil
+}
+
+// Started reports a process that began running.
+type Started struct {
+	// ID names the process for signal and resize requests.
+	ID  string `json:"id"`
+	PID int    `json:"pid"`
+}
+
+// Exit reports how a process ended.
+type Exit struct {
+	// ExitCode is the process's exit status, or 128 plus the signal number
+	// when a signal ended it.
+	ExitCode int `json:"exit_code"`
+	// Signal names the signal that ended the process ("KILL"), if any.
+	Signal     string `json:"signal,omitempty"`
+	TimedOut   bool   `json:"timed_out"`
+	DurationMS int64  `json:"duration_ms"`
+}
+
+// SignalReq sends a signal to a process's group.
+type SignalReq struct {
+	ID     string `json:"id"`
+	Signal string `json:"signal"`
+}
+
+// ResizeReq changes a process's terminal size.
+type ResizeReq struct {
+	ID   string `json:"id"`
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
+}
+
+// Stat describes one file.
+type Stat struct {
+	Path       string    `json:"path"`
+	Type       string    `json:"type"` // file, dir, symlink, other
+	SizeBytes  int64     `json:"size_bytes"`
+	Mode       string    `json:"mode"` // octal permission bits, "0644"
+	ModifiedAt time.Time `json:"modified_at"`
+	// Target is a symlink's destination.
+	Target string `json:"target,omitempty"`
+}
+
+// Result ends a request: either Error or the fields of the operation.
+type Result struct {
+	Error *Error      `json:"error,omitempty"`
+	Init  *InitResult `json:"init,omitempty"`
+	Stat  *Stat       `json:"stat,omitempty"`
+	Items []Stat      `json:"items,omitempty"`
+	Pong  *PongResult `json:"pong,omitempty"`
+}
+
+// PongResult answers a ping.
+type PongResult struct {
+	Initialized bool `json:"initialized"`
+}
+
+// Error codes the agent reports.
+const (
+	CodeInvalid    = "invalid"
+	CodeNotFound   = "not_found"
+	CodeExists     = "exists"
+	CodeIsDir      = "is_dir"
+	CodeNotDir     = "not_dir"
+	CodeNoSpace    = "no_space"
+	CodePermission = "permission"
+	CodeNotEmpty   = "not_empty"
+	CodeState      = "state"
+	CodeInternal   = "internal"
+)
+
+// Error is a failure the agent reports for a request.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// MaxPath bounds the length of a path in bytes.
+const MaxPath = 4096
+
+// CheckPath accepts an absolute, clean path without NUL bytes and without
+// ".." elements, which could only confuse what is meant.
+func CheckPath(p string) error {
+	switch {
+	case p == "":
+		return fmt.Errorf("path is empty")
+	case len(p) > MaxPath:
+		return fmt.Errorf("path is longer than %d bytes", MaxPath)
+	case strings.ContainsRune(p, 0):
+		return fmt.Errorf("path contains a NUL byte")
+	case !path.IsAbs(p):
+		return fmt.Errorf("path %q is not absolute", p)
+	}
+	for _, el := range strings.Split(p, "/") {
+		if el == ".." {
+			return fmt.Errorf("path %q contains '..'", p)
+		}
+		if len(el) > 255 {
+			return fmt.Errorf("a path element is longer than 255 bytes")
+		}
+	}
+	return nil
+}
