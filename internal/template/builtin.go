@@ -1,0 +1,409 @@
+package template
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"debug/elf"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/airlockhq/airlock/internal/errdefs"
+)
+
+// Suite is the Debian release the built-in templates are made from.
+const Suite = "bookworm"
+
+// basePackages are installed into the base template on top of minbase.
+var basePackages = []string{"python3", "bash", "coreutils", "procps", "ca-certificates", "curl"}
+
+// BuildConfig says where and how built-in templates are made.
+type BuildConfig struct {
+	// Cache is a directory for the temporary root tree and for downloads
+	// that later builds reuse (debootstrap's package cache). Required;
+	// normally datadir.Dir.Cache().
+	Cache string
+	// Mirror is the Debian archive URL for debootstrap. Default: the one
+	// the host's apt configuration uses for Suite (see AptMirror).
+	Mirror string
+	// AptDir is the apt configuration directory Mirror is read from.
+	// Default /etc/apt.
+	AptDir string
+	// Out receives progress lines. Nil discards them.
+	Out io.Writer
+}
+
+// Builtin is a template airlock knows how to make from Debian packages.
+type Builtin struct {
+	// Name is the template name; it is stored with tag DefaultTag.
+	Name string
+	// Defaults are the sandbox settings it is stored with.
+	Defaults Settings
+	// Describe says in a few words what it holds.
+	Describe string
+	// build fills the empty directory root with the tree.
+	build func(ctx context.Context, root string, cfg BuildConfig) error
+}
+
+// Builtins returns the built-in templates, smallest first.
+func Builtins() []Builtin {
+	return []Builtin{
+		{
+			Name:     "tiny",
+			Defaults: Settings{VCPUs: 1, MemoryMiB: 256, DiskMiB: 256},
+			Describe: "busybox from Debian's busybox-static",
+			build:    buildTiny,
+		},
+		{
+			Name:     "base",
+			Defaults: Settings{VCPUs: 1, MemoryMiB: 512, DiskMiB: 2048},
+			Describe: "Debian " + Suite + " minbase with " + strings.Join(basePackages, ", "),
+			build:    buildBase,
+		},
+	}
+}
+
+// LookupBuiltin returns the built-in template with the given name.
+func LookupBuiltin(name string) (Builtin, bool) {
+	i := slices.IndexFunc(Builtins(), func(b Builtin) bool { return b.Name == name })
+	if i < 0 {
+		return Builtin{}, false
+	}
+	return Builtins()[i], true
+}
+
+// BuildBuiltin makes the built-in template name in a temporary tree under
+// cfg.Cache, imports it as name:latest and removes the tree, whether or not
+// the build succeeded. It needs root, because the files of a root
+// filesystem must be owned by root.
+func (s *Store) BuildBuiltin(ctx context.Context, name string, cfg BuildConfig) (Template, error) {
+	b, ok := LookupBuiltin(name)
+	if !ok {
+		var names []string
+		for _, b := range Builtins() {
+			names = append(names, b.Name)
+		}
+		return Template{}, fmt.Errorf("build template %q: no such built-in template (have %s): %w",
+			name, strings.Join(names, ", "), errdefs.ErrInvalid)
+	}
+	if os.Geteuid() != 0 {
+		return Template{}, fmt.Errorf("build template %s: needs root to give its files root ownership: run `sudo airlock setup`: %w",
+			name, errdefs.ErrPrecondition)
+	}
+	if cfg.Cache == "" {
+		return Template{}, fmt.Errorf("build template %s: no cache directory given: %w", name, errdefs.ErrInvalid)
+	}
+	if cfg.Out == nil {
+		cfg.Out = io.Discard
+	}
+	cache, err := filepath.Abs(cfg.Cache)
+	if err != nil {
+		return Template{}, fmt.Errorf("build template %s: %w", name, err)
+	}
+	cfg.Cache = cache
+	if err := os.MkdirAll(cache, 0o755); err != nil {
+		return Template{}, fmt.Errorf("build template %s: %w", name, err)
+	}
+	tmp, err := os.MkdirTemp(cache, "rootfs-"+name+"-")
+	if err != nil {
+		return Template{}, fmt.Errorf("build template %s: %w", name, err)
+	}
+	t, err := s.buildIn(ctx, b, tmp, cfg)
+	if cerr := removeTree(tmp); cerr != nil {
+		err = errors.Join(err, fmt.Errorf("build template %s: %w", name, cerr))
+	}
+	if err != nil {
+		return Template{}, err
+	}
+	return t, nil
+}
+
+// buildIn builds b's tree in tmp/root and imports it.
+func (s *Store) buildIn(ctx context.Context, b Builtin, tmp string, cfg BuildConfig) (Template, error) {
+	root := filepath.Join(tmp, "root")
+	if err := os.Mkdir(root, 0o755); err != nil {
+		return Template{}, fmt.Errorf("build template %s: %w", b.Name, err)
+	}
+	if err := b.build(ctx, root, cfg); err != nil {
+		return Template{}, fmt.Errorf("build template %s: %w", b.Name, err)
+	}
+	fmt.Fprintf(cfg.Out, "making the ext4 image\n")
+	return s.Import(ctx, b.Name, DefaultTag, root, b.Defaults)
+}
+
+// removeTree removes a build tree, first detaching anything a failed build
+// left mounted inside it, so that removal never reaches into /proc or /dev.
+func removeTree(dir string) error {
+	mounts, err := mountsUnder(dir)
+	if err != nil {
+		return fmt.Errorf("remove %s: %w", dir, err)
+	}
+	for _, m := range mounts {
+		if err := unix.Unmount(m, unix.MNT_DETACH); err != nil {
+			return fmt.Errorf("remove %s: unmount %s: %w", dir, m, err)
+		}
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove %s: %w", dir, err)
+	}
+	return nil
+}
+
+// mountsUnder returns the mount points inside dir, deepest first.
+func mountsUnder(dir string) ([]string, error) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	prefix := filepath.Clean(dir) + "/"
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		// Octal escapes (\040 for a space) do not occur in our temp paths.
+		if mp := f[4]; strings.HasPrefix(mp, prefix) {
+			out = append(out, mp)
+		}
+	}
+	slices.SortFunc(out, func(a, b string) int { return len(b) - len(a) })
+	return out, nil
+}
+
+// buildTiny makes a busybox tree: the static busybox of Debian's
+// busybox-static package with a symlink per applet, minimal passwd and
+// group files and the usual empty directories.
+func buildTiny(ctx context.Context, root string, cfg BuildConfig) error {
+	bb, err := staticBusybox(ctx)
+	if err != nil {
+		return err
+	}
+	dirs := []struct {
+		path string
+		mode fs.FileMode
+	}{
+		{"bin", 0o755}, {"sbin", 0o755}, {"usr/bin", 0o755}, {"usr/sbin", 0o755},
+		{"etc", 0o755}, {"proc", 0o555}, {"sys", 0o555}, {"dev", 0o755},
+		{"tmp", fs.ModeSticky | 0o777}, {"root", 0o700}, {"run", 0o755}, {"mnt", 0o755},
+		{"var", 0o755}, {"var/tmp", fs.ModeSticky | 0o777}, {"home", 0o755},
+	}
+	for _, d := range dirs {
+		p := filepath.Join(root, d.path)
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			return err
+		}
+		if err := os.Chmod(p, d.mode); err != nil { // MkdirAll is subject to umask
+			return err
+		}
+	}
+	data, err := os.ReadFile(bb)
+	if err != nil {
+		return fmt.Errorf("read busybox: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "bin", "busybox"), data, 0o755); err != nil {
+		return err
+	}
+	list, err := exec.CommandContext(ctx, bb, "--list-full").Output()
+	if err != nil {
+		return fmt.Errorf("busybox --list-full: %w", err)
+	}
+	applets := 0
+	for _, p := range strings.Fields(string(list)) {
+		p = filepath.Clean(strings.TrimPrefix(p, "/"))
+		if p == "bin/busybox" || strings.HasPrefix(p, "..") {
+			continue
+		}
+		dst := filepath.Join(root, p)
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return err
+		}
+		if err := os.Symlink("/bin/busybox", dst); err != nil && !errors.Is(err, fs.ErrExist) {
+			return err
+		}
+		applets++
+	}
+	if _, err := os.Lstat(filepath.Join(root, "bin", "sh")); err != nil {
+		if err := os.Symlink("/bin/busybox", filepath.Join(root, "bin", "sh")); err != nil {
+			return err
+		}
+	}
+	files := map[string]string{
+		"etc/passwd":   "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
+		"etc/group":    "root:x:0:\nnogroup:x:65534:\n",
+		"etc/hostname": "airlock\n",
+		"etc/hosts":    "127.0.0.1\tlocalhost\n::1\tlocalhost\n",
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(root, name), []byte(content), 0o644); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(cfg.Out, "busybox with %d applets\n", applets)
+	return nil
+}
+
+// staticBusybox finds the static busybox that Debian's busybox-static
+// package installs and checks that it is statically linked.
+func staticBusybox(ctx context.Context) (string, error) {
+	out, err := exec.CommandContext(ctx, "dpkg-query", "-L", "busybox-static").Output()
+	if err != nil {
+		return "", fmt.Errorf("find busybox: package busybox-static is not installed (apt-get install busybox-static): %w", errdefs.ErrPrecondition)
+	}
+	for _, p := range strings.Fields(string(out)) {
+		if !strings.HasSuffix(p, "/bin/busybox") {
+			continue
+		}
+		f, err := elf.Open(p)
+		if err != nil {
+			continue
+		}
+		static := true
+		for _, prog := range f.Progs {
+			if prog.Type == elf.PT_INTERP {
+				static = false
+			}
+		}
+		f.Close()
+		if static {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("find busybox: busybox-static installs no static bin/busybox: %w", errdefs.ErrPrecondition)
+}
+
+// buildBase makes a Debian minbase tree with debootstrap, caching the
+// packages under cfg.Cache, and strips apt's lists and caches.
+func buildBase(ctx context.Context, root string, cfg BuildConfig) error {
+	if _, err := exec.LookPath("debootstrap"); err != nil {
+		return fmt.Errorf("debootstrap not found (apt-get install debootstrap): %w", errdefs.ErrPrecondition)
+	}
+	mirror := cfg.Mirror
+	if mirror == "" {
+		aptDir := cfg.AptDir
+		if aptDir == "" {
+			aptDir = "/etc/apt"
+		}
+		var err error
+		if mirror, err = AptMirror(aptDir, Suite); err != nil {
+			return err
+		}
+	}
+	pkgCache := filepath.Join(cfg.Cache, "debootstrap")
+	if err := os.MkdirAll(pkgCache, 0o755); err != nil {
+		return err
+	}
+	fmt.Fprintf(cfg.Out, "debootstrap %s from %s\n", Suite, mirror)
+	args := []string{
+		"--variant=minbase", "--include=" + strings.Join(basePackages, ","),
+		"--cache-dir=" + pkgCache, Suite, root, mirror,
+	}
+	if err := runStreaming(ctx, cfg.Out, "debootstrap", args...); err != nil {
+		if log, rerr := os.ReadFile(filepath.Join(root, "debootstrap", "debootstrap.log")); rerr == nil {
+			err = fmt.Errorf("debootstrap.log ends with:\n%s\n%w", tail(log, 20), err)
+		}
+		return err
+	}
+	for _, pattern := range []string{
+		"var/lib/apt/lists/*", "var/cache/apt/*.bin", "var/cache/apt/archives/*.deb",
+		"var/log/apt/*", "var/log/dpkg.log", "var/cache/debconf/*-old",
+	} {
+		matches, _ := filepath.Glob(filepath.Join(root, pattern))
+		for _, m := range matches {
+			if filepath.Base(m) == "partial" || filepath.Base(m) == "lock" {
+				continue
+			}
+			if err := os.RemoveAll(m); err != nil {
+				return err
+			}
+		}
+	}
+	return os.WriteFile(filepath.Join(root, "etc", "hostname"), []byte("airlock\n"), 0o644)
+}
+
+// runStreaming runs a command, forwarding to out each change of phase in
+// its "I: <Phase> ..." lines and the elapsed time every ten seconds. On
+// failure the error carries the last lines of its output.
+func runStreaming(ctx context.Context, out io.Writer, name string, args ...string) error {
+	cmd := exec.CommandContext(ctx, name, args...)
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	cmd.Stdout, cmd.Stderr = pw, pw
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		pr.Close()
+		pw.Close()
+		return fmt.Errorf("start %s: %w", name, err)
+	}
+	pw.Close()
+
+	lines := make(chan string)
+	// The reader ends when the command and its children close the pipe.
+	go func() {
+		defer close(lines)
+		defer pr.Close()
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	tick := time.NewTicker(10 * time.Second)
+	defer tick.Stop()
+	var last []string
+	phase := ""
+	for done := false; !done; {
+		select {
+		case line, ok := <-lines:
+			if !ok {
+				done = true
+				break
+			}
+			last = append(last, line)
+			if len(last) > 20 {
+				last = last[1:]
+			}
+			msg, isInfo := strings.CutPrefix(line, "I: ")
+			if !isInfo {
+				if strings.HasPrefix(line, "W: ") || strings.HasPrefix(line, "E: ") {
+					fmt.Fprintf(out, "%s: %s\n", name, line)
+				}
+				continue
+			}
+			if p, _, _ := strings.Cut(msg, " "); p != phase {
+				phase = p
+				fmt.Fprintf(out, "%s: %s (%ds)\n", name, msg, int(time.Since(start).Seconds()))
+			}
+		case <-tick.C:
+			doing := "running"
+			if phase != "" {
+				doing = strings.ToLower(phase)
+			}
+			fmt.Fprintf(out, "%s: still %s (%ds)\n", name, doing, int(time.Since(start).Seconds()))
+		}
+	}
+	if err := cmd.Wait(); err != nil {
+		return fmt.Errorf("%s failed; its output ended with:\n%s\n%w", name, strings.Join(last, "\n"), err)
+	}
+	return nil
+}
+
+// tail returns the last n lines of b.
+func tail(b []byte, n int) string {
+	lines := bytes.Split(bytes.TrimRight(b, "\n"), []byte("\n"))
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return string(bytes.Join(lines, []byte("\n")))
+}

@@ -1,0 +1,92 @@
+package template
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/airlockhq/airlock/internal/datadir"
+	"github.com/airlockhq/airlock/internal/errdefs"
+)
+
+// needRoot skips a test that builds a root filesystem as another user.
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("building templates needs root")
+	}
+}
+
+func TestBuildTiny(t *testing.T) {
+	needRoot(t)
+	if _, err := staticBusybox(context.Background()); err != nil {
+		t.Skipf("no static busybox: %v", err)
+	}
+	dd := datadir.Dir{Root: t.TempDir()}
+	s := Open(dd)
+	var out bytes.Buffer
+	cfg := BuildConfig{Cache: dd.Cache(), Out: &out}
+	tpl, err := s.BuildBuiltin(context.Background(), "tiny", cfg)
+	if err != nil {
+		t.Fatalf("BuildBuiltin(tiny): %v\n%s", err, out.String())
+	}
+	t.Logf("tiny: %s, %d bytes\n%s", tpl.Digest, tpl.SizeBytes, out.String())
+	if tpl.Ref() != "tiny:latest" || tpl.MemoryMiB != 256 || tpl.DiskMiB != 256 || tpl.VCPUs != 1 {
+		t.Errorf("tiny = %+v", tpl)
+	}
+	for cmd, want := range map[string]string{
+		"cat /etc/passwd":   "root:x:0:0:root:/root:/bin/sh\n",
+		"stat /bin/sh":      "Fast link dest: \"/bin/busybox\"",
+		"stat /tmp":         "Mode:  01777",
+		"stat /bin/busybox": "User:     0   Group:     0",
+	} {
+		got, err := exec.Command("debugfs", "-R", cmd, tpl.Image).Output()
+		if err != nil || !strings.Contains(string(got), want) {
+			t.Errorf("debugfs %s = %q, %v, want it to contain %q", cmd, got, err, want)
+		}
+	}
+	if left, _ := filepath.Glob(filepath.Join(dd.Cache(), "rootfs-*")); len(left) > 0 {
+		t.Errorf("build trees left behind: %q", left)
+	}
+}
+
+func TestBuildBuiltinUnknown(t *testing.T) {
+	s := Open(datadir.Dir{Root: t.TempDir()})
+	_, err := s.BuildBuiltin(context.Background(), "huge", BuildConfig{Cache: t.TempDir()})
+	if !errors.Is(err, errdefs.ErrInvalid) {
+		t.Fatalf("BuildBuiltin(huge) = %v, want ErrInvalid", err)
+	}
+}
+
+// TestBuildBase runs debootstrap against the host's Debian mirror; it takes
+// a minute or more, so it runs only with AIRLOCK_SETUP_IT=1.
+func TestBuildBase(t *testing.T) {
+	if os.Getenv("AIRLOCK_SETUP_IT") != "1" {
+		t.Skip("set AIRLOCK_SETUP_IT=1 to run debootstrap")
+	}
+	needRoot(t)
+	dd := datadir.Dir{Root: t.TempDir()}
+	s := Open(dd)
+	tpl, err := s.BuildBuiltin(context.Background(), "base", BuildConfig{Cache: dd.Cache(), Out: tWriter{t}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("base: %s, %d MiB", tpl.Digest, tpl.SizeBytes>>20)
+	got, err := exec.Command("debugfs", "-R", "stat /usr/bin/python3", tpl.Image).Output()
+	if err != nil || !strings.Contains(string(got), "python3.11") {
+		t.Errorf("debugfs stat /usr/bin/python3 = %q, %v", got, err)
+	}
+}
+
+// tWriter logs each write to the test log.
+type tWriter struct{ t *testing.T }
+
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}

@@ -1,0 +1,293 @@
+// Package template keeps the root filesystem templates sandboxes start from.
+// A template is a read-only ext4 image, made with mkfs.ext4 -d from a
+// directory tree, plus its default settings. It is addressed by the sha256
+// of the image and named name:tag through refs:
+//
+//	templates/sha256-<hex>.ext4   the image, mode 0444
+//	templates/sha256-<hex>.json   its settings
+//	templates/refs/<name>/<tag>   the digest the name:tag points at
+//
+// Images are never removed or rewritten once written: sandbox disks are
+// qcow2 overlays whose backing file is the image's path.
+package template
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/airlockhq/airlock/internal/datadir"
+	"github.com/airlockhq/airlock/internal/errdefs"
+)
+
+// DefaultTag is the tag a ref without one means.
+const DefaultTag = "latest"
+
+// Settings are the defaults a sandbox made from a template starts with.
+type Settings struct {
+	// VCPUs is the number of virtual CPUs.
+	VCPUs int `json:"vcpus"`
+	// MemoryMiB is the guest memory in MiB.
+	MemoryMiB int `json:"memory_mib"`
+	// DiskMiB is the size in MiB the guest grows its root filesystem to.
+	DiskMiB int `json:"disk_mib"`
+}
+
+// validate checks that every setting is positive.
+func (s Settings) validate() error {
+	if s.VCPUs <= 0 || s.MemoryMiB <= 0 || s.DiskMiB <= 0 {
+		return fmt.Errorf("template settings %+v: vcpus, memory and disk must be positive: %w", s, errdefs.ErrInvalid)
+	}
+	return nil
+}
+
+// Template is one stored template.
+type Template struct {
+	// Name and Tag are the name it was asked for by, or the one it was last
+	// imported as when it was asked for by digest.
+	Name string
+	Tag  string
+	// Digest is "sha256:<hex>" of the image content.
+	Digest string
+	// Image is the absolute path of the read-only ext4 image.
+	Image string
+	// VCPUs, MemoryMiB and DiskMiB are the default sandbox settings.
+	VCPUs     int
+	MemoryMiB int
+	DiskMiB   int
+	// SizeBytes is the size of the image file.
+	SizeBytes int64
+	// CreatedAt is when the image was imported.
+	CreatedAt time.Time
+}
+
+// Ref returns "name:tag".
+func (t Template) Ref() string { return t.Name + ":" + t.Tag }
+
+// Settings returns the template's default sandbox settings.
+func (t Template) Settings() Settings {
+	return Settings{VCPUs: t.VCPUs, MemoryMiB: t.MemoryMiB, DiskMiB: t.DiskMiB}
+}
+
+// record is the stored form of a template's settings, sha256-<hex>.json.
+type record struct {
+	Name      string    `json:"name"`
+	Tag       string    `json:"tag"`
+	Digest    string    `json:"digest"`
+	VCPUs     int       `json:"vcpus"`
+	MemoryMiB int       `json:"memory_mib"`
+	DiskMiB   int       `json:"disk_mib"`
+	SizeBytes int64     `json:"size_bytes"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// Store is the set of templates under a data directory. Its methods may be
+// called concurrently: every file is replaced atomically.
+type Store struct {
+	dir string
+}
+
+// Open returns the store of templates under dir. Nothing is read until a
+// method needs it, and the directory is created by the first Import.
+func Open(dir datadir.Dir) *Store {
+	root, err := filepath.Abs(dir.Templates())
+	if err != nil {
+		root = dir.Templates()
+	}
+	return &Store{dir: root}
+}
+
+var (
+	nameRE   = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
+	tagRE    = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$`)
+	digestRE = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
+)
+
+// ParseRef splits a template ref into name and tag. It accepts "name" (tag
+// DefaultTag), "name:tag" and "sha256:<hex>" (returned as name "" and the
+// digest as tag). A malformed ref is errdefs.ErrInvalid.
+func ParseRef(ref string) (name, tag string, err error) {
+	if strings.HasPrefix(ref, "sha256:") {
+		if !digestRE.MatchString(ref) {
+			return "", "", fmt.Errorf("template ref %q: a digest is sha256: and 64 lower-case hex digits: %w", ref, errdefs.ErrInvalid)
+		}
+		return "", ref, nil
+	}
+	name, tag, found := strings.Cut(ref, ":")
+	if !found {
+		tag = DefaultTag
+	}
+	if !nameRE.MatchString(name) {
+		return "", "", fmt.Errorf("template ref %q: name must be 1-64 of a-z 0-9 . _ - starting with a letter or digit: %w", ref, errdefs.ErrInvalid)
+	}
+	if !tagRE.MatchString(tag) {
+		return "", "", fmt.Errorf("template ref %q: tag must be 1-128 of A-Z a-z 0-9 . _ - not starting with . or -: %w", ref, errdefs.ErrInvalid)
+	}
+	return name, tag, nil
+}
+
+func (s *Store) imagePath(hex string) string { return filepath.Join(s.dir, "sha256-"+hex+".ext4") }
+func (s *Store) recordPath(hex string) string {
+	return filepath.Join(s.dir, "sha256-"+hex+".json")
+}
+func (s *Store) refPath(name, tag string) string { return filepath.Join(s.dir, "refs", name, tag) }
+
+// Resolve returns the template a ref names: "name", "name:tag" or
+// "sha256:<hex>". An unknown ref is errdefs.ErrNotFound, with the available
+// templates in the message; a malformed one is errdefs.ErrInvalid.
+func (s *Store) Resolve(ref string) (Template, error) {
+	name, tag, err := ParseRef(ref)
+	if err != nil {
+		return Template{}, err
+	}
+	var t Template
+	if name == "" {
+		t, err = s.load(tag)
+	} else {
+		t, err = s.resolveName(name, tag)
+	}
+	if errors.Is(err, fs.ErrNotExist) {
+		if name == "" {
+			return Template{}, s.notFound(ref)
+		}
+		return Template{}, s.notFound(name + ":" + tag)
+	}
+	if err != nil {
+		return Template{}, fmt.Errorf("resolve template %s: %w", ref, err)
+	}
+	return t, nil
+}
+
+// resolveName follows refs/<name>/<tag> to its template. A missing ref or
+// image is an fs.ErrNotExist error.
+func (s *Store) resolveName(name, tag string) (Template, error) {
+	b, err := os.ReadFile(s.refPath(name, tag))
+	if err != nil {
+		return Template{}, err
+	}
+	digest := strings.TrimSpace(string(b))
+	if !digestRE.MatchString(digest) {
+		return Template{}, fmt.Errorf("ref file %s holds %q, not a digest", s.refPath(name, tag), digest)
+	}
+	t, err := s.load(digest)
+	if err != nil {
+		return Template{}, err
+	}
+	t.Name, t.Tag = name, tag
+	return t, nil
+}
+
+// notFound is the error for an unknown ref; it lists what exists.
+func (s *Store) notFound(ref string) error {
+	all, _ := s.List()
+	if len(all) == 0 {
+		return fmt.Errorf("template %q not found and no templates exist: run `airlock setup`: %w", ref, errdefs.ErrNotFound)
+	}
+	refs := make([]string, len(all))
+	for i, t := range all {
+		refs[i] = t.Ref()
+	}
+	return fmt.Errorf("template %q not found (available: %s): %w", ref, strings.Join(refs, ", "), errdefs.ErrNotFound)
+}
+
+// load reads the template with the given digest and checks its image.
+func (s *Store) load(digest string) (Template, error) {
+	hex := strings.TrimPrefix(digest, "sha256:")
+	b, err := os.ReadFile(s.recordPath(hex))
+	if err != nil {
+		return Template{}, err
+	}
+	var r record
+	if err := json.Unmarshal(b, &r); err != nil {
+		return Template{}, fmt.Errorf("read %s: %w", s.recordPath(hex), err)
+	}
+	img := s.imagePath(hex)
+	fi, err := os.Stat(img)
+	if err != nil {
+		return Template{}, err
+	}
+	if r.Digest != digest || fi.Size() != r.SizeBytes {
+		return Template{}, fmt.Errorf("template %s: settings say digest %s and %d bytes, image has %d bytes",
+			digest, r.Digest, r.SizeBytes, fi.Size())
+	}
+	return Template{
+		Name: r.Name, Tag: r.Tag, Digest: digest, Image: img,
+		VCPUs: r.VCPUs, MemoryMiB: r.MemoryMiB, DiskMiB: r.DiskMiB,
+		SizeBytes: r.SizeBytes, CreatedAt: r.CreatedAt,
+	}, nil
+}
+
+// List returns every name:tag with a valid template, sorted by ref.
+func (s *Store) List() ([]Template, error) {
+	refs := filepath.Join(s.dir, "refs")
+	names, err := os.ReadDir(refs)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list templates: %w", err)
+	}
+	var out []Template
+	for _, n := range names {
+		if !n.IsDir() || !nameRE.MatchString(n.Name()) {
+			continue
+		}
+		tags, err := os.ReadDir(filepath.Join(refs, n.Name()))
+		if err != nil {
+			return nil, fmt.Errorf("list templates: %w", err)
+		}
+		for _, tg := range tags {
+			if !tg.Type().IsRegular() || !tagRE.MatchString(tg.Name()) {
+				continue // temporary files start with '.'
+			}
+			t, err := s.resolveName(n.Name(), tg.Name())
+			if err != nil {
+				continue // a broken ref is not a template
+			}
+			out = append(out, t)
+		}
+	}
+	slices.SortFunc(out, func(a, b Template) int { return strings.Compare(a.Ref(), b.Ref()) })
+	return out, nil
+}
+
+// Verify re-hashes a template's image and checks it against its digest.
+func (s *Store) Verify(ctx context.Context, t Template) error {
+	f, err := os.Open(t.Image)
+	if err != nil {
+		return fmt.Errorf("verify template %s: %w", t.Ref(), err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, ctxReader{ctx, f}); err != nil {
+		return fmt.Errorf("verify template %s: %w", t.Ref(), err)
+	}
+	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != t.Digest {
+		return fmt.Errorf("verify template %s: image hashes to %s, want %s", t.Ref(), got, t.Digest)
+	}
+	return nil
+}
+
+// ctxReader stops a long read when its context ends.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
+}
