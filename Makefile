@@ -1,0 +1,42 @@
+# airlock: `make run` sets up the host and starts airlock; `make test` runs
+# every test. Both work as root on a fresh Debian or Ubuntu machine.
+
+GO := $(shell scripts/ensure-go.sh)
+BIN := bin
+export CGO_ENABLED := 0
+
+.PHONY: all build setup run test unit e2e bench vet clean
+
+all: build
+
+build:
+	$(GO) build -trimpath -o $(BIN)/airlock-agent ./cmd/airlock-agent
+	$(GO) build -trimpath -o $(BIN)/airlock ./cmd/airlock
+
+setup: build
+	$(BIN)/airlock setup
+
+# Until the server lands, running airlock means a sandbox with a shell.
+run: setup
+	@if [ -t 0 ]; then $(BIN)/airlock run -it -- bash; \
+	else $(BIN)/airlock run -- sh -c 'echo "hello from $$(hostname), kernel $$(uname -r)"'; fi
+
+vet:
+	$(GO) vet ./...
+	@test -z "$$(gofmt -l cmd internal e2e)" || { gofmt -l cmd internal e2e; exit 1; }
+
+# Host packages under the race detector (it needs cgo), then the end-to-end
+# tests that boot real VMs.
+unit:
+	CGO_ENABLED=1 $(GO) test -race -count=1 ./internal/... ./cmd/...
+
+e2e: setup
+	AIRLOCK_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m ./e2e/...
+
+test: vet unit e2e
+
+bench: setup
+	$(BIN)/airlock bench
+
+clean:
+	rm -rf $(BIN)

@@ -1,0 +1,159 @@
+// Package cli implements the airlock command: its subcommands, their flags
+// and help, and how their failures map to exit codes.
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/airlockhq/airlock/internal/datadir"
+	"github.com/airlockhq/airlock/internal/errdefs"
+)
+
+// ExitError asks main to exit with Code. A nil Err means the message was
+// already printed (or there is none, as when passing on a command's code).
+type ExitError struct {
+	Code int
+	Err  error
+}
+
+func (e *ExitError) Error() string {
+	if e.Err == nil {
+		return fmt.Sprintf("exit status %d", e.Code)
+	}
+	return e.Err.Error()
+}
+
+func (e *ExitError) Unwrap() error { return e.Err }
+
+// ExitCode picks the process exit status for an error returned by Run:
+// 0 for nil, the command's own status for ExitError, 2 for errors the user
+// can fix (bad input, setup not run), 1 for the rest.
+func ExitCode(err error) int {
+	var ee *ExitError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ee):
+		return ee.Code
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errdefs.IsUserError(err):
+		return 2
+	default:
+		return 1
+	}
+}
+
+// Env is what a command runs with: its streams and the process-wide inputs
+// main gathered.
+type Env struct {
+	Stdin  *os.File
+	Stdout io.Writer
+	Stderr io.Writer
+	Log    *slog.Logger
+	Dir    datadir.Dir
+}
+
+type command struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, env *Env, args []string) error
+}
+
+func commands() []command {
+	return []command{
+		{"setup", "install what airlock needs and build the guest and templates", runSetup},
+		{"run", "boot a sandbox, run one command in it, and remove it", runRun},
+		{"bench", "measure boot, exec and throughput against host baselines", runBench},
+		{"version", "print the version", runVersion},
+	}
+}
+
+// Version is the airlock version, set at build time.
+var Version = "dev"
+
+func usage(w io.Writer) {
+	fmt.Fprintf(w, "airlock runs code in microVM sandboxes.\n\nUsage:\n  airlock COMMAND [FLAGS] [ARGS]\n\nCommands:\n")
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(w, "\nRun `airlock COMMAND -h` for a command's flags.\n"+
+		"Data lives in $AIRLOCK_HOME (default /var/lib/airlock as root, else ~/.local/share/airlock).\n")
+}
+
+// Run runs the airlock command line args (without the program name).
+func Run(ctx context.Context, env *Env, args []string) error {
+	if len(args) == 0 {
+		usage(env.Stderr)
+		return &ExitError{Code: 2, Err: errors.New("no command given")}
+	}
+	name := args[0]
+	if name == "-h" || name == "--help" || name == "help" {
+		usage(env.Stdout)
+		return nil
+	}
+	for _, c := range commands() {
+		if c.name == name {
+			return c.run(ctx, env, args[1:])
+		}
+	}
+	return fmt.Errorf("unknown command %q: run `airlock help` for the list: %w", name, errdefs.ErrInvalid)
+}
+
+func runVersion(_ context.Context, env *Env, args []string) error {
+	fs := newFlagSet("version", "airlock version", "Print the version.", env)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	fmt.Fprintln(env.Stdout, "airlock", Version)
+	return nil
+}
+
+// newFlagSet returns a flag set whose errors come back to the caller and
+// whose help goes to the command's stderr.
+func newFlagSet(name, synopsis, about string, env *Env) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(env.Stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(env.Stderr, "Usage: %s\n\n%s\n\nFlags:\n", synopsis, about)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parse parses flags; bad flags are the user's to fix.
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%s: %v: %w", fs.Name(), err, errdefs.ErrInvalid)
+	}
+	return nil
+}
+
+// expandShortFlags turns "-it" into "-i -t" for the single-letter boolean
+// flags named in bools, up to the first "--".
+func expandShortFlags(args []string, bools string) []string {
+	var out []string
+	for i, a := range args {
+		if a == "--" {
+			return append(out, args[i:]...)
+		}
+		if letters, ok := strings.CutPrefix(a, "-"); ok && len(letters) > 1 && strings.Trim(letters, bools) == "" {
+			for _, l := range letters {
+				out = append(out, "-"+string(l))
+			}
+			continue
+		}
+		out = append(out, a)
+	}
+	return out
+}

@@ -1,0 +1,62 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/airlockhq/airlock/internal/sandbox"
+	"github.com/airlockhq/airlock/internal/setup"
+)
+
+const setupAbout = `Installs the Debian packages airlock needs (as root), fetches Debian's
+cloud kernel, builds the initramfs with the guest agent, builds the
+templates (tiny: busybox; base: Debian bookworm with python3), and checks
+whether KVM can run the guest or software emulation (TCG) must be used.
+Every step is skipped when its result is already there; a failed step
+leaves nothing half-written, so running setup again resumes.`
+
+func runSetup(ctx context.Context, env *Env, args []string) error {
+	fs := newFlagSet("setup", "airlock setup [FLAGS]", setupAbout, env)
+	mirror := fs.String("mirror", "", "Debian archive `URL` for the base template (default: the one apt uses)")
+	templates := fs.String("templates", strings.Join(setup.DefaultTemplates, ","), "comma-separated built-in `templates` to build")
+	force := fs.Bool("force", false, "rebuild everything and probe the accelerator again")
+	agent := fs.String("agent", "", "guest agent `binary` (default: airlock-agent beside this executable)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	agentPath := *agent
+	if agentPath == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("setup: find own executable: %w", err)
+		}
+		agentPath = filepath.Join(filepath.Dir(self), "airlock-agent")
+	}
+	var names []string
+	for _, t := range strings.Split(*templates, ",") {
+		if t = strings.TrimSpace(t); t != "" {
+			names = append(names, t)
+		}
+	}
+	fmt.Fprintf(env.Stdout, "airlock setup: data directory %s\n", env.Dir.Root)
+	if err := setup.Run(ctx, setup.Config{
+		Dir: env.Dir, AgentPath: agentPath, Mirror: *mirror, Templates: names, Out: env.Stdout, Force: *force,
+	}); err != nil {
+		return err
+	}
+	fmt.Fprintf(env.Stdout, "==> accelerator\n")
+	v, err := sandbox.ProbeAccel(ctx, env.Dir, env.Log, *force)
+	if err != nil {
+		return fmt.Errorf("setup: probe accelerator: %w", err)
+	}
+	if v.Accel == "kvm" {
+		fmt.Fprintf(env.Stdout, "    kvm: the guest boots under KVM\n")
+	} else {
+		fmt.Fprintf(env.Stdout, "    tcg (software emulation): %s\n", v.Reason)
+	}
+	fmt.Fprintf(env.Stdout, "airlock is ready: try `airlock run -- echo hello`\n")
+	return nil
+}

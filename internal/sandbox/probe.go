@@ -1,0 +1,115 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/airlockhq/airlock/internal/datadir"
+	"github.com/airlockhq/airlock/internal/vm"
+)
+
+// AccelVerdict is the cached result of the accelerator probe.
+type AccelVerdict struct {
+	Accel vm.Accel `json:"accel"`
+	// Reason says why KVM was not chosen, when it was not.
+	Reason string `json:"reason,omitempty"`
+	// Kernel identifies the guest kernel the probe booted (size and
+	// modification time); a new kernel invalidates the verdict.
+	Kernel    string    `json:"kernel"`
+	CheckedAt time.Time `json:"checked_at"`
+}
+
+// probeTimeout bounds the KVM trial boot. A guest that works under KVM
+// reaches its agent in well under a second.
+const probeTimeout = 15 * time.Second
+
+func kernelID(dir datadir.Dir) string {
+	fi, err := os.Stat(dir.Kernel())
+	if err != nil {
+		return ""
+	}
+	return fmt.Sprintf("%d-%d", fi.Size(), fi.ModTime().UnixNano())
+}
+
+// ProbeAccel decides between KVM and TCG. A /dev/kvm that opens is no proof
+// that KVM can run the guest (a paravirtual nested hypervisor fails an
+// unmodified kernel with an emulation failure), so it boots the real guest
+// under KVM once and checks that its agent answers. The verdict is cached
+// in the data directory; force probes again.
+func ProbeAccel(ctx context.Context, dir datadir.Dir, log *slog.Logger, force bool) (AccelVerdict, error) {
+	kid := kernelID(dir)
+	if !force {
+		if b, err := os.ReadFile(dir.AccelVerdict()); err == nil {
+			var v AccelVerdict
+			if json.Unmarshal(b, &v) == nil && v.Kernel == kid && (v.Accel == vm.AccelKVM || v.Accel == vm.AccelTCG) {
+				return v, nil
+			}
+		}
+	}
+	v := AccelVerdict{Accel: vm.AccelTCG, Kernel: kid, CheckedAt: time.Now().UTC()}
+	if err := tryKVM(ctx, dir, log); err != nil {
+		v.Reason = err.Error()
+		log.Info("using TCG (software emulation)", "reason", v.Reason)
+	} else {
+		v.Accel = vm.AccelKVM
+	}
+	b, _ := json.MarshalIndent(v, "", "  ")
+	tmp := dir.AccelVerdict() + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err == nil {
+		os.Rename(tmp, dir.AccelVerdict())
+	}
+	return v, nil
+}
+
+// tryKVM boots the guest without a disk under KVM and waits for its agent.
+func tryKVM(ctx context.Context, dir datadir.Dir, log *slog.Logger) error {
+	f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("/dev/kvm is not usable: %w", err)
+	}
+	f.Close()
+	if err := os.MkdirAll(dir.Sandboxes(), 0o755); err != nil {
+		return err
+	}
+	tmp, err := os.MkdirTemp(dir.Sandboxes(), "probe-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	m, err := vm.Start(ctx, vm.Config{
+		Kernel: dir.Kernel(), Initramfs: dir.Initramfs(), Accel: vm.AccelKVM,
+		VCPUs: 1, MemoryMiB: 256, Dir: tmp,
+	}, log)
+	if err != nil {
+		return fmt.Errorf("start a KVM guest: %w", err)
+	}
+	defer m.Stop(context.Background())
+	c, err := connectAgent(ctx, m, probeTimeout)
+	if err != nil {
+		if b, rerr := os.ReadFile(filepath.Join(tmp, vm.QEMULogName)); rerr == nil && len(b) > 0 {
+			return fmt.Errorf("the guest did not come up under KVM: %s", firstLine(string(b)))
+		}
+		return fmt.Errorf("the guest did not come up under KVM: %w", err)
+	}
+	defer c.Close()
+	if _, err := c.Ping(ctx); err != nil {
+		return fmt.Errorf("the guest agent did not answer under KVM: %w", err)
+	}
+	return nil
+}
+
+func firstLine(s string) string {
+	for i, c := range s {
+		if c == '\n' {
+			return s[:i]
+		}
+	}
+	return s
+}

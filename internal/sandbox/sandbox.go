@@ -1,0 +1,376 @@
+// Package sandbox creates and destroys sandboxes: a VM booted from the
+// guest artifacts with a copy-on-write disk over a template, and a session
+// with the agent inside it. It is the runtime the CLI and the server share.
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/airlockhq/airlock/internal/agentclient"
+	"github.com/airlockhq/airlock/internal/agentproto"
+	"github.com/airlockhq/airlock/internal/datadir"
+	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/guest"
+	"github.com/airlockhq/airlock/internal/template"
+	"github.com/airlockhq/airlock/internal/vm"
+)
+
+// Config configures a Runtime.
+type Config struct {
+	// Dir is the data directory.
+	Dir datadir.Dir
+	// Accel is "kvm", "tcg" or "auto" (the default: the cached verdict of
+	// the probe, which runs on first use).
+	Accel string
+	// BootTimeout bounds a VM's boot to agent ready. Default 60 s.
+	BootTimeout time.Duration
+	// Log receives the runtime's diagnostics.
+	Log *slog.Logger
+}
+
+// Runtime creates sandboxes.
+type Runtime struct {
+	cfg       Config
+	log       *slog.Logger
+	templates *template.Store
+	accel     vm.Accel
+}
+
+// New checks that the host is set up and returns a runtime. With Accel
+// "auto" it probes the accelerator once and caches the verdict.
+func New(ctx context.Context, cfg Config) (*Runtime, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.BootTimeout == 0 {
+		cfg.BootTimeout = 60 * time.Second
+	}
+	if err := guest.Check(cfg.Dir); err != nil {
+		return nil, err
+	}
+	r := &Runtime{cfg: cfg, log: cfg.Log, templates: template.Open(cfg.Dir)}
+	switch cfg.Accel {
+	case "kvm", "tcg":
+		r.accel = vm.Accel(cfg.Accel)
+	case "", "auto":
+		a, err := ProbeAccel(ctx, cfg.Dir, cfg.Log, false)
+		if err != nil {
+			return nil, err
+		}
+		r.accel = a.Accel
+	default:
+		return nil, fmt.Errorf("accelerator %q is not kvm, tcg or auto: %w", cfg.Accel, errdefs.ErrInvalid)
+	}
+	return r, nil
+}
+
+// Accel is the accelerator sandboxes run with.
+func (r *Runtime) Accel() vm.Accel { return r.accel }
+
+// Templates is the template store.
+func (r *Runtime) Templates() *template.Store { return r.templates }
+
+// Spec is what a sandbox is made of. Zero values take the template's
+// defaults.
+type Spec struct {
+	Template  string
+	VCPUs     int
+	MemoryMiB int
+	DiskMiB   int
+	// Env is the default environment of every command.
+	Env map[string]string
+	// Detach lets the VM outlive this process.
+	Detach bool
+}
+
+// Limits bound what one sandbox may ask for, to protect the host.
+type Limits struct {
+	MaxVCPUs     int
+	MinMemoryMiB int
+	MaxMemoryMiB int
+	MaxDiskMiB   int
+}
+
+// HostLimits derives the per-sandbox bounds from this host: no more vCPUs
+// than host CPUs, no more memory than half the host's.
+func HostLimits() Limits {
+	l := Limits{MaxVCPUs: runtime.NumCPU(), MinMemoryMiB: 128, MaxMemoryMiB: 8192, MaxDiskMiB: 256 << 10}
+	if mem := hostMemoryMiB(); mem > 0 {
+		l.MaxMemoryMiB = mem / 2
+	}
+	return l
+}
+
+func hostMemoryMiB() int {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		var kb int
+		if _, err := fmt.Sscanf(line, "MemTotal: %d kB", &kb); err == nil {
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+// resolve fills in defaults and checks bounds.
+func (r *Runtime) resolve(spec Spec) (Spec, template.Template, error) {
+	if spec.Template == "" {
+		spec.Template = "base"
+	}
+	tpl, err := r.templates.Resolve(spec.Template)
+	if err != nil {
+		return spec, tpl, err
+	}
+	if spec.VCPUs == 0 {
+		spec.VCPUs = tpl.VCPUs
+	}
+	if spec.MemoryMiB == 0 {
+		spec.MemoryMiB = tpl.MemoryMiB
+	}
+	if spec.DiskMiB == 0 {
+		spec.DiskMiB = tpl.DiskMiB
+	}
+	l := HostLimits()
+	minDisk := int((tpl.SizeBytes + (1<<20 - 1)) >> 20)
+	var errs []string
+	if spec.VCPUs < 1 || spec.VCPUs > l.MaxVCPUs {
+		errs = append(errs, fmt.Sprintf("vcpus %d is out of bounds: use 1 to %d", spec.VCPUs, l.MaxVCPUs))
+	}
+	if spec.MemoryMiB < l.MinMemoryMiB || spec.MemoryMiB > l.MaxMemoryMiB {
+		errs = append(errs, fmt.Sprintf("memory %d MiB is out of bounds: use %d to %d", spec.MemoryMiB, l.MinMemoryMiB, l.MaxMemoryMiB))
+	}
+	if spec.DiskMiB < minDisk || spec.DiskMiB > l.MaxDiskMiB {
+		errs = append(errs, fmt.Sprintf("disk %d MiB is out of bounds: template %s needs %d to %d", spec.DiskMiB, tpl.Ref(), minDisk, l.MaxDiskMiB))
+	}
+	if len(errs) > 0 {
+		return spec, tpl, fmt.Errorf("%s: %w", strings.Join(errs, "; "), errdefs.ErrInvalid)
+	}
+	return spec, tpl, nil
+}
+
+// Sandbox is a running sandbox.
+type Sandbox struct {
+	ID       string
+	Dir      string
+	Spec     Spec
+	Template template.Template
+	Init     agentproto.InitResult
+
+	log   *slog.Logger
+	vm    *vm.Machine
+	agent *agentclient.Client
+}
+
+// NewID returns a fresh sandbox ID: "sbx" and 20 lowercase letters and digits.
+func NewID() string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+	b := make([]byte, 20)
+	rand.Read(b)
+	for i := range b {
+		b[i] = alphabet[int(b[i])%len(alphabet)]
+	}
+	return "sbx" + string(b)
+}
+
+// step is one part of a start, with the undo that reverses it.
+type step struct {
+	name string
+	do   func(ctx context.Context) error
+	undo func()
+}
+
+// runSteps runs steps in order; on a failure it undoes the completed ones in
+// reverse and returns the failure.
+func runSteps(ctx context.Context, steps []step) error {
+	for i, s := range steps {
+		if err := s.do(ctx); err != nil {
+			for j := i - 1; j >= 0; j-- {
+				if steps[j].undo != nil {
+					steps[j].undo()
+				}
+			}
+			return fmt.Errorf("%s: %w", s.name, err)
+		}
+	}
+	return nil
+}
+
+// Create boots a new sandbox. On failure nothing of it is left behind.
+func (r *Runtime) Create(ctx context.Context, spec Spec) (*Sandbox, error) {
+	spec, tpl, err := r.resolve(spec)
+	if err != nil {
+		return nil, err
+	}
+	id := NewID()
+	sb := &Sandbox{ID: id, Dir: r.cfg.Dir.Sandbox(id), Spec: spec, Template: tpl, log: r.log.With("sandbox", id)}
+	overlay := sb.Dir + "/disk.qcow2"
+	steps := []step{
+		{"create sandbox directory", func(context.Context) error {
+			return os.MkdirAll(sb.Dir, 0o700)
+		}, func() { os.RemoveAll(sb.Dir) }},
+		{"create disk", func(ctx context.Context) error {
+			return createOverlay(ctx, tpl.Image, overlay, spec.DiskMiB)
+		}, nil},
+		{"boot vm", func(ctx context.Context) error {
+			m, err := vm.Start(ctx, vm.Config{
+				Kernel: r.cfg.Dir.Kernel(), Initramfs: r.cfg.Dir.Initramfs(), Accel: r.accel,
+				VCPUs: spec.VCPUs, MemoryMiB: spec.MemoryMiB, Disk: overlay, Dir: sb.Dir, Detach: spec.Detach,
+			}, sb.log)
+			sb.vm = m
+			return err
+		}, func() { sb.vm.Stop(context.Background()) }},
+		{"connect to agent", func(ctx context.Context) error {
+			c, err := connectAgent(ctx, sb.vm, r.cfg.BootTimeout)
+			sb.agent = c
+			return err
+		}, func() { sb.agent.Close() }},
+		{"init guest", func(ctx context.Context) error {
+			entropy := make([]byte, 64)
+			rand.Read(entropy)
+			res, err := sb.agent.Init(ctx, agentproto.InitRequest{
+				Hostname: id, TimeUnixNano: time.Now().UnixNano(), Entropy: entropy,
+				Env: spec.Env, RootDevice: "/dev/vda",
+			})
+			sb.Init = res
+			return sb.explain(err)
+		}, nil},
+	}
+	if err := runSteps(ctx, steps); err != nil {
+		return nil, fmt.Errorf("create sandbox: %w", err)
+	}
+	go sb.watch()
+	return sb, nil
+}
+
+// createOverlay makes a qcow2 disk of sizeMiB backed by the read-only
+// template image: nothing is copied.
+func createOverlay(ctx context.Context, base, path string, sizeMiB int) error {
+	out, err := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2",
+		"-b", base, "-F", "raw", path, fmt.Sprintf("%dM", sizeMiB)).CombinedOutput()
+	if err != nil {
+		if errors.Is(err, exec.ErrNotFound) {
+			return fmt.Errorf("qemu-img is not installed: run `airlock setup` as root: %w", errdefs.ErrPrecondition)
+		}
+		return fmt.Errorf("qemu-img create: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// connectAgent waits for the guest agent, giving up when the VM exits or
+// the boot timeout passes.
+func connectAgent(ctx context.Context, m *vm.Machine, timeout time.Duration) (*agentclient.Client, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-m.Done():
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", m.AgentSocket())
+	if err != nil {
+		return nil, bootError(m, err)
+	}
+	c, err := agentclient.Handshake(ctx, conn)
+	if err != nil {
+		conn.Close()
+		return nil, bootError(m, err)
+	}
+	return c, nil
+}
+
+// bootError explains a failed boot with what the VM printed.
+func bootError(m *vm.Machine, err error) error {
+	if m.Exited() {
+		return fmt.Errorf("the VM exited while booting (%v): console:\n%s", m.ExitError(), m.ConsoleTail(2000))
+	}
+	return fmt.Errorf("the agent did not answer: %w; console:\n%s", err, m.ConsoleTail(2000))
+}
+
+// watch notices a VM that ends on its own.
+func (s *Sandbox) watch() {
+	<-s.vm.Done()
+	s.agent.Close()
+}
+
+// explain turns an error from the agent link into one that says why the
+// VM went away, quoting the end of its console.
+func (s *Sandbox) explain(err error) error {
+	if err == nil || !errors.Is(err, agentclient.ErrDisconnected) {
+		return err
+	}
+	select {
+	case <-s.vm.Done():
+	case <-time.After(3 * time.Second):
+		return err
+	}
+	return s.Failure()
+}
+
+// Failure describes why the VM stopped, or nil while it runs.
+func (s *Sandbox) Failure() error {
+	if !s.vm.Exited() {
+		return nil
+	}
+	what := "the sandbox VM exited unexpectedly"
+	if s.vm.GuestPanicked() {
+		what = "the sandbox's guest kernel panicked"
+	}
+	if e := s.vm.ExitError(); e != nil {
+		what += " (" + e.Error() + ")"
+	}
+	return fmt.Errorf("%s: %w; console tail:\n%s", what, ErrVMExited, s.vm.ConsoleTail(3000))
+}
+
+// ErrVMExited marks operations that failed because the VM is gone.
+var ErrVMExited = errors.New("vm exited")
+
+// Agent is the session with the sandbox's agent.
+func (s *Sandbox) Agent() *agentclient.Client { return s.agent }
+
+// Machine is the sandbox's VM.
+func (s *Sandbox) Machine() *vm.Machine { return s.vm }
+
+// Exec runs a process in the sandbox; errors caused by the VM going away
+// are explained with its console.
+func (s *Sandbox) Exec(ctx context.Context, req agentproto.ExecRequest, stdio agentclient.Stdio) (*agentclient.Process, error) {
+	p, err := s.agent.Exec(ctx, req, stdio)
+	return p, s.explain(err)
+}
+
+// Wait waits for p and explains a lost VM.
+func (s *Sandbox) Wait(p *agentclient.Process) (agentproto.Exit, error) {
+	exit, err := p.Wait()
+	return exit, s.explain(err)
+}
+
+// Release lets go of the sandbox without stopping it: the session with the
+// agent is closed and the VM (started with Spec.Detach) keeps running.
+func (s *Sandbox) Release() {
+	s.agent.Close()
+}
+
+// Destroy stops the VM and removes everything the sandbox had on the host.
+func (s *Sandbox) Destroy(ctx context.Context) error {
+	s.agent.Close()
+	s.vm.Stop(ctx)
+	if err := os.RemoveAll(s.Dir); err != nil {
+		return fmt.Errorf("remove sandbox %s: %w", s.ID, err)
+	}
+	return nil
+}

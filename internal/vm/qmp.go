@@ -1,0 +1,154 @@
+package vm
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+)
+
+// QMP is a client of QEMU's machine protocol: JSON lines over a unix
+// socket. Commands are serialised; asynchronous events are kept for Events.
+type QMP struct {
+	conn net.Conn
+
+	mu   sync.Mutex // serialises commands
+	resp chan qmpMessage
+	err  error // set when the reader stops; read after resp is closed
+
+	evMu   sync.Mutex // guards events
+	events []Event
+}
+
+// Event is an asynchronous QMP event.
+type Event struct {
+	Name string          `json:"event"`
+	Data json.RawMessage `json:"data"`
+}
+
+type qmpMessage struct {
+	Event  string          `json:"event"`
+	Data   json.RawMessage `json:"data"`
+	Return json.RawMessage `json:"return"`
+	Error  *struct {
+		Class string `json:"class"`
+		Desc  string `json:"desc"`
+	} `json:"error"`
+	QMP json.RawMessage `json:"QMP"`
+}
+
+// DialQMP connects to a QMP socket, retrying until QEMU has created it or
+// ctx ends, and negotiates capabilities.
+func DialQMP(ctx context.Context, path string) (*QMP, error) {
+	var conn net.Conn
+	for {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "unix", path)
+		if err == nil {
+			conn = c
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("connect to QMP: %w", err)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	q := &QMP{conn: conn, resp: make(chan qmpMessage, 1)}
+	r := bufio.NewReader(conn)
+	// The greeting comes first.
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	line, err := r.ReadBytes('\n')
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("read QMP greeting: %w", err)
+	}
+	conn.SetReadDeadline(time.Time{})
+	var greet qmpMessage
+	if err := json.Unmarshal(line, &greet); err != nil || greet.QMP == nil {
+		conn.Close()
+		return nil, fmt.Errorf("unexpected QMP greeting %q", line)
+	}
+	go q.read(r)
+	if err := q.Execute(ctx, "qmp_capabilities", nil, nil); err != nil {
+		q.Close()
+		return nil, err
+	}
+	return q, nil
+}
+
+// read delivers replies and records events until the connection ends.
+func (q *QMP) read(r *bufio.Reader) {
+	defer close(q.resp)
+	for {
+		line, err := r.ReadBytes('\n')
+		if err != nil {
+			q.err = err
+			return
+		}
+		var m qmpMessage
+		if err := json.Unmarshal(line, &m); err != nil {
+			continue
+		}
+		if m.Event != "" {
+			q.evMu.Lock()
+			if len(q.events) < 1000 {
+				q.events = append(q.events, Event{Name: m.Event, Data: m.Data})
+			}
+			q.evMu.Unlock()
+			continue
+		}
+		q.resp <- m
+	}
+}
+
+// Execute runs a QMP command and decodes its return value into out (which
+// may be nil).
+func (q *QMP) Execute(ctx context.Context, cmd string, args any, out any) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	req := map[string]any{"execute": cmd}
+	if args != nil {
+		req["arguments"] = args
+	}
+	b, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	if _, err := q.conn.Write(append(b, '\n')); err != nil {
+		return fmt.Errorf("qmp %s: %w", cmd, err)
+	}
+	select {
+	case m, ok := <-q.resp:
+		if !ok {
+			return fmt.Errorf("qmp %s: connection closed: %w", cmd, errors.Join(q.err, net.ErrClosed))
+		}
+		if m.Error != nil {
+			return fmt.Errorf("qmp %s: %s: %s", cmd, m.Error.Class, m.Error.Desc)
+		}
+		if out != nil && m.Return != nil {
+			return json.Unmarshal(m.Return, out)
+		}
+		return nil
+	case <-ctx.Done():
+		// The reply may still come; the connection is no longer in step.
+		q.conn.Close()
+		return fmt.Errorf("qmp %s: %w", cmd, ctx.Err())
+	}
+}
+
+// Events returns the events received so far and forgets them.
+func (q *QMP) Events() []Event {
+	q.evMu.Lock()
+	defer q.evMu.Unlock()
+	ev := q.events
+	q.events = nil
+	return ev
+}
+
+// Close closes the connection.
+func (q *QMP) Close() error { return q.conn.Close() }

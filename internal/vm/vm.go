@@ -1,0 +1,327 @@
+// Package vm runs sandbox VMs: QEMU's microvm machine with a virtio disk, a
+// virtio-serial port for the guest agent and a virtio RNG, controlled over
+// QMP. It knows nothing of sandboxes or agents; it starts, watches and stops
+// one QEMU process and cleans up after it.
+package vm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/airlockhq/airlock/internal/errdefs"
+)
+
+// Accel is a QEMU accelerator.
+type Accel string
+
+// Accelerators.
+const (
+	AccelKVM Accel = "kvm"
+	AccelTCG Accel = "tcg"
+)
+
+// Files a machine keeps in its directory.
+const (
+	AgentSocketName = "agent.sock"
+	QMPSocketName   = "qmp.sock"
+	ConsoleLogName  = "console.log"
+	QEMULogName     = "qemu.log"
+)
+
+// maxSocketPath is the longest unix socket path the kernel accepts.
+const maxSocketPath = 107
+
+// Config describes one VM.
+type Config struct {
+	// QEMU is the qemu-system-x86_64 binary; empty means look it up in PATH.
+	QEMU string
+	// Kernel is the uncompressed ELF kernel (booted through PVH).
+	Kernel string
+	// Initramfs is the initramfs holding the guest agent.
+	Initramfs string
+	// Accel is the accelerator: AccelKVM or AccelTCG.
+	Accel Accel
+	// VCPUs is the number of virtual CPUs, at least 1.
+	VCPUs int
+	// MemoryMiB is the guest's memory in MiB, at least 64.
+	MemoryMiB int
+	// Disk is the root disk, a qcow2 image; empty means no disk.
+	Disk string
+	// Dir holds the VM's sockets and logs. It must exist.
+	Dir string
+	// KernelArgs are appended to the kernel command line.
+	KernelArgs string
+	// Detach lets QEMU outlive the process that started it. Otherwise QEMU
+	// is killed when its parent dies.
+	Detach bool
+}
+
+// Validate checks the configuration before anything starts.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.Kernel == "" || c.Initramfs == "" {
+		errs = append(errs, errors.New("kernel and initramfs are required"))
+	}
+	if c.Accel != AccelKVM && c.Accel != AccelTCG {
+		errs = append(errs, fmt.Errorf("accelerator %q is not kvm or tcg", c.Accel))
+	}
+	if c.VCPUs < 1 {
+		errs = append(errs, fmt.Errorf("vcpus %d must be at least 1", c.VCPUs))
+	}
+	if c.MemoryMiB < 64 {
+		errs = append(errs, fmt.Errorf("memory %d MiB must be at least 64", c.MemoryMiB))
+	}
+	if c.Dir == "" {
+		errs = append(errs, errors.New("dir is required"))
+	} else if p := filepath.Join(c.Dir, AgentSocketName); len(p) > maxSocketPath {
+		errs = append(errs, fmt.Errorf("socket path %s is longer than %d bytes: use a shorter AIRLOCK_HOME", p, maxSocketPath))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("vm config: %w: %w", err, errdefs.ErrInvalid)
+	}
+	return nil
+}
+
+// Machine is a running QEMU process.
+type Machine struct {
+	cfg  Config
+	log  *slog.Logger
+	proc *os.Process
+	qmp  *QMP
+
+	done    chan struct{} // closed when QEMU has exited and been reaped
+	exitErr error         // how QEMU exited; read after done
+
+	stopOnce sync.Once
+}
+
+// kernelArgs boot quietly to the agent: the console only shows warnings,
+// and a panic resets the VM, which -no-reboot turns into QEMU exiting.
+const kernelArgs = "console=ttyS0 quiet loglevel=4 panic=-1 reboot=t random.trust_cpu=on"
+
+// Args returns QEMU's command line for cfg.
+func Args(cfg Config) []string {
+	accel := []string{"-accel", "tcg,thread=multi", "-cpu", "max"}
+	if cfg.Accel == AccelKVM {
+		accel = []string{"-accel", "kvm", "-cpu", "host"}
+	}
+	dir := cfg.Dir
+	args := []string{
+		"-M", "microvm,x-option-roms=off,isa-serial=on,rtc=off",
+	}
+	args = append(args, accel...)
+	args = append(args,
+		"-m", strconv.Itoa(cfg.MemoryMiB),
+		"-smp", strconv.Itoa(cfg.VCPUs),
+		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
+		"-kernel", cfg.Kernel,
+		"-initrd", cfg.Initramfs,
+		"-append", strings.TrimSpace(kernelArgs+" "+cfg.KernelArgs),
+		"-chardev", "file,id=console,path="+filepath.Join(dir, ConsoleLogName),
+		"-serial", "chardev:console",
+	)
+	if cfg.Disk != "" {
+		args = append(args,
+			"-drive", "id=root,file="+cfg.Disk+",format=qcow2,if=none,discard=unmap,detect-zeroes=unmap",
+			"-device", "virtio-blk-device,drive=root",
+		)
+	}
+	args = append(args,
+		"-device", "virtio-serial-device,max_ports=2",
+		"-chardev", "socket,id=agent,path="+filepath.Join(dir, AgentSocketName)+",server=on,wait=off",
+		"-device", "virtserialport,chardev=agent,name=airlock.agent",
+		"-object", "rng-random,id=rng,filename=/dev/urandom",
+		"-device", "virtio-rng-device,rng=rng",
+		"-qmp", "unix:"+filepath.Join(dir, QMPSocketName)+",server=on,wait=off",
+	)
+	return args
+}
+
+// Start launches QEMU and connects to its QMP socket. The VM's lifetime is
+// not tied to ctx, which bounds only the start itself.
+func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Machine, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	bin := cfg.QEMU
+	if bin == "" {
+		p, err := exec.LookPath("qemu-system-x86_64")
+		if err != nil {
+			return nil, fmt.Errorf("qemu-system-x86_64 is not installed: run `airlock setup` as root: %w", errdefs.ErrPrecondition)
+		}
+		bin = p
+	}
+	for _, f := range []string{cfg.Kernel, cfg.Initramfs} {
+		if _, err := os.Stat(f); err != nil {
+			return nil, fmt.Errorf("boot artifact %s is missing: run `airlock setup`: %w", f, errdefs.ErrPrecondition)
+		}
+	}
+	// Stale sockets of an earlier machine in the same directory would be
+	// mistaken for ours.
+	removeFiles(cfg.Dir, AgentSocketName, QMPSocketName)
+
+	logFile, err := os.OpenFile(filepath.Join(cfg.Dir, QEMULogName), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("create qemu log: %w", err)
+	}
+	defer logFile.Close()
+	devNull, err := os.Open(os.DevNull)
+	if err != nil {
+		return nil, err
+	}
+	defer devNull.Close()
+	sys := &syscall.SysProcAttr{Setpgid: true} // a terminal's ^C must not reach QEMU
+	if !cfg.Detach {
+		sys.Pdeathsig = syscall.SIGKILL
+	}
+	proc, err := os.StartProcess(bin, append([]string{bin}, Args(cfg)...), &os.ProcAttr{
+		Dir:   cfg.Dir,
+		Files: []*os.File{devNull, logFile, logFile},
+		Sys:   sys,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("start qemu: %w", err)
+	}
+	m := &Machine{cfg: cfg, log: log, proc: proc, done: make(chan struct{})}
+	go m.wait()
+
+	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	go func() {
+		select {
+		case <-m.done:
+			cancel() // QEMU died: stop waiting for its socket
+		case <-qctx.Done():
+		}
+	}()
+	q, err := DialQMP(qctx, filepath.Join(cfg.Dir, QMPSocketName))
+	if err != nil {
+		m.Kill()
+		if m.Exited() {
+			return nil, fmt.Errorf("qemu exited at start: %w", m.ExitError())
+		}
+		return nil, err
+	}
+	m.qmp = q
+	log.Debug("vm started", "pid", proc.Pid, "accel", cfg.Accel)
+	return m, nil
+}
+
+func (m *Machine) wait() {
+	st, err := m.proc.Wait()
+	switch {
+	case err != nil:
+		m.exitErr = err
+	case !st.Success():
+		m.exitErr = fmt.Errorf("qemu %s%s", st, m.qemuLogTail())
+	}
+	close(m.done)
+}
+
+func (m *Machine) qemuLogTail() string {
+	b, err := os.ReadFile(filepath.Join(m.cfg.Dir, QEMULogName))
+	if err != nil || len(b) == 0 {
+		return ""
+	}
+	return ": " + strings.TrimSpace(tail(string(b), 2000))
+}
+
+// PID is QEMU's process ID.
+func (m *Machine) PID() int { return m.proc.Pid }
+
+// AgentSocket is the unix socket connected to the guest agent's port.
+func (m *Machine) AgentSocket() string { return filepath.Join(m.cfg.Dir, AgentSocketName) }
+
+// QMP is the machine's control connection.
+func (m *Machine) QMP() *QMP { return m.qmp }
+
+// Done is closed once QEMU has exited.
+func (m *Machine) Done() <-chan struct{} { return m.done }
+
+// Exited reports whether QEMU has exited.
+func (m *Machine) Exited() bool {
+	select {
+	case <-m.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// ExitError describes how QEMU exited (nil for a clean exit, which is also
+// how a guest panic or poweroff ends). Valid once Done is closed.
+func (m *Machine) ExitError() error {
+	<-m.done
+	return m.exitErr
+}
+
+// ConsoleTail returns up to max bytes of the end of the guest's console.
+func (m *Machine) ConsoleTail(max int) string {
+	b, err := os.ReadFile(filepath.Join(m.cfg.Dir, ConsoleLogName))
+	if err != nil {
+		return ""
+	}
+	return tail(string(b), max)
+}
+
+// GuestPanicked reports whether the console shows a kernel panic.
+func (m *Machine) GuestPanicked() bool {
+	return strings.Contains(m.ConsoleTail(64<<10), "Kernel panic")
+}
+
+func tail(s string, max int) string {
+	if len(s) <= max {
+		return s
+	}
+	s = s[len(s)-max:]
+	if i := strings.IndexByte(s, '\n'); i >= 0 && i < len(s)-1 {
+		s = s[i+1:]
+	}
+	return s
+}
+
+// Kill ends QEMU at once with SIGKILL.
+func (m *Machine) Kill() {
+	m.proc.Signal(syscall.SIGKILL)
+}
+
+// Stop ends the VM: QEMU is asked to quit, and killed if it has not exited
+// when ctx ends or after two seconds. Its sockets are removed; its logs stay
+// for the caller to read or remove with the directory.
+func (m *Machine) Stop(ctx context.Context) error {
+	m.stopOnce.Do(func() {
+		if m.qmp != nil && !m.Exited() {
+			qctx, cancel := context.WithTimeout(ctx, time.Second)
+			m.qmp.Execute(qctx, "quit", nil, nil)
+			cancel()
+		}
+		select {
+		case <-m.done:
+		case <-ctx.Done():
+		case <-time.After(2 * time.Second):
+		}
+		m.Kill()
+		<-m.done
+		if m.qmp != nil {
+			m.qmp.Close()
+		}
+		removeFiles(m.cfg.Dir, AgentSocketName, QMPSocketName)
+	})
+	return nil
+}
+
+func removeFiles(dir string, names ...string) {
+	for _, n := range names {
+		os.Remove(filepath.Join(dir, n))
+	}
+}
