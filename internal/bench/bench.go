@@ -1,0 +1,303 @@
+// Package bench measures airlock against baselines taken in the same run on
+// the same machine: cold boot to agent ready against a plain QEMU boot, the
+// round trip of an exec against a host fork/exec, and stdout throughput
+// against the same command on the host. Absolute timings vary from host to
+// host (and from minute to minute under software emulation); the ratios to
+// the baselines are what compare across runs.
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/airlockhq/airlock/internal/datadir"
+	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/sandbox"
+	"github.com/airlockhq/airlock/internal/template"
+)
+
+// Scenario names.
+const (
+	ScenarioBoot       = "boot"
+	ScenarioExecRTT    = "exec_rtt"
+	ScenarioThroughput = "stdout_throughput"
+)
+
+// Scenarios lists every scenario in the order Run runs them.
+func Scenarios() []string {
+	return []string{ScenarioBoot, ScenarioExecRTT, ScenarioThroughput}
+}
+
+// Defaults of the Config fields left zero.
+const (
+	DefaultTemplate      = "tiny"
+	DefaultBootRuns      = 5
+	DefaultExecRuns      = 200
+	DefaultThroughputMiB = 200
+	DefaultBootTimeout   = 60 * time.Second
+)
+
+// maxThroughputMiB bounds ThroughputMiB (1 TiB), so a typo cannot stream
+// for days.
+const maxThroughputMiB = 1 << 20
+
+// Config configures a bench run.
+type Config struct {
+	// Dir is the data directory holding the boot artifacts and templates.
+	// Required.
+	Dir datadir.Dir
+	// Accel is the accelerator: "kvm", "tcg" or "auto" (the default: the
+	// runtime's cached probe verdict).
+	Accel string
+	// Template is the template ref sandboxes boot from. Default "tiny".
+	// The stdout scenario needs `head` in it. Run resolves it before
+	// anything boots.
+	Template string
+	// BootRuns is how many cold boots each side of the boot scenario makes.
+	// Default 5.
+	BootRuns int
+	// ExecRuns is how many execs each side of exec_rtt makes. Default 200.
+	ExecRuns int
+	// ThroughputMiB is how many MiB stdout_throughput streams, in MiB.
+	// Default 200.
+	ThroughputMiB int
+	// Scenarios selects the scenarios to run by name; empty means all.
+	// They run in the order of Scenarios() whatever the order here.
+	Scenarios []string
+	// BootTimeout bounds one boot to agent ready, on either side. Default
+	// 60 s.
+	BootTimeout time.Duration
+	// Progress receives a line per step, so long runs are not silent. Nil
+	// discards them.
+	Progress io.Writer
+	// Log receives the runtime's diagnostics. Nil discards them.
+	Log *slog.Logger
+}
+
+// Validate checks the configuration before anything starts. Its errors
+// wrap errdefs.ErrInvalid.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.Dir.Root == "" {
+		errs = append(errs, errors.New("data directory is required"))
+	}
+	switch c.Accel {
+	case "", "auto", "kvm", "tcg":
+	default:
+		errs = append(errs, fmt.Errorf("accelerator %q is not auto, kvm or tcg", c.Accel))
+	}
+	for _, n := range []struct {
+		name string
+		v    int
+	}{{"boot runs", c.BootRuns}, {"exec runs", c.ExecRuns}, {"throughput MiB", c.ThroughputMiB}} {
+		if n.v < 0 {
+			errs = append(errs, fmt.Errorf("%s must not be negative (got %d)", n.name, n.v))
+		}
+	}
+	if c.ThroughputMiB > maxThroughputMiB {
+		errs = append(errs, fmt.Errorf("throughput MiB %d is above the limit of %d", c.ThroughputMiB, maxThroughputMiB))
+	}
+	if c.BootTimeout < 0 {
+		errs = append(errs, fmt.Errorf("boot timeout %s must not be negative", c.BootTimeout))
+	}
+	for _, s := range c.Scenarios {
+		if !slices.Contains(Scenarios(), s) {
+			errs = append(errs, fmt.Errorf("unknown scenario %q: choose from %s", s, strings.Join(Scenarios(), ", ")))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("bench config: %w: %w", err, errdefs.ErrInvalid)
+	}
+	return nil
+}
+
+// withDefaults returns c with its zero fields set to their defaults.
+func (c Config) withDefaults() Config {
+	if c.Accel == "" {
+		c.Accel = "auto"
+	}
+	if c.Template == "" {
+		c.Template = DefaultTemplate
+	}
+	if c.BootRuns == 0 {
+		c.BootRuns = DefaultBootRuns
+	}
+	if c.ExecRuns == 0 {
+		c.ExecRuns = DefaultExecRuns
+	}
+	if c.ThroughputMiB == 0 {
+		c.ThroughputMiB = DefaultThroughputMiB
+	}
+	if c.BootTimeout == 0 {
+		c.BootTimeout = DefaultBootTimeout
+	}
+	if c.Progress == nil {
+		c.Progress = io.Discard
+	}
+	if c.Log == nil {
+		c.Log = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// selected reports whether scenario name is to run.
+func (c *Config) selected(name string) bool {
+	return len(c.Scenarios) == 0 || slices.Contains(c.Scenarios, name)
+}
+
+// runner holds what the scenarios of one run share.
+type runner struct {
+	cfg Config
+	rt  *sandbox.Runtime
+	tpl template.Template
+
+	// sb is the sandbox the exec scenarios share, created on first use and
+	// destroyed by close. Only Run's goroutine touches it.
+	sb *sandbox.Sandbox
+}
+
+// Run runs the selected scenarios one after another and reports them. Every
+// sandbox and VM it starts is gone when it returns, also when it fails or
+// ctx ends.
+func Run(ctx context.Context, cfg Config) (rep Report, err error) {
+	if err := cfg.Validate(); err != nil {
+		return Report{}, err
+	}
+	cfg = cfg.withDefaults()
+	rt, err := sandbox.New(ctx, sandbox.Config{Dir: cfg.Dir, Accel: cfg.Accel, BootTimeout: cfg.BootTimeout, Log: cfg.Log})
+	if err != nil {
+		return Report{}, err
+	}
+	tpl, err := rt.Templates().Resolve(cfg.Template)
+	if err != nil {
+		return Report{}, err
+	}
+	r := &runner{cfg: cfg, rt: rt, tpl: tpl}
+	defer func() {
+		if cerr := r.close(); cerr != nil {
+			err = errors.Join(err, cerr)
+		}
+	}()
+
+	rep = Report{
+		Version:   ReportVersion,
+		StartedAt: time.Now().UTC().Truncate(time.Second),
+		Host:      Host{CPUs: runtime.NumCPU(), Accel: string(rt.Accel()), Kernel: hostKernel()},
+		Results:   []Result{},
+	}
+	scenarios := []struct {
+		name string
+		run  func(context.Context) (Result, error)
+	}{
+		{ScenarioBoot, r.boot},
+		{ScenarioExecRTT, r.execRTT},
+		{ScenarioThroughput, r.stdoutThroughput},
+	}
+	for _, s := range scenarios {
+		if !cfg.selected(s.name) {
+			continue
+		}
+		res, err := s.run(ctx)
+		if err != nil {
+			return rep, fmt.Errorf("bench %s: %w", s.name, err)
+		}
+		rep.Results = append(rep.Results, res)
+	}
+	return rep, nil
+}
+
+// progressf writes one progress line.
+func (r *runner) progressf(format string, args ...any) {
+	fmt.Fprintf(r.cfg.Progress, format+"\n", args...)
+}
+
+// sandbox returns the shared sandbox, creating it on first use.
+func (r *runner) sandbox(ctx context.Context) (*sandbox.Sandbox, error) {
+	if r.sb != nil {
+		return r.sb, nil
+	}
+	r.progressf("booting a %s sandbox", r.tpl.Ref())
+	sb, err := r.rt.Create(ctx, sandbox.Spec{Template: r.cfg.Template})
+	if err != nil {
+		return nil, err
+	}
+	r.sb = sb
+	return sb, nil
+}
+
+// close destroys the shared sandbox, if there is one.
+func (r *runner) close() error {
+	if r.sb == nil {
+		return nil
+	}
+	sb := r.sb
+	r.sb = nil
+	return destroy(sb)
+}
+
+// destroyTimeout bounds the teardown of one sandbox. It does not depend on
+// the run's context, so that a cancelled run still cleans up.
+const destroyTimeout = 15 * time.Second
+
+func destroy(sb *sandbox.Sandbox) error {
+	ctx, cancel := context.WithTimeout(context.Background(), destroyTimeout)
+	defer cancel()
+	return sb.Destroy(ctx)
+}
+
+// hostKernel is the host kernel's release, as uname -r prints it.
+func hostKernel() string {
+	b, err := os.ReadFile("/proc/sys/kernel/osrelease")
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// measure does one run of a measurement and returns how long the measured
+// part took; setup and teardown around it are not counted.
+type measure func(ctx context.Context) (time.Duration, error)
+
+// timed measures the whole of f.
+func timed(f func(context.Context) error) measure {
+	return func(ctx context.Context) (time.Duration, error) {
+		start := time.Now()
+		err := f(ctx)
+		return time.Since(start), err
+	}
+}
+
+// timePairs runs a and then b n times, alternating so that drift in the
+// host's speed affects both alike, and returns their durations. step, if
+// not nil, is called after each pair with its number (from 1) and
+// durations. It stops at the first error or when ctx ends.
+func timePairs(ctx context.Context, n int, a, b measure, step func(i int, da, db time.Duration)) ([]time.Duration, []time.Duration, error) {
+	as := make([]time.Duration, 0, n)
+	bs := make([]time.Duration, 0, n)
+	for i := 1; i <= n; i++ {
+		if err := ctx.Err(); err != nil {
+			return as, bs, err
+		}
+		da, err := a(ctx)
+		if err != nil {
+			return as, bs, fmt.Errorf("run %d: %w", i, err)
+		}
+		db, err := b(ctx)
+		if err != nil {
+			return as, bs, fmt.Errorf("baseline run %d: %w", i, err)
+		}
+		as, bs = append(as, da), append(bs, db)
+		if step != nil {
+			step(i, da, db)
+		}
+	}
+	return as, bs, nil
+}

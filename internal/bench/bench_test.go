@@ -1,0 +1,228 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/airlockhq/airlock/internal/datadir"
+	"github.com/airlockhq/airlock/internal/errdefs"
+)
+
+func TestConfigValidate(t *testing.T) {
+	dir := datadir.Dir{Root: "/nonexistent/airlock"}
+	tests := []struct {
+		name    string
+		cfg     Config
+		wantErr string // empty: valid
+	}{
+		{"zero values take defaults", Config{Dir: dir}, ""},
+		{"everything set", Config{Dir: dir, Accel: "tcg", Template: "base", BootRuns: 1, ExecRuns: 1, ThroughputMiB: 1,
+			Scenarios: []string{ScenarioThroughput, ScenarioBoot}, BootTimeout: time.Second}, ""},
+		{"all scenarios by name", Config{Dir: dir, Scenarios: Scenarios()}, ""},
+		{"no data directory", Config{}, "data directory is required"},
+		{"negative boot runs", Config{Dir: dir, BootRuns: -1}, "boot runs must not be negative"},
+		{"negative exec runs", Config{Dir: dir, ExecRuns: -5}, "exec runs must not be negative"},
+		{"negative throughput", Config{Dir: dir, ThroughputMiB: -1}, "throughput MiB must not be negative"},
+		{"huge throughput", Config{Dir: dir, ThroughputMiB: 1<<20 + 1}, "above the limit"},
+		{"negative boot timeout", Config{Dir: dir, BootTimeout: -time.Second}, "boot timeout"},
+		{"unknown accelerator", Config{Dir: dir, Accel: "hvf"}, `accelerator "hvf"`},
+		{"unknown scenario", Config{Dir: dir, Scenarios: []string{"boot", "fork"}}, `unknown scenario "fork"`},
+		{"several problems at once", Config{Dir: dir, BootRuns: -1, Scenarios: []string{"x"}}, "boot runs"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.cfg.Validate()
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Fatalf("Validate() = %v, want nil", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("Validate() = nil, want an error containing %q", tt.wantErr)
+			}
+			if !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("Validate() = %q, want it to contain %q", err, tt.wantErr)
+			}
+			if !errors.Is(err, errdefs.ErrInvalid) {
+				t.Errorf("Validate() = %v, want it to wrap errdefs.ErrInvalid", err)
+			}
+		})
+	}
+}
+
+func TestWithDefaults(t *testing.T) {
+	c := Config{Dir: datadir.Dir{Root: "/x"}}.withDefaults()
+	if c.Accel != "auto" || c.Template != DefaultTemplate || c.BootRuns != DefaultBootRuns ||
+		c.ExecRuns != DefaultExecRuns || c.ThroughputMiB != DefaultThroughputMiB ||
+		c.BootTimeout != DefaultBootTimeout || c.Progress == nil || c.Log == nil {
+		t.Errorf("withDefaults left a zero field: %+v", c)
+	}
+	set := Config{Accel: "kvm", Template: "base", BootRuns: 2, ExecRuns: 3, ThroughputMiB: 4, BootTimeout: time.Second}.withDefaults()
+	if set.Accel != "kvm" || set.Template != "base" || set.BootRuns != 2 || set.ExecRuns != 3 ||
+		set.ThroughputMiB != 4 || set.BootTimeout != time.Second {
+		t.Errorf("withDefaults overrode a set field: %+v", set)
+	}
+}
+
+func TestSelected(t *testing.T) {
+	all := Config{}
+	some := Config{Scenarios: []string{ScenarioExecRTT}}
+	for _, s := range Scenarios() {
+		if !all.selected(s) {
+			t.Errorf("empty selection does not select %s", s)
+		}
+		if got, want := some.selected(s), s == ScenarioExecRTT; got != want {
+			t.Errorf("selection [exec_rtt]: selected(%s) = %v, want %v", s, got, want)
+		}
+	}
+}
+
+func TestRunRejectsInvalidConfigBeforeStarting(t *testing.T) {
+	// The data directory does not exist: reaching the runtime would fail
+	// with another error class.
+	_, err := Run(context.Background(), Config{Dir: datadir.Dir{Root: t.TempDir()}, ExecRuns: -1})
+	if !errors.Is(err, errdefs.ErrInvalid) {
+		t.Fatalf("Run = %v, want errdefs.ErrInvalid", err)
+	}
+}
+
+// fakeMeasure returns a measure that records its calls in log under name
+// and takes d, or fails on call failOn (from 1).
+func fakeMeasure(log *[]string, name string, d time.Duration, failOn int) measure {
+	calls := 0
+	return func(ctx context.Context) (time.Duration, error) {
+		calls++
+		*log = append(*log, name)
+		if calls == failOn {
+			return 0, errors.New(name + " broke")
+		}
+		return d, nil
+	}
+}
+
+func TestTimePairs(t *testing.T) {
+	t.Run("alternates and reports every pair", func(t *testing.T) {
+		var log []string
+		var steps []int
+		as, bs, err := timePairs(context.Background(), 3,
+			fakeMeasure(&log, "a", time.Millisecond, 0), fakeMeasure(&log, "b", 2*time.Millisecond, 0),
+			func(i int, da, db time.Duration) {
+				steps = append(steps, i)
+				if da != time.Millisecond || db != 2*time.Millisecond {
+					t.Errorf("step %d got %v, %v", i, da, db)
+				}
+			})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Join(log, ""); got != "ababab" {
+			t.Errorf("call order %q, want ababab", got)
+		}
+		if len(as) != 3 || len(bs) != 3 || as[0] != time.Millisecond || bs[2] != 2*time.Millisecond {
+			t.Errorf("durations %v %v", as, bs)
+		}
+		if len(steps) != 3 || steps[2] != 3 {
+			t.Errorf("steps %v, want [1 2 3]", steps)
+		}
+	})
+	t.Run("stops at the first error", func(t *testing.T) {
+		var log []string
+		_, _, err := timePairs(context.Background(), 5,
+			fakeMeasure(&log, "a", 0, 0), fakeMeasure(&log, "b", 0, 2), nil)
+		if err == nil || !strings.Contains(err.Error(), "baseline run 2: b broke") {
+			t.Fatalf("err = %v, want baseline run 2 to fail", err)
+		}
+		if got := strings.Join(log, ""); got != "abab" {
+			t.Errorf("call order %q, want abab", got)
+		}
+	})
+	t.Run("stops when the context ends", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		var log []string
+		a := func(ctx context.Context) (time.Duration, error) {
+			log = append(log, "a")
+			cancel()
+			return 0, nil
+		}
+		_, _, err := timePairs(ctx, 5, a, fakeMeasure(&log, "b", 0, 0), nil)
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("err = %v, want context.Canceled", err)
+		}
+		if got := strings.Join(log, ""); got != "ab" {
+			t.Errorf("call order %q, want ab", got)
+		}
+	})
+}
+
+func TestTimed(t *testing.T) {
+	d, err := timed(func(context.Context) error {
+		time.Sleep(5 * time.Millisecond)
+		return nil
+	})(context.Background())
+	if err != nil || d < 5*time.Millisecond {
+		t.Errorf("timed = %v, %v; want at least 5ms and no error", d, err)
+	}
+	want := errors.New("boom")
+	if _, err := timed(func(context.Context) error { return want })(context.Background()); !errors.Is(err, want) {
+		t.Errorf("timed error = %v, want %v", err, want)
+	}
+}
+
+func TestStream(t *testing.T) {
+	write := func(n int) func(context.Context, io.Writer) error {
+		return func(_ context.Context, w io.Writer) error {
+			buf := make([]byte, 1000)
+			for n > 0 {
+				k := min(n, len(buf))
+				if _, err := w.Write(buf[:k]); err != nil {
+					return err
+				}
+				n -= k
+			}
+			return nil
+		}
+	}
+	t.Run("exact count", func(t *testing.T) {
+		m, err := stream(context.Background(), 4500, write(4500))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Bytes != 4500 || m.Runs != 0 {
+			t.Errorf("measurement %+v", m)
+		}
+	})
+	for _, n := range []int{4499, 4501, 0} {
+		if _, err := stream(context.Background(), 4500, write(n)); err == nil {
+			t.Errorf("%d bytes of 4500 passed", n)
+		}
+	}
+	want := errors.New("exec failed")
+	if _, err := stream(context.Background(), 1, func(context.Context, io.Writer) error { return want }); !errors.Is(err, want) {
+		t.Errorf("error = %v, want %v", err, want)
+	}
+}
+
+// The host side of stdout_throughput, on a real pipe: it must count every
+// byte head writes.
+func TestStreamOnHost(t *testing.T) {
+	const size = 3<<20 + 17
+	argv := []string{"head", "-c", "3145745", "/dev/zero"}
+	m, err := stream(context.Background(), size, func(ctx context.Context, w io.Writer) error {
+		return runOnHost(ctx, argv, w)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Bytes != size || m.MiBPerS <= 0 || m.Seconds <= 0 {
+		t.Errorf("measurement %+v", m)
+	}
+	if err := runOnHost(context.Background(), []string{"sh", "-c", "echo nope >&2; exit 3"}, io.Discard); err == nil ||
+		!strings.Contains(err.Error(), "nope") {
+		t.Errorf("a failing command gave %v, want an error quoting its stderr", err)
+	}
+}

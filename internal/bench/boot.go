@@ -1,0 +1,124 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"github.com/airlockhq/airlock/internal/agentclient"
+	"github.com/airlockhq/airlock/internal/sandbox"
+	"github.com/airlockhq/airlock/internal/vm"
+)
+
+// boot measures cold boots to agent ready: a whole sandbox.Runtime.Create
+// against QEMU booting the same kernel and initramfs without a disk until
+// the agent answers the handshake.
+func (r *runner) boot(ctx context.Context) (Result, error) {
+	n := r.cfg.BootRuns
+	air, base, err := timePairs(ctx, n, r.bootSandbox, r.bootPlain, func(i int, da, db time.Duration) {
+		r.progressf("boot %d/%d: airlock %.0f ms, plain qemu %.0f ms", i, n, ms(da), ms(db))
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	a, b := summarize(air), summarize(base)
+	return Result{
+		Name:     ScenarioBoot,
+		Unit:     "ms",
+		Airlock:  a,
+		Baseline: b,
+		Ratio:    ratio(a.P50, b.P50),
+		Notes: fmt.Sprintf("airlock: sandbox create from template %s (disk overlay, QEMU start, agent handshake, guest init) "+
+			"until init answered; baseline: QEMU with the same kernel, initramfs, %d vCPU and %d MiB, no disk, until the "+
+			"agent answered the handshake; %d cold boots each, alternating; ratio of p50s",
+			r.tpl.Ref(), r.tpl.VCPUs, r.tpl.MemoryMiB, n),
+	}, nil
+}
+
+// bootSandbox times one sandbox.Runtime.Create, which returns once the
+// agent answered init, and then destroys the sandbox.
+func (r *runner) bootSandbox(ctx context.Context) (time.Duration, error) {
+	start := time.Now()
+	sb, err := r.rt.Create(ctx, sandbox.Spec{Template: r.cfg.Template})
+	d := time.Since(start)
+	if err != nil {
+		return 0, err
+	}
+	return d, destroy(sb)
+}
+
+// bootPlain times QEMU booting without a sandbox around it until the agent
+// answers the handshake, and then stops it. The VM runs in a fresh
+// directory under the data directory's sandboxes/, whose paths are short
+// enough for unix sockets.
+func (r *runner) bootPlain(ctx context.Context) (_ time.Duration, err error) {
+	if err := os.MkdirAll(r.cfg.Dir.Sandboxes(), 0o755); err != nil {
+		return 0, fmt.Errorf("create sandboxes directory: %w", err)
+	}
+	dir, err := os.MkdirTemp(r.cfg.Dir.Sandboxes(), "bench-")
+	if err != nil {
+		return 0, fmt.Errorf("create plain boot directory: %w", err)
+	}
+	defer func() {
+		if rerr := os.RemoveAll(dir); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("remove plain boot directory: %w", rerr))
+		}
+	}()
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.BootTimeout)
+	defer cancel()
+
+	start := time.Now()
+	m, err := vm.Start(ctx, vm.Config{
+		Kernel: r.cfg.Dir.Kernel(), Initramfs: r.cfg.Dir.Initramfs(), Accel: r.rt.Accel(),
+		VCPUs: r.tpl.VCPUs, MemoryMiB: r.tpl.MemoryMiB, Dir: dir,
+	}, r.cfg.Log)
+	if err != nil {
+		return 0, fmt.Errorf("start plain qemu: %w", err)
+	}
+	defer m.Stop(context.Background()) // bounded: Stop kills QEMU after 2 s
+	c, err := handshake(ctx, m)
+	d := time.Since(start)
+	if err != nil {
+		return 0, fmt.Errorf("plain qemu boot: %w; console:\n%s", err, m.ConsoleTail(2000))
+	}
+	c.Close()
+	return d, nil
+}
+
+// handshake dials m's agent socket and opens a session, giving up when ctx
+// ends or QEMU exits. It closes the connection to end a handshake that is
+// stuck writing hellos to a guest that does not read them.
+func handshake(ctx context.Context, m *vm.Machine) (*agentclient.Client, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { // ends with cancel at the latest
+		select {
+		case <-m.Done():
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", m.AgentSocket())
+	if err != nil {
+		return nil, fmt.Errorf("dial agent: %w", err)
+	}
+	closeOnCancel := context.AfterFunc(ctx, func() { conn.Close() })
+	c, err := agentclient.Handshake(ctx, conn)
+	if !closeOnCancel() && err == nil {
+		// ctx ended just as the handshake succeeded: conn is closed.
+		c.Close()
+		err = fmt.Errorf("wait for agent: %w", context.Cause(ctx))
+	}
+	if err != nil {
+		conn.Close()
+		if m.Exited() {
+			return nil, fmt.Errorf("qemu exited while booting (%v): %w", m.ExitError(), err)
+		}
+		return nil, err
+	}
+	return c, nil
+}

@@ -1,0 +1,185 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// ReportVersion is the version of the report's JSON schema. It changes only
+// when a field is removed or changes meaning; new fields may appear without
+// a new version.
+const ReportVersion = 1
+
+// Report is the outcome of one bench run. Its JSON form is a stable schema:
+//
+//	{"version": 1, "started_at": "RFC 3339 time",
+//	 "host": {"cpus": 2, "accel": "kvm|tcg", "kernel": "uname -r"},
+//	 "results": [{"name": "boot", "unit": "ms",
+//	              "airlock": {...}, "baseline": {...},
+//	              "ratio": 1.8, "notes": "..."}]}
+//
+// See Measurement for what "airlock" and "baseline" hold.
+type Report struct {
+	Version   int       `json:"version"`
+	StartedAt time.Time `json:"started_at"`
+	Host      Host      `json:"host"`
+	Results   []Result  `json:"results"`
+}
+
+// Host describes the machine the bench ran on.
+type Host struct {
+	// CPUs is the number of CPUs the host offers this process.
+	CPUs int `json:"cpus"`
+	// Accel is the accelerator the sandboxes ran with: "kvm" or "tcg".
+	Accel string `json:"accel"`
+	// Kernel is the host kernel's release (uname -r).
+	Kernel string `json:"kernel"`
+}
+
+// Result is one scenario: airlock and its baseline, measured in the same run.
+type Result struct {
+	// Name is the scenario: one of Scenarios().
+	Name string `json:"name"`
+	// Unit is the unit of the headline figures: "ms" for timings, "MiB/s"
+	// for throughputs.
+	Unit string `json:"unit"`
+	// Airlock is what airlock achieved.
+	Airlock Measurement `json:"airlock"`
+	// Baseline is what the same work achieved without airlock.
+	Baseline Measurement `json:"baseline"`
+	// Ratio is airlock's headline figure over the baseline's: the p50 for
+	// timings (above 1: airlock is slower), MiB/s for throughputs (below 1:
+	// airlock is slower). Four significant digits.
+	Ratio float64 `json:"ratio"`
+	// Notes says what exactly was measured.
+	Notes string `json:"notes"`
+}
+
+// Measurement is one side of a Result. Timing scenarios (unit "ms") fill
+// runs, min, p50, p99, max and mean, in milliseconds with microsecond
+// precision; percentiles are nearest-rank. Throughput scenarios (unit
+// "MiB/s") fill bytes, seconds and mib_per_s.
+type Measurement struct {
+	Runs int     `json:"runs,omitempty"`
+	Min  float64 `json:"min,omitempty"`
+	P50  float64 `json:"p50,omitempty"`
+	P99  float64 `json:"p99,omitempty"`
+	Max  float64 `json:"max,omitempty"`
+	Mean float64 `json:"mean,omitempty"`
+
+	Bytes   int64   `json:"bytes,omitempty"`
+	Seconds float64 `json:"seconds,omitempty"`
+	MiBPerS float64 `json:"mib_per_s,omitempty"`
+}
+
+// WriteJSON writes rep as indented JSON followed by a newline.
+func WriteJSON(w io.Writer, rep Report) error {
+	b, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode report: %w", err)
+	}
+	if _, err := w.Write(append(b, '\n')); err != nil {
+		return fmt.Errorf("write report: %w", err)
+	}
+	return nil
+}
+
+// figure is one row of the table: a statistic of a result on both sides.
+type figure struct {
+	label             string
+	airlock, baseline float64
+	headline          bool // the statistic Ratio compares
+}
+
+// figures lists the statistics the table shows for r.
+func figures(r Result) []figure {
+	a, b := r.Airlock, r.Baseline
+	if r.Unit != "ms" {
+		return []figure{{r.Unit, a.MiBPerS, b.MiBPerS, true}}
+	}
+	p50 := figure{"p50 ms", a.P50, b.P50, true}
+	switch r.Name {
+	case ScenarioBoot:
+		return []figure{p50, {"max ms", a.Max, b.Max, false}}
+	case ScenarioExecRTT:
+		return []figure{p50, {"p99 ms", a.P99, b.P99, false}}
+	}
+	return []figure{p50, {"p99 ms", a.P99, b.P99, false}, {"max ms", a.Max, b.Max, false}}
+}
+
+// WriteTable writes rep as an aligned table for people, with the notes
+// below it.
+func WriteTable(w io.Writer, rep Report) error {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "airlock bench  %s  host: %d CPUs, accel %s, kernel %s\n\n",
+		rep.StartedAt.Format(time.RFC3339), rep.Host.CPUs, rep.Host.Accel, rep.Host.Kernel)
+	rows := [][]string{{"SCENARIO", "FIGURE", "AIRLOCK", "BASELINE", "RATIO"}}
+	for _, r := range rep.Results {
+		for i, f := range figures(r) {
+			name, ratioCell := "", ""
+			if i == 0 {
+				name = r.Name
+			}
+			if f.headline {
+				ratioCell = strconv.FormatFloat(r.Ratio, 'g', 4, 64) + "x"
+			}
+			rows = append(rows, []string{name, f.label, formatFigure(f.airlock), formatFigure(f.baseline), ratioCell})
+		}
+	}
+	sb.WriteString(alignTable(rows, []bool{false, false, true, true, true}))
+	if len(rep.Results) > 0 {
+		sb.WriteString("\n")
+	}
+	for _, r := range rep.Results {
+		fmt.Fprintf(&sb, "%s: %s\n", r.Name, r.Notes)
+	}
+	if _, err := io.WriteString(w, sb.String()); err != nil {
+		return fmt.Errorf("write report: %w", err)
+	}
+	return nil
+}
+
+// formatFigure prints v with three decimals below 100 and one above, so
+// sub-millisecond timings keep their microseconds.
+func formatFigure(v float64) string {
+	if v < 100 {
+		return strconv.FormatFloat(v, 'f', 3, 64)
+	}
+	return strconv.FormatFloat(v, 'f', 1, 64)
+}
+
+// alignTable lays rows out in columns two spaces apart; right[i] aligns
+// column i to the right. Trailing spaces are trimmed.
+func alignTable(rows [][]string, right []bool) string {
+	var widths []int
+	for _, row := range rows {
+		for i, cell := range row {
+			if i >= len(widths) {
+				widths = append(widths, 0)
+			}
+			widths[i] = max(widths[i], len(cell))
+		}
+	}
+	var sb strings.Builder
+	for _, row := range rows {
+		var line strings.Builder
+		for i, cell := range row {
+			if i > 0 {
+				line.WriteString("  ")
+			}
+			pad := strings.Repeat(" ", widths[i]-len(cell))
+			if i < len(right) && right[i] {
+				line.WriteString(pad + cell)
+			} else {
+				line.WriteString(cell + pad)
+			}
+		}
+		sb.WriteString(strings.TrimRight(line.String(), " "))
+		sb.WriteString("\n")
+	}
+	return sb.String()
+}

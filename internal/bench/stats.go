@@ -1,0 +1,80 @@
+package bench
+
+import (
+	"math"
+	"slices"
+	"time"
+)
+
+// percentile returns the p-th percentile (0 < p <= 100) of sorted, which
+// must be in ascending order, by the nearest-rank method: the smallest value
+// that at least p percent of the values do not exceed. It returns 0 for no
+// values.
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	n := len(sorted)
+	if n == 0 {
+		return 0
+	}
+	// p*n before the division keeps whole ranks exact (0.99*200 is not 198).
+	rank := int(math.Ceil(p * float64(n) / 100))
+	rank = max(1, min(rank, n))
+	return sorted[rank-1]
+}
+
+// ms converts d to milliseconds, keeping microsecond precision.
+func ms(d time.Duration) float64 {
+	return float64(d.Microseconds()) / 1000
+}
+
+// summarize turns the durations of repeated runs into a timing Measurement.
+func summarize(ds []time.Duration) Measurement {
+	if len(ds) == 0 {
+		return Measurement{}
+	}
+	sorted := slices.Clone(ds)
+	slices.Sort(sorted)
+	var sum time.Duration
+	for _, d := range sorted {
+		sum += d
+	}
+	return Measurement{
+		Runs: len(sorted),
+		Min:  ms(sorted[0]),
+		P50:  ms(percentile(sorted, 50)),
+		P99:  ms(percentile(sorted, 99)),
+		Max:  ms(sorted[len(sorted)-1]),
+		Mean: ms(sum / time.Duration(len(sorted))),
+	}
+}
+
+// throughput describes n bytes moved in d.
+func throughput(n int64, d time.Duration) Measurement {
+	m := Measurement{Bytes: n, Seconds: roundTo(d.Seconds(), 6)}
+	if d > 0 {
+		m.MiBPerS = roundTo(float64(n)/(1<<20)/d.Seconds(), 2)
+	}
+	return m
+}
+
+// ratio is a/b to four significant digits, or 0 when b is 0.
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return roundSig(a/b, 4)
+}
+
+// roundTo rounds x to the given number of decimal places.
+func roundTo(x float64, places int) float64 {
+	p := math.Pow(10, float64(places))
+	return math.Round(x*p) / p
+}
+
+// roundSig rounds x to the given number of significant digits.
+func roundSig(x float64, digits int) float64 {
+	if x == 0 || math.IsInf(x, 0) || math.IsNaN(x) {
+		return x
+	}
+	mag := int(math.Floor(math.Log10(math.Abs(x))))
+	return roundTo(x, digits-1-mag)
+}
