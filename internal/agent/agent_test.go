@@ -164,6 +164,7 @@ func TestExec(t *testing.T) {
 		{name: "stdin", req: agentproto.ExecRequest{Argv: []string{"cat"}, Stdin: true}, stdin: "from stdin", wantOut: "from stdin"},
 		{name: "no stdin reads empty", req: agentproto.ExecRequest{Argv: []string{"cat"}}, wantOut: ""},
 		{name: "killed by signal", req: agentproto.ExecRequest{Cmd: "kill -TERM $$"}, wantCode: 128 + 15, wantSig: "TERM"},
+		{name: "killed by SIGKILL", req: agentproto.ExecRequest{Cmd: "kill -KILL $$"}, wantCode: 128 + 9, wantSig: "KILL"},
 		{name: "pty", req: agentproto.ExecRequest{Cmd: "test -t 0 && test -t 1 && stty size", PTY: &agentproto.PTY{Rows: 33, Cols: 101}}, wantOut: "33 101\r\n"},
 	}
 	for _, tc := range tests {
@@ -395,7 +396,9 @@ func TestReconnectResetsSession(t *testing.T) {
 	}
 	// Stale bytes of a half-sent frame sit in front of the next hello.
 	h := p.connect()
-	go h.Write([]byte{0xd7, 0, 0, 0, 0x50, 1, 2, 3})
+	if _, err := h.Write([]byte{0xd7, 0, 0, 0, 0x50, 1, 2, 3}); err != nil {
+		t.Fatal(err)
+	}
 	c2 := handshake(t, h)
 	pong, err := c2.Ping(ctx)
 	if err != nil || !pong.Initialized {

@@ -37,6 +37,11 @@ func Handshake(ctx context.Context, conn net.Conn) (*Client, error) {
 	session := agentproto.NewSessionID()
 	hello := agentproto.Hello{Version: agentproto.Version, Session: session}.Marshal()
 
+	// Ending ctx cuts short whatever blocks on conn: a read waiting for the
+	// ack, or a hello write into a socket the guest is not draining.
+	unblock := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
+	defer unblock()
+
 	stop := make(chan struct{})
 	sent := make(chan error, 1)
 	go func() {
@@ -50,10 +55,6 @@ func Handshake(ctx context.Context, conn net.Conn) (*Client, error) {
 			select {
 			case <-stop:
 				sent <- nil
-				return
-			case <-ctx.Done():
-				conn.SetReadDeadline(time.Now()) // unblock ReadAck
-				sent <- ctx.Err()
 				return
 			case <-t.C:
 			}
@@ -71,7 +72,10 @@ func Handshake(ctx context.Context, conn net.Conn) (*Client, error) {
 		}
 		return nil, fmt.Errorf("wait for agent: %w", err)
 	}
-	conn.SetReadDeadline(time.Time{})
+	if !unblock() {
+		return nil, fmt.Errorf("wait for agent: %w", ctx.Err())
+	}
+	conn.SetDeadline(time.Time{})
 	if ack.Status == agentproto.AckVersionMismatch || ack.Version != agentproto.Version {
 		return nil, fmt.Errorf("agent speaks protocol version %d, this airlock speaks %d: rebuild the guest with `airlock setup`: %w",
 			ack.Version, agentproto.Version, errdefs.ErrPrecondition)

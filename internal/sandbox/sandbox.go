@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"runtime"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/airlockhq/airlock/internal/agentclient"
@@ -169,8 +170,10 @@ type Sandbox struct {
 	Template template.Template
 	Init     agentproto.InitResult
 
-	log   *slog.Logger
-	vm    *vm.Machine
+	log *slog.Logger
+	vm  *vm.Machine
+
+	mu    sync.Mutex // guards agent, which Reconnect replaces
 	agent *agentclient.Client
 }
 
@@ -302,10 +305,13 @@ func bootError(m *vm.Machine, err error) error {
 	return fmt.Errorf("the agent did not answer: %w; console:\n%s", err, m.ConsoleTail(2000))
 }
 
-// watch notices a VM that ends on its own.
+// watch notices a VM that ends on its own and ends the agent session, so
+// nothing waits on a link whose other end is gone.
 func (s *Sandbox) watch() {
 	<-s.vm.Done()
+	s.mu.Lock()
 	s.agent.Close()
+	s.mu.Unlock()
 }
 
 // explain turns an error from the agent link into one that says why the
@@ -341,7 +347,11 @@ func (s *Sandbox) Failure() error {
 var ErrVMExited = errors.New("vm exited")
 
 // Agent is the session with the sandbox's agent.
-func (s *Sandbox) Agent() *agentclient.Client { return s.agent }
+func (s *Sandbox) Agent() *agentclient.Client {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.agent
+}
 
 // Machine is the sandbox's VM.
 func (s *Sandbox) Machine() *vm.Machine { return s.vm }
@@ -349,7 +359,7 @@ func (s *Sandbox) Machine() *vm.Machine { return s.vm }
 // Exec runs a process in the sandbox; errors caused by the VM going away
 // are explained with its console.
 func (s *Sandbox) Exec(ctx context.Context, req agentproto.ExecRequest, stdio agentclient.Stdio) (*agentclient.Process, error) {
-	p, err := s.agent.Exec(ctx, req, stdio)
+	p, err := s.Agent().Exec(ctx, req, stdio)
 	return p, s.explain(err)
 }
 
@@ -359,15 +369,30 @@ func (s *Sandbox) Wait(p *agentclient.Process) (agentproto.Exit, error) {
 	return exit, s.explain(err)
 }
 
+// Reconnect replaces the session with the agent by a new one, as a host
+// process that lost its connection (or restarted) does. Processes in the
+// sandbox keep running; streams of the old session end.
+func (s *Sandbox) Reconnect(ctx context.Context) error {
+	s.Agent().Close()
+	c, err := connectAgent(ctx, s.vm, 30*time.Second)
+	if err != nil {
+		return fmt.Errorf("reconnect to sandbox %s: %w", s.ID, err)
+	}
+	s.mu.Lock()
+	s.agent = c
+	s.mu.Unlock()
+	return nil
+}
+
 // Release lets go of the sandbox without stopping it: the session with the
 // agent is closed and the VM (started with Spec.Detach) keeps running.
 func (s *Sandbox) Release() {
-	s.agent.Close()
+	s.Agent().Close()
 }
 
 // Destroy stops the VM and removes everything the sandbox had on the host.
 func (s *Sandbox) Destroy(ctx context.Context) error {
-	s.agent.Close()
+	s.Agent().Close()
 	s.vm.Stop(ctx)
 	if err := os.RemoveAll(s.Dir); err != nil {
 		return fmt.Errorf("remove sandbox %s: %w", s.ID, err)

@@ -64,6 +64,9 @@ type Config struct {
 	// Detach lets QEMU outlive the process that started it. Otherwise QEMU
 	// is killed when its parent dies.
 	Detach bool
+	// TSCKHz is the guest's TSC frequency under TCG, which TCG derives from
+	// the host's TSC. Zero means read it from the host (HostTSCKHz).
+	TSCKHz int
 }
 
 // Validate checks the configuration before anything starts.
@@ -112,8 +115,18 @@ const kernelArgs = "console=ttyS0 quiet loglevel=4 panic=-1 reboot=t random.trus
 // Args returns QEMU's command line for cfg.
 func Args(cfg Config) []string {
 	accel := []string{"-accel", "tcg,thread=multi", "-cpu", "max"}
+	cmdline := kernelArgs
 	if cfg.Accel == AccelKVM {
 		accel = []string{"-accel", "kvm", "-cpu", "host"}
+	} else if khz := cfg.TSCKHz; khz > 0 || HostTSCKHz() > 0 {
+		// Under TCG on a busy host the guest's PIT-based TSC calibration
+		// fails, the TSC is marked unusable, and boot hangs waiting for
+		// jiffies that never advance. The TSC runs at the host's rate, so
+		// tell the guest that rate instead of letting it measure.
+		if khz == 0 {
+			khz = HostTSCKHz()
+		}
+		cmdline += fmt.Sprintf(" tsc_early_khz=%d tsc=reliable", khz)
 	}
 	dir := cfg.Dir
 	args := []string{
@@ -126,7 +139,7 @@ func Args(cfg Config) []string {
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
 		"-kernel", cfg.Kernel,
 		"-initrd", cfg.Initramfs,
-		"-append", strings.TrimSpace(kernelArgs+" "+cfg.KernelArgs),
+		"-append", strings.TrimSpace(cmdline+" "+cfg.KernelArgs),
 		"-chardev", "file,id=console,path="+filepath.Join(dir, ConsoleLogName),
 		"-serial", "chardev:console",
 	)
@@ -324,4 +337,25 @@ func removeFiles(dir string, names ...string) {
 	for _, n := range names {
 		os.Remove(filepath.Join(dir, n))
 	}
+}
+
+// HostTSCKHz returns the host's TSC frequency in kHz as the kernel reports
+// it in /proc/cpuinfo ("cpu MHz"), or 0 when it cannot be read.
+func HostTSCKHz() int {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok || strings.TrimSpace(k) != "cpu MHz" {
+			continue
+		}
+		mhz, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if err != nil || mhz <= 0 {
+			return 0
+		}
+		return int(mhz*1000 + 0.5)
+	}
+	return 0
 }
