@@ -116,25 +116,35 @@ func runVersion(_ context.Context, env *Env, args []string) error {
 	return nil
 }
 
-// newFlagSet returns a flag set whose errors come back to the caller and
-// whose help goes to the command's stderr.
-func newFlagSet(name, synopsis, about string, env *Env) *flag.FlagSet {
+// flagSet is a command's flags with its help text.
+type flagSet struct {
+	*flag.FlagSet
+	help func()
+}
+
+// newFlagSet returns a flag set whose errors come back to the caller as
+// one line, and whose help (-h) goes to the command's stderr.
+func newFlagSet(name, synopsis, about string, env *Env) *flagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(env.Stderr)
-	fs.Usage = func() {
+	fs.SetOutput(io.Discard) // parse reports errors in one line
+	fs.Usage = func() {}
+	help := func() {
 		fmt.Fprintf(env.Stderr, "Usage: %s\n\n%s\n\nFlags:\n", synopsis, about)
+		fs.SetOutput(env.Stderr)
 		fs.PrintDefaults()
+		fs.SetOutput(io.Discard)
 	}
-	return fs
+	return &flagSet{FlagSet: fs, help: help}
 }
 
 // parse parses flags; bad flags are the user's to fix.
-func parse(fs *flag.FlagSet, args []string) error {
+func parse(fs *flagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			fs.help()
 			return err
 		}
-		return fmt.Errorf("%s: %v: %w", fs.Name(), err, errdefs.ErrInvalid)
+		return fmt.Errorf("%s: %v (see `airlock %s -h`): %w", fs.Name(), err, fs.Name(), errdefs.ErrInvalid)
 	}
 	return nil
 }
