@@ -37,6 +37,13 @@ var (
 
 func dataDir() datadir.Dir { return datadir.Default() }
 
+// TestMain clears what killed runs of earlier test sessions left, so that
+// the checks for leftovers see only this session's.
+func TestMain(m *testing.M) {
+	sandbox.Sweep(dataDir(), slog.New(slog.DiscardHandler))
+	os.Exit(m.Run())
+}
+
 // runtime returns the runtime shared by all tests.
 func runtime(t *testing.T) *sandbox.Runtime {
 	t.Helper()
@@ -659,4 +666,82 @@ func (c *patternChecker) Write(b []byte) (int, error) {
 	}
 	c.n += len(b)
 	return len(b), nil
+}
+
+func TestCLITerminal(t *testing.T) {
+	script, err := exec.LookPath("script")
+	if err != nil {
+		t.Skip("script(1) is not installed")
+	}
+	// script gives airlock a real terminal; the command inside sees one too,
+	// of the same size.
+	inner := airlockBin(t) + ` run -t --template tiny -- sh -c 'test -t 0 && test -t 1 && echo tty-ok; stty size'`
+	cmd := exec.Command(script, "-qec", "stty rows 33 cols 99; "+inner, "/dev/null")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if !strings.Contains(string(out), "tty-ok") || !strings.Contains(string(out), "33 99") {
+		t.Fatalf("output %q", out)
+	}
+}
+
+func TestCLIKilledTakesVMAlong(t *testing.T) {
+	cmd := exec.Command(airlockBin(t), "run", "--template", "tiny", "--", "sh", "-c", "echo ready; sleep 300")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 16)
+	if _, err := io.ReadAtLeast(stdout, buf, len("ready")); err != nil {
+		t.Fatal(err)
+	}
+	vms := qemuChildren(cmd.Process.Pid)
+	if len(vms) != 1 {
+		t.Fatalf("QEMU children of airlock: %v", vms)
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	deadline := time.Now().Add(10 * time.Second)
+	for processAlive(vms[0]) {
+		if time.Now().After(deadline) {
+			t.Fatalf("QEMU %d outlived the airlock process that ran it", vms[0])
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// Its directory is left for the next runtime to sweep once it is older
+	// than a minute; remove it here so later tests see a clean state.
+	for _, name := range strings.Split(sandboxDirs(t), ",") {
+		if name != "" {
+			if b, _ := os.ReadFile(filepath.Join(dataDir().Sandbox(name), "qemu.pid")); strings.TrimSpace(string(b)) == strconv.Itoa(vms[0]) {
+				os.RemoveAll(dataDir().Sandbox(name))
+			}
+		}
+	}
+}
+
+func qemuChildren(ppid int) []int {
+	var pids []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		// pid (comm) state ppid ...
+		i := strings.LastIndexByte(s, ')')
+		f := strings.Fields(s[i+1:])
+		if len(f) > 1 && f[1] == strconv.Itoa(ppid) && strings.Contains(s[:i], "qemu") {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }

@@ -12,7 +12,9 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -60,6 +62,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		return nil, err
 	}
 	r := &Runtime{cfg: cfg, log: cfg.Log, templates: template.Open(cfg.Dir)}
+	Sweep(cfg.Dir, cfg.Log)
 	switch cfg.Accel {
 	case "kvm", "tcg":
 		r.accel = vm.Accel(cfg.Accel)
@@ -175,6 +178,8 @@ type Sandbox struct {
 
 	mu    sync.Mutex // guards agent, which Reconnect replaces
 	agent *agentclient.Client
+
+	owner *os.File // holds the directory's owner lock while this process owns it
 }
 
 // NewID returns a fresh sandbox ID: "sbx" and 20 lowercase letters and digits.
@@ -222,8 +227,13 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (*Sandbox, error) {
 	overlay := sb.Dir + "/disk.qcow2"
 	steps := []step{
 		{"create sandbox directory", func(context.Context) error {
-			return os.MkdirAll(sb.Dir, 0o700)
-		}, func() { os.RemoveAll(sb.Dir) }},
+			if err := os.MkdirAll(sb.Dir, 0o700); err != nil {
+				return err
+			}
+			lock, err := lockOwner(sb.Dir)
+			sb.owner = lock
+			return err
+		}, func() { os.RemoveAll(sb.Dir); sb.owner.Close() }},
 		{"create disk", func(ctx context.Context) error {
 			return createOverlay(ctx, tpl.Image, overlay, spec.DiskMiB)
 		}, nil},
@@ -233,7 +243,10 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (*Sandbox, error) {
 				VCPUs: spec.VCPUs, MemoryMiB: spec.MemoryMiB, Disk: overlay, Dir: sb.Dir, Detach: spec.Detach,
 			}, sb.log)
 			sb.vm = m
-			return err
+			if err != nil {
+				return err
+			}
+			return os.WriteFile(filepath.Join(sb.Dir, pidFileName), []byte(strconv.Itoa(m.PID())+"\n"), 0o600)
 		}, func() { sb.vm.Stop(context.Background()) }},
 		{"connect to agent", func(ctx context.Context) error {
 			c, err := connectAgent(ctx, sb.vm, r.cfg.BootTimeout)
@@ -388,13 +401,16 @@ func (s *Sandbox) Reconnect(ctx context.Context) error {
 // agent is closed and the VM (started with Spec.Detach) keeps running.
 func (s *Sandbox) Release() {
 	s.Agent().Close()
+	s.owner.Close()
 }
 
 // Destroy stops the VM and removes everything the sandbox had on the host.
 func (s *Sandbox) Destroy(ctx context.Context) error {
 	s.Agent().Close()
 	s.vm.Stop(ctx)
-	if err := os.RemoveAll(s.Dir); err != nil {
+	err := os.RemoveAll(s.Dir)
+	s.owner.Close()
+	if err != nil {
 		return fmt.Errorf("remove sandbox %s: %w", s.ID, err)
 	}
 	return nil
