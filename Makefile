@@ -2,6 +2,8 @@
 # every test. Both work as root on a fresh Debian or Ubuntu machine.
 
 GO := $(shell scripts/ensure-go.sh)
+# Tests that run `go` themselves find the same toolchain.
+export PATH := $(dir $(GO)):$(PATH)
 BIN := bin
 export CGO_ENABLED := 0
 
@@ -28,7 +30,7 @@ vet:
 # Host packages under the race detector (it needs cgo), then the end-to-end
 # tests that boot real VMs.
 unit:
-	CGO_ENABLED=1 $(GO) test -race -count=1 ./internal/... ./cmd/...
+	CGO_ENABLED=1 $(GO) test -race -count=1 . ./internal/... ./cmd/...
 
 e2e: setup
 	AIRLOCK_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m ./e2e/...

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/airlockhq/airlock/internal/sandbox"
 	"github.com/airlockhq/airlock/internal/setup"
@@ -47,16 +48,39 @@ func runSetup(ctx context.Context, env *Env, args []string) error {
 	}); err != nil {
 		return err
 	}
-	fmt.Fprintf(env.Stdout, "==> accelerator\n")
-	v, err := sandbox.ProbeAccel(ctx, env.Dir, env.Log, *force)
+	fmt.Fprintf(env.Stdout, "accelerator: ... (a trial boot under KVM, up to %s)\n", 2*sandbox.ProbeTimeout)
+	v, err := withHeartbeat(env, "accelerator", func() (sandbox.AccelVerdict, error) {
+		return sandbox.ProbeAccel(ctx, env.Dir, env.Log, *force)
+	})
 	if err != nil {
 		return fmt.Errorf("setup: probe accelerator: %w", err)
 	}
 	if v.Accel == "kvm" {
-		fmt.Fprintf(env.Stdout, "    kvm: the guest boots under KVM\n")
+		fmt.Fprintf(env.Stdout, "accelerator: kvm (-cpu %s)\n", v.CPU)
 	} else {
-		fmt.Fprintf(env.Stdout, "    tcg (software emulation): %s\n", v.Reason)
+		fmt.Fprintf(env.Stdout, "accelerator: tcg, software emulation (KVM cannot run the guest here: %s)\n", v.Reason)
 	}
 	fmt.Fprintf(env.Stdout, "airlock is ready: try `airlock run -- echo hello`\n")
 	return nil
+}
+
+// withHeartbeat runs f, printing how long it has been running every five
+// seconds so that a slow step is never silent.
+func withHeartbeat[T any](env *Env, step string, f func() (T, error)) (T, error) {
+	start := time.Now()
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		t := time.NewTicker(5 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				fmt.Fprintf(env.Stdout, "%s: still working (%s)\n", step, time.Since(start).Round(time.Second))
+			}
+		}
+	}()
+	return f()
 }

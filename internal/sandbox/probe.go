@@ -3,10 +3,12 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/airlockhq/airlock/internal/datadir"
@@ -16,6 +18,8 @@ import (
 // AccelVerdict is the cached result of the accelerator probe.
 type AccelVerdict struct {
 	Accel vm.Accel `json:"accel"`
+	// CPU is the -cpu model that worked under KVM.
+	CPU string `json:"cpu,omitempty"`
 	// Reason says why KVM was not chosen, when it was not.
 	Reason string `json:"reason,omitempty"`
 	// Kernel identifies the guest kernel the probe booted (size and
@@ -24,9 +28,12 @@ type AccelVerdict struct {
 	CheckedAt time.Time `json:"checked_at"`
 }
 
-// probeTimeout bounds the KVM trial boot. A guest that works under KVM
+// errNoKVM marks a host without a usable /dev/kvm.
+var errNoKVM = errors.New("/dev/kvm is not usable")
+
+// ProbeTimeout bounds one KVM trial boot. A guest that works under KVM
 // reaches its agent in well under a second.
-const probeTimeout = 15 * time.Second
+const ProbeTimeout = 15 * time.Second
 
 func kernelID(dir datadir.Dir) string {
 	fi, err := os.Stat(dir.Kernel())
@@ -52,11 +59,23 @@ func ProbeAccel(ctx context.Context, dir datadir.Dir, log *slog.Logger, force bo
 		}
 	}
 	v := AccelVerdict{Accel: vm.AccelTCG, Kernel: kid, CheckedAt: time.Now().UTC()}
-	if err := tryKVM(ctx, dir, log); err != nil {
-		v.Reason = err.Error()
+	// Some hosts' KVM refuses the ARCH_CAPABILITIES MSR that "-cpu host"
+	// passes through; hiding it from the guest is the fallback.
+	var reasons []string
+	for _, cpu := range []string{"host", "host,-arch-capabilities"} {
+		err := tryKVM(ctx, dir, cpu, log)
+		if err == nil {
+			v.Accel, v.CPU = vm.AccelKVM, cpu
+			break
+		}
+		reasons = append(reasons, fmt.Sprintf("-cpu %s: %v", cpu, err))
+		if errors.Is(err, errNoKVM) {
+			break
+		}
+	}
+	if v.Accel == vm.AccelTCG {
+		v.Reason = strings.Join(reasons, "; ")
 		log.Info("using TCG (software emulation)", "reason", v.Reason)
-	} else {
-		v.Accel = vm.AccelKVM
 	}
 	b, _ := json.MarshalIndent(v, "", "  ")
 	tmp := dir.AccelVerdict() + ".tmp"
@@ -67,10 +86,10 @@ func ProbeAccel(ctx context.Context, dir datadir.Dir, log *slog.Logger, force bo
 }
 
 // tryKVM boots the guest without a disk under KVM and waits for its agent.
-func tryKVM(ctx context.Context, dir datadir.Dir, log *slog.Logger) error {
+func tryKVM(ctx context.Context, dir datadir.Dir, cpu string, log *slog.Logger) error {
 	f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
 	if err != nil {
-		return fmt.Errorf("/dev/kvm is not usable: %w", err)
+		return fmt.Errorf("%w: %v", errNoKVM, err)
 	}
 	f.Close()
 	if err := os.MkdirAll(dir.Sandboxes(), 0o755); err != nil {
@@ -81,17 +100,17 @@ func tryKVM(ctx context.Context, dir datadir.Dir, log *slog.Logger) error {
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	ctx, cancel := context.WithTimeout(ctx, ProbeTimeout)
 	defer cancel()
 	m, err := vm.Start(ctx, vm.Config{
-		Kernel: dir.Kernel(), Initramfs: dir.Initramfs(), Accel: vm.AccelKVM,
+		Kernel: dir.Kernel(), Initramfs: dir.Initramfs(), Accel: vm.AccelKVM, CPU: cpu,
 		VCPUs: 1, MemoryMiB: 256, Dir: tmp,
 	}, log)
 	if err != nil {
-		return fmt.Errorf("start a KVM guest: %w", err)
+		return err
 	}
 	defer m.Stop(context.Background())
-	c, err := connectAgent(ctx, m, probeTimeout)
+	c, err := connectAgent(ctx, m, ProbeTimeout)
 	if err != nil {
 		if b, rerr := os.ReadFile(filepath.Join(tmp, vm.QEMULogName)); rerr == nil && len(b) > 0 {
 			return fmt.Errorf("the guest did not come up under KVM: %s", firstLine(string(b)))

@@ -47,6 +47,7 @@ type Runtime struct {
 	log       *slog.Logger
 	templates *template.Store
 	accel     vm.Accel
+	cpu       string // the -cpu model under KVM
 }
 
 // New checks that the host is set up and returns a runtime. With Accel
@@ -71,7 +72,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		if err != nil {
 			return nil, err
 		}
-		r.accel = a.Accel
+		r.accel, r.cpu = a.Accel, a.CPU
 	default:
 		return nil, fmt.Errorf("accelerator %q is not kvm, tcg or auto: %w", cfg.Accel, errdefs.ErrInvalid)
 	}
@@ -239,7 +240,7 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (*Sandbox, error) {
 		}, nil},
 		{"boot vm", func(ctx context.Context) error {
 			m, err := vm.Start(ctx, vm.Config{
-				Kernel: r.cfg.Dir.Kernel(), Initramfs: r.cfg.Dir.Initramfs(), Accel: r.accel,
+				Kernel: r.cfg.Dir.Kernel(), Initramfs: r.cfg.Dir.Initramfs(), Accel: r.accel, CPU: r.cpu,
 				VCPUs: spec.VCPUs, MemoryMiB: spec.MemoryMiB, Disk: overlay, Dir: sb.Dir, Detach: spec.Detach,
 			}, sb.log)
 			sb.vm = m

@@ -64,6 +64,9 @@ type Config struct {
 	// Detach lets QEMU outlive the process that started it. Otherwise QEMU
 	// is killed when its parent dies.
 	Detach bool
+	// CPU is the -cpu model under KVM; empty means "host". TCG always uses
+	// "max".
+	CPU string
 	// TSCKHz is the guest's TSC frequency under TCG, which TCG derives from
 	// the host's TSC. Zero means read it from the host (HostTSCKHz).
 	TSCKHz int
@@ -117,7 +120,11 @@ func Args(cfg Config) []string {
 	accel := []string{"-accel", "tcg,thread=multi", "-cpu", "max"}
 	cmdline := kernelArgs
 	if cfg.Accel == AccelKVM {
-		accel = []string{"-accel", "kvm", "-cpu", "host"}
+		cpu := cfg.CPU
+		if cpu == "" {
+			cpu = "host"
+		}
+		accel = []string{"-accel", "kvm", "-cpu", cpu}
 	} else if khz := cfg.TSCKHz; khz > 0 || HostTSCKHz() > 0 {
 		// Under TCG on a busy host the guest's PIT-based TSC calibration
 		// fails, the TSC is marked unusable, and boot hangs waiting for
@@ -219,9 +226,15 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Machine, error) 
 	}()
 	q, err := DialQMP(qctx, filepath.Join(cfg.Dir, QMPSocketName))
 	if err != nil {
+		// QEMU failing at start usually says why in its log as it exits.
+		select {
+		case <-m.done:
+		case <-time.After(2 * time.Second):
+		}
 		m.Kill()
-		if m.Exited() {
-			return nil, fmt.Errorf("qemu exited at start: %w", m.ExitError())
+		<-m.done
+		if tail := m.qemuLogTail(); tail != "" {
+			return nil, fmt.Errorf("qemu failed to start%s", tail)
 		}
 		return nil, err
 	}
