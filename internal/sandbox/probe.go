@@ -68,7 +68,7 @@ func ProbeAccel(ctx context.Context, dir datadir.Dir, log *slog.Logger, force bo
 			v.Accel, v.CPU = vm.AccelKVM, cpu
 			break
 		}
-		reasons = append(reasons, fmt.Sprintf("-cpu %s: %v", cpu, err))
+		reasons = append(reasons, fmt.Sprintf("-cpu %s: %s", cpu, strings.Join(strings.Fields(err.Error()), " ")))
 		if errors.Is(err, errNoKVM) {
 			break
 		}
@@ -115,7 +115,7 @@ func tryKVM(ctx context.Context, dir datadir.Dir, cpu string, log *slog.Logger) 
 		if b, rerr := os.ReadFile(filepath.Join(tmp, vm.QEMULogName)); rerr == nil && len(b) > 0 {
 			return fmt.Errorf("the guest did not come up under KVM: %s", firstLine(string(b)))
 		}
-		return fmt.Errorf("the guest did not come up under KVM: %w", err)
+		return fmt.Errorf("the guest did not reach its agent within %s", ProbeTimeout)
 	}
 	defer c.Close()
 	if _, err := c.Ping(ctx); err != nil {
