@@ -207,11 +207,79 @@ func TestStream(t *testing.T) {
 	}
 }
 
+func TestRetrying(t *testing.T) {
+	failThen := func(fails int) measure {
+		calls := 0
+		return func(context.Context) (time.Duration, error) {
+			calls++
+			if calls <= fails {
+				return 0, errors.New("no boot")
+			}
+			return time.Second, nil
+		}
+	}
+	tests := []struct {
+		name         string
+		fails        int
+		wantErr      bool
+		wantFailures int
+	}{
+		{"first try", 0, false, 0},
+		{"retried once", 1, false, 1},
+		{"retried up to the limit", 2, false, 2},
+		{"gives up at the limit", 3, true, 3},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			failures, reported := 0, 0
+			d, err := retrying(failThen(tt.fails), 3, &failures, func(error) { reported++ })(context.Background())
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("err = %v, want error %v", err, tt.wantErr)
+			}
+			if !tt.wantErr && d != time.Second {
+				t.Errorf("duration %v, want the successful run's", d)
+			}
+			if failures != tt.wantFailures {
+				t.Errorf("failures = %d, want %d", failures, tt.wantFailures)
+			}
+			if want := min(tt.wantFailures, 2); reported != want {
+				t.Errorf("onFail called %d times, want %d (not for the last, fatal one)", reported, want)
+			}
+		})
+	}
+	t.Run("failures add up across calls", func(t *testing.T) {
+		failures := 0
+		m := retrying(failThen(1), 2, &failures, func(error) {})
+		if _, err := m(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		broken := retrying(failThen(99), 2, &failures, func(error) {})
+		if _, err := broken(context.Background()); err == nil || failures != 2 {
+			t.Fatalf("err = %v with %d failures, want to give up at 2", err, failures)
+		}
+	})
+	t.Run("no retry once the context ended", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		failures := 0
+		if _, err := retrying(failThen(1), 3, &failures, func(error) {})(ctx); err == nil || failures != 0 {
+			t.Errorf("err = %v, failures = %d; want the error and no retry", err, failures)
+		}
+	})
+}
+
+func TestStreamArgv(t *testing.T) {
+	got := strings.Join(streamArgv(200<<20), " ")
+	if want := "dd if=/dev/zero bs=65536 count=3200 status=none"; got != want {
+		t.Errorf("streamArgv = %q, want %q", got, want)
+	}
+}
+
 // The host side of stdout_throughput, on a real pipe: it must count every
-// byte head writes.
+// byte the command writes.
 func TestStreamOnHost(t *testing.T) {
-	const size = 3<<20 + 17
-	argv := []string{"head", "-c", "3145745", "/dev/zero"}
+	const size = 3 << 20
+	argv := streamArgv(size)
 	m, err := stream(context.Background(), size, func(ctx context.Context, w io.Writer) error {
 		return runOnHost(ctx, argv, w)
 	})

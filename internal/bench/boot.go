@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/airlockhq/airlock/internal/agentclient"
@@ -13,29 +14,58 @@ import (
 	"github.com/airlockhq/airlock/internal/vm"
 )
 
+// maxBootFailures is how many failed boots each side of the boot scenario
+// tolerates (retrying each) before it gives up: a flaky boot is a finding
+// to report, a boot that keeps failing is broken.
+const maxBootFailures = 3
+
 // boot measures cold boots to agent ready: a whole sandbox.Runtime.Create
 // against QEMU booting the same kernel and initramfs without a disk until
 // the agent answers the handshake.
 func (r *runner) boot(ctx context.Context) (Result, error) {
 	n := r.cfg.BootRuns
-	air, base, err := timePairs(ctx, n, r.bootSandbox, r.bootPlain, func(i int, da, db time.Duration) {
-		r.progressf("boot %d/%d: airlock %.0f ms, plain qemu %.0f ms", i, n, ms(da), ms(db))
-	})
+	i := 1 // the pair being booted, for progress lines
+	var failA, failB int
+	onFail := func(side string, failures *int) func(error) {
+		return func(err error) {
+			r.progressf("boot %d/%d: %s boot failed, retrying (%d of %d failures allowed): %s",
+				i, n, side, *failures, maxBootFailures-1, firstLine(err.Error()))
+		}
+	}
+	air, base, err := timePairs(ctx, n,
+		retrying(r.bootSandbox, maxBootFailures, &failA, onFail("airlock", &failA)),
+		retrying(r.bootPlain, maxBootFailures, &failB, onFail("plain qemu", &failB)),
+		func(done int, da, db time.Duration) {
+			r.progressf("boot %d/%d: airlock %.0f ms, plain qemu %.0f ms", done, n, ms(da), ms(db))
+			i = done + 1
+		})
 	if err != nil {
 		return Result{}, err
 	}
 	a, b := summarize(air), summarize(base)
+	a.Failures, b.Failures = failA, failB
+	notes := fmt.Sprintf("airlock: sandbox create from template %s (disk overlay, QEMU start, agent handshake, guest init) "+
+		"until init answered; baseline: QEMU with the same kernel, initramfs, %d vCPU and %d MiB, no disk, until the "+
+		"agent answered the handshake; %d cold boots each, alternating; ratio of p50s",
+		r.tpl.Ref(), r.tpl.VCPUs, r.tpl.MemoryMiB, n)
+	if failA+failB > 0 {
+		notes += fmt.Sprintf("; %d airlock and %d baseline boots failed within %s and were retried",
+			failA, failB, r.cfg.BootTimeout)
+	}
 	return Result{
 		Name:     ScenarioBoot,
 		Unit:     "ms",
 		Airlock:  a,
 		Baseline: b,
 		Ratio:    ratio(a.P50, b.P50),
-		Notes: fmt.Sprintf("airlock: sandbox create from template %s (disk overlay, QEMU start, agent handshake, guest init) "+
-			"until init answered; baseline: QEMU with the same kernel, initramfs, %d vCPU and %d MiB, no disk, until the "+
-			"agent answered the handshake; %d cold boots each, alternating; ratio of p50s",
-			r.tpl.Ref(), r.tpl.VCPUs, r.tpl.MemoryMiB, n),
+		Notes:    notes,
 	}, nil
+}
+
+// firstLine is s up to its first newline.
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	return line
 }
 
 // bootSandbox times one sandbox.Runtime.Create, which returns once the

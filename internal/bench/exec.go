@@ -15,6 +15,9 @@ import (
 	"github.com/airlockhq/airlock/internal/sandbox"
 )
 
+// execTimeout bounds one exec of the exec_rtt scenario.
+const execTimeout = 30 * time.Second
+
 // execWarmup is how many untimed execs each side makes first, so that the
 // first runs' page faults and cold caches do not count.
 const execWarmup = 5
@@ -27,6 +30,8 @@ func (r *runner) execRTT(ctx context.Context) (Result, error) {
 		return Result{}, err
 	}
 	guest := timed(func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, execTimeout)
+		defer cancel()
 		return runInSandbox(ctx, sb, []string{"true"}, nil)
 	})
 	host := timed(func(ctx context.Context) error {
@@ -62,6 +67,21 @@ func (r *runner) execRTT(ctx context.Context) (Result, error) {
 	}, nil
 }
 
+// streamArgv is the command whose stdout stdout_throughput streams: size
+// bytes of zeros in 64 KiB writes. Not `head -c`: busybox head copies in
+// small blocks and, under TCG, tops out near 20 MiB/s in the guest without
+// any stdout transport, so it would measure head rather than airlock.
+func streamArgv(size int64) []string {
+	const block = 64 << 10
+	return []string{"dd", "if=/dev/zero", "bs=" + strconv.Itoa(block), "count=" + strconv.FormatInt(size/block, 10), "status=none"}
+}
+
+// streamTimeout bounds one side of stdout_throughput: a minute plus a
+// second per MiB, ample even under TCG.
+func streamTimeout(mib int) time.Duration {
+	return time.Minute + time.Duration(mib)*time.Second
+}
+
 // stdoutThroughput measures streaming stdout from a sandbox to the host
 // against the same command's stdout on the host through a pipe.
 func (r *runner) stdoutThroughput(ctx context.Context) (Result, error) {
@@ -70,8 +90,11 @@ func (r *runner) stdoutThroughput(ctx context.Context) (Result, error) {
 		return Result{}, err
 	}
 	size := int64(r.cfg.ThroughputMiB) << 20
-	argv := []string{"head", "-c", strconv.FormatInt(size, 10), "/dev/zero"}
+	argv := streamArgv(size)
+	timeout := streamTimeout(r.cfg.ThroughputMiB)
 	a, err := stream(ctx, size, func(ctx context.Context, w io.Writer) error {
+		ctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
 		return runInSandbox(ctx, sb, argv, w)
 	})
 	if err != nil {
@@ -79,6 +102,8 @@ func (r *runner) stdoutThroughput(ctx context.Context) (Result, error) {
 	}
 	r.progressf("stdout_throughput: airlock %d MiB in %.2f s (%.1f MiB/s)", r.cfg.ThroughputMiB, a.Seconds, a.MiBPerS)
 	b, err := stream(ctx, size, func(ctx context.Context, w io.Writer) error {
+		ctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
 		return runOnHost(ctx, argv, w)
 	})
 	if err != nil {

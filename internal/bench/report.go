@@ -62,14 +62,18 @@ type Result struct {
 // Measurement is one side of a Result. Timing scenarios (unit "ms") fill
 // runs, min, p50, p99, max and mean, in milliseconds with microsecond
 // precision; percentiles are nearest-rank. Throughput scenarios (unit
-// "MiB/s") fill bytes, seconds and mib_per_s.
+// "MiB/s") fill bytes, seconds and mib_per_s. The boot scenario adds
+// failures when boots failed and were retried.
 type Measurement struct {
-	Runs int     `json:"runs,omitempty"`
-	Min  float64 `json:"min,omitempty"`
-	P50  float64 `json:"p50,omitempty"`
-	P99  float64 `json:"p99,omitempty"`
-	Max  float64 `json:"max,omitempty"`
-	Mean float64 `json:"mean,omitempty"`
+	Runs int `json:"runs,omitempty"`
+	// Failures counts failed attempts that were retried; they are not in
+	// the statistics.
+	Failures int     `json:"failures,omitempty"`
+	Min      float64 `json:"min,omitempty"`
+	P50      float64 `json:"p50,omitempty"`
+	P99      float64 `json:"p99,omitempty"`
+	Max      float64 `json:"max,omitempty"`
+	Mean     float64 `json:"mean,omitempty"`
 
 	Bytes   int64   `json:"bytes,omitempty"`
 	Seconds float64 `json:"seconds,omitempty"`

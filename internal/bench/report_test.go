@@ -17,7 +17,7 @@ func sampleReport() Report {
 		Results: []Result{
 			{
 				Name: ScenarioBoot, Unit: "ms",
-				Airlock:  Measurement{Runs: 5, Min: 3000, P50: 3512.25, P99: 3700, Max: 3700, Mean: 3500},
+				Airlock:  Measurement{Runs: 5, Failures: 1, Min: 3000, P50: 3512.25, P99: 3700, Max: 3700, Mean: 3500},
 				Baseline: Measurement{Runs: 5, Min: 2800, P50: 2890.125, P99: 3001.5, Max: 3001.5, Mean: 2900},
 				Ratio:    1.215, Notes: "boot notes",
 			},
@@ -81,6 +81,13 @@ func TestReportJSONFields(t *testing.T) {
 		t.Errorf("started_at = %v, want RFC 3339", doc["started_at"])
 	}
 	hasKeys("host", doc["host"].(map[string]any), "cpus", "accel", "kernel")
+	boot := doc["results"].([]any)[0].(map[string]any)
+	if f := boot["airlock"].(map[string]any)["failures"]; f != float64(1) {
+		t.Errorf("boot airlock failures = %v, want 1", f)
+	}
+	if _, ok := boot["baseline"].(map[string]any)["failures"]; ok {
+		t.Errorf("boot baseline has failures without any")
+	}
 	results := doc["results"].([]any)
 	if len(results) != 3 {
 		t.Fatalf("%d results, want 3", len(results))
@@ -100,7 +107,11 @@ func TestReportJSONFields(t *testing.T) {
 		for _, side := range []string{"airlock", "baseline"} {
 			m := res[side].(map[string]any)
 			hasKeys(res["name"].(string)+"."+side, m, stats...)
-			if len(m) != len(stats) {
+			extra := 0
+			if _, ok := m["failures"]; ok && res["name"] == ScenarioBoot {
+				extra = 1 // present only when boots were retried
+			}
+			if len(m) != len(stats)+extra {
 				t.Errorf("%s.%s has fields of another unit: %v", res["name"], side, m)
 			}
 		}
