@@ -48,9 +48,10 @@ mod="golang.org/toolchain@v0.0.1-go${ver}.linux-$(dpkg --print-architecture)"
 tmp=$(mktemp -d)
 trap 'chmod -R u+w "$tmp" 2>/dev/null; rm -rf "$tmp"' EXIT
 echo "ensure-go: fetching Go $ver ($mod)" >&2
-dir=$(GOPATH="$tmp" GOMODCACHE="$tmp/mod" GOFLAGS=-mod=mod GOTOOLCHAIN=local \
+# Outside any module, so that this repo's go.mod does not bind the old Go.
+dir=$(cd "$tmp" && GOPATH="$tmp" GOMODCACHE="$tmp/mod" GOFLAGS=-mod=mod GOTOOLCHAIN=local \
 	"$boot" mod download -json "$mod" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
-[ -n "$dir" ] && [ -x "$dir/bin/go" ] || { echo "ensure-go: download of $mod failed" >&2; exit 1; }
+[ -n "$dir" ] && [ -f "$dir/bin/go" ] || { echo "ensure-go: download of $mod failed" >&2; exit 1; }
 rm -rf /usr/local/lib/airlock-go.new
 cp -a "$dir" /usr/local/lib/airlock-go.new
 chmod -R u+w /usr/local/lib/airlock-go.new
