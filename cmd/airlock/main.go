@@ -22,7 +22,7 @@ func main() {
 	err := cli.Run(context.Background(), env, os.Args[1:])
 	var ee *cli.ExitError
 	if cli.ExitCode(err) != 0 && !(errors.As(err, &ee) && ee.Err == nil) {
-		fmt.Fprintf(os.Stderr, "airlock: %v\n", err)
+		fmt.Fprintf(os.Stderr, "airlock: %s\n", cli.Message(err))
 	}
 	os.Exit(cli.ExitCode(err))
 }

@@ -51,6 +51,20 @@ func ExitCode(err error) int {
 	}
 }
 
+// Message is err as one line for a person: the error class that ends a
+// wrapped message (": invalid argument") is dropped, as the exit status
+// already carries it.
+func Message(err error) string {
+	msg := err.Error()
+	for _, class := range []error{errdefs.ErrInvalid, errdefs.ErrNotFound, errdefs.ErrConflict,
+		errdefs.ErrExhausted, errdefs.ErrPrecondition, errdefs.ErrUnavailable} {
+		if errors.Is(err, class) {
+			msg = strings.TrimSuffix(msg, ": "+class.Error())
+		}
+	}
+	return msg
+}
+
 // Env is what a command runs with: its streams and the process-wide inputs
 // main gathered.
 type Env struct {

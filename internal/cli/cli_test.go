@@ -66,3 +66,13 @@ func TestEnvFlags(t *testing.T) {
 		t.Fatalf("Set(A=b=c): %v %q", err, e["A"])
 	}
 }
+
+func TestMessage(t *testing.T) {
+	err := fmt.Errorf("vcpus 99 is out of bounds: use 1 to 2: %w", errdefs.ErrInvalid)
+	if got, want := Message(err), "vcpus 99 is out of bounds: use 1 to 2"; got != want {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+	if got := Message(errors.New("boom")); got != "boom" {
+		t.Fatalf("got %q", got)
+	}
+}
