@@ -42,10 +42,9 @@ const (
 	DefaultBootRuns      = 5
 	DefaultExecRuns      = 200
 	DefaultThroughputMiB = 200
-	// DefaultBootTimeout is well above a boot under TCG (about 5 s) and
-	// below the 55 s after which agentclient.Handshake, writing a hello
-	// every 200 ms to a guest that reads none, fills the socket's buffer
-	// and blocks past its deadline.
+	// DefaultBootTimeout is six times a boot under TCG (about 5 s), so a
+	// hung boot costs half a minute rather than the runtime's default
+	// minute.
 	DefaultBootTimeout = 30 * time.Second
 )
 
@@ -77,7 +76,7 @@ type Config struct {
 	// They run in the order of Scenarios() whatever the order here.
 	Scenarios []string
 	// BootTimeout bounds one boot to agent ready, on either side. Default
-	// DefaultBootTimeout; see there before raising it.
+	// DefaultBootTimeout.
 	BootTimeout time.Duration
 	// Progress receives a line per step, so long runs are not silent. Nil
 	// discards them.
