@@ -209,6 +209,11 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 			continue
 		}
 		res, err := s.run(ctx)
+		if err != nil && ctx.Err() != nil {
+			// What was cut short says nothing; the console tails it
+			// carries would only bury the reason.
+			return rep, fmt.Errorf("bench %s: interrupted: %w", s.name, ctx.Err())
+		}
 		if err != nil {
 			return rep, fmt.Errorf("bench %s: %w", s.name, err)
 		}

@@ -177,7 +177,7 @@ func TestStream(t *testing.T) {
 	write := func(n int) func(context.Context, io.Writer) error {
 		return func(_ context.Context, w io.Writer) error {
 			buf := make([]byte, 1000)
-			for n > 0 {
+			for n := n; n > 0; {
 				k := min(n, len(buf))
 				if _, err := w.Write(buf[:k]); err != nil {
 					return err
@@ -188,23 +188,51 @@ func TestStream(t *testing.T) {
 		}
 	}
 	t.Run("exact count", func(t *testing.T) {
-		m, err := stream(context.Background(), 4500, write(4500))
+		m, err := stream(context.Background(), 3, 4500, write(4500))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if m.Bytes != 4500 || m.Runs != 0 {
+		if m.Bytes != 4500 || m.Runs != 3 {
 			t.Errorf("measurement %+v", m)
 		}
 	})
 	for _, n := range []int{4499, 4501, 0} {
-		if _, err := stream(context.Background(), 4500, write(n)); err == nil {
+		if _, err := stream(context.Background(), 1, 4500, write(n)); err == nil {
 			t.Errorf("%d bytes of 4500 passed", n)
 		}
 	}
 	want := errors.New("exec failed")
-	if _, err := stream(context.Background(), 1, func(context.Context, io.Writer) error { return want }); !errors.Is(err, want) {
+	if _, err := stream(context.Background(), 1, 1, func(context.Context, io.Writer) error { return want }); !errors.Is(err, want) {
 		t.Errorf("error = %v, want %v", err, want)
 	}
+	t.Run("median run counts", func(t *testing.T) {
+		sleeps := []time.Duration{30 * time.Millisecond, 1 * time.Millisecond, 10 * time.Millisecond}
+		i := 0
+		m, err := stream(context.Background(), 3, 1<<20, func(ctx context.Context, w io.Writer) error {
+			time.Sleep(sleeps[i])
+			i++
+			return write(1<<20)(ctx, w)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Seconds < 0.010 || m.Seconds >= 0.030 {
+			t.Errorf("seconds = %v, want the median run's (10 ms and a bit)", m.Seconds)
+		}
+	})
+	t.Run("a short run fails the whole", func(t *testing.T) {
+		i := 0
+		_, err := stream(context.Background(), 3, 100, func(ctx context.Context, w io.Writer) error {
+			i++
+			if i == 2 {
+				return write(99)(ctx, w)
+			}
+			return write(100)(ctx, w)
+		})
+		if err == nil {
+			t.Error("a run with 99 of 100 bytes passed")
+		}
+	})
 }
 
 func TestRetrying(t *testing.T) {
@@ -280,13 +308,13 @@ func TestStreamArgv(t *testing.T) {
 func TestStreamOnHost(t *testing.T) {
 	const size = 3 << 20
 	argv := streamArgv(size)
-	m, err := stream(context.Background(), size, func(ctx context.Context, w io.Writer) error {
+	m, err := stream(context.Background(), 2, size, func(ctx context.Context, w io.Writer) error {
 		return runOnHost(ctx, argv, w)
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.Bytes != size || m.MiBPerS <= 0 || m.Seconds <= 0 {
+	if m.Bytes != size || m.Runs != 2 || m.MiBPerS <= 0 || m.Seconds <= 0 {
 		t.Errorf("measurement %+v", m)
 	}
 	if err := runOnHost(context.Background(), []string{"sh", "-c", "echo nope >&2; exit 3"}, io.Discard); err == nil ||

@@ -62,7 +62,8 @@ type Result struct {
 // Measurement is one side of a Result. Timing scenarios (unit "ms") fill
 // runs, min, p50, p99, max and mean, in milliseconds with microsecond
 // precision; percentiles are nearest-rank. Throughput scenarios (unit
-// "MiB/s") fill bytes, seconds and mib_per_s. The boot scenario adds
+// "MiB/s") fill runs, and bytes, seconds and mib_per_s of one run: the
+// median one by time when there were several. The boot scenario adds
 // failures when boots failed and were retried.
 type Measurement struct {
 	Runs int `json:"runs,omitempty"`

@@ -29,8 +29,8 @@ func sampleReport() Report {
 			},
 			{
 				Name: ScenarioThroughput, Unit: "MiB/s",
-				Airlock:  Measurement{Bytes: 200 << 20, Seconds: 6.5, MiBPerS: 30.77},
-				Baseline: Measurement{Bytes: 200 << 20, Seconds: 0.08, MiBPerS: 2500},
+				Airlock:  Measurement{Runs: 1, Bytes: 200 << 20, Seconds: 6.5, MiBPerS: 30.77},
+				Baseline: Measurement{Runs: 5, Bytes: 200 << 20, Seconds: 0.08, MiBPerS: 2500},
 				Ratio:    0.01231, Notes: "throughput notes",
 			},
 		},
@@ -100,7 +100,7 @@ func TestReportJSONFields(t *testing.T) {
 		case "ms":
 			stats = []string{"runs", "min", "p50", "p99", "max", "mean"}
 		case "MiB/s":
-			stats = []string{"bytes", "seconds", "mib_per_s"}
+			stats = []string{"runs", "bytes", "seconds", "mib_per_s"}
 		default:
 			t.Errorf("result %v has unit %v", res["name"], res["unit"])
 		}
