@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/internal/datadir"
+	"github.com/airlockhq/airlock/internal/guest"
 	"github.com/airlockhq/airlock/internal/vm"
 )
 
@@ -22,8 +23,8 @@ type AccelVerdict struct {
 	CPU string `json:"cpu,omitempty"`
 	// Reason says why KVM was not chosen, when it was not.
 	Reason string `json:"reason,omitempty"`
-	// Kernel identifies the guest kernel the probe booted (size and
-	// modification time); a new kernel invalidates the verdict.
+	// Kernel identifies the guest kernel the probe booted; a new kernel
+	// invalidates the verdict.
 	Kernel    string    `json:"kernel"`
 	CheckedAt time.Time `json:"checked_at"`
 }
@@ -35,7 +36,13 @@ var errNoKVM = errors.New("/dev/kvm is not usable")
 // reaches its agent in well under a second.
 const ProbeTimeout = 15 * time.Second
 
+// kernelID names the guest kernel the verdict was reached with: its sha256
+// from the boot manifest, so that rebuilding only the initramfs keeps the
+// verdict.
 func kernelID(dir datadir.Dir) string {
+	if m, err := guest.ReadManifest(dir); err == nil && m.KernelSHA256 != "" {
+		return "sha256:" + m.KernelSHA256
+	}
 	fi, err := os.Stat(dir.Kernel())
 	if err != nil {
 		return ""
