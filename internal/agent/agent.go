@@ -110,10 +110,11 @@ func (a *Agent) Serve(ctx context.Context, port Port, eofBackoff time.Duration) 
 
 // session is one host connection: a yamux server over the port.
 type session struct {
-	id  agentproto.SessionID
-	in  *io.PipeWriter // host-to-guest payload, read by yamux
-	out *gatedWriter
-	mux *yamux.Session
+	id   agentproto.SessionID
+	in   *io.PipeWriter // host-to-guest payload, read by yamux
+	out  *gatedWriter
+	outq *coalescer // batches yamux's writes onto out
+	mux  *yamux.Session
 }
 
 func (s *session) feed(p []byte) {
@@ -125,6 +126,7 @@ func (s *session) feed(p []byte) {
 }
 
 func (s *session) close() {
+	s.outq.close()
 	s.out.close()
 	s.in.Close()
 	s.mux.Close()
@@ -146,12 +148,14 @@ func (a *Agent) startSession(port Port, h agentproto.Hello) *session {
 		return nil
 	}
 	pr, pw := io.Pipe()
-	mux, err := yamux.Server(pipeConn{r: pr, w: out}, agentproto.MuxConfig())
+	outq := newCoalescer(out)
+	mux, err := yamux.Server(pipeConn{r: pr, w: outq}, agentproto.MuxConfig())
 	if err != nil {
+		outq.close()
 		a.log.Error("start session", "err", err)
 		return nil
 	}
-	s := &session{id: h.Session, in: pw, out: out, mux: mux}
+	s := &session{id: h.Session, in: pw, out: out, outq: outq, mux: mux}
 	go a.acceptLoop(s)
 	return s
 }

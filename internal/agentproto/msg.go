@@ -111,7 +111,7 @@ func noEOF(err error) error {
 
 // ChunkSize is the size of the data chunks that file transfers and output
 // streams send.
-const ChunkSize = 32 << 10
+const ChunkSize = 32<<10 - 5
 
 // DataWriter turns writes into messages of one type, at most ChunkSize each.
 type DataWriter struct {
