@@ -4,12 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"strings"
 	"time"
 
-	"github.com/airlockhq/airlock/internal/agentclient"
 	"github.com/airlockhq/airlock/internal/sandbox"
 	"github.com/airlockhq/airlock/internal/vm"
 )
@@ -102,53 +100,19 @@ func (r *runner) bootPlain(ctx context.Context) (_ time.Duration, err error) {
 
 	start := time.Now()
 	m, err := vm.Start(ctx, vm.Config{
-		Kernel: r.cfg.Dir.Kernel(), Initramfs: r.cfg.Dir.Initramfs(), Accel: r.rt.Accel(),
+		Kernel: r.cfg.Dir.Kernel(), Initramfs: r.cfg.Dir.Initramfs(), Accel: r.rt.Accel(), CPU: r.rt.CPU(),
 		VCPUs: r.tpl.VCPUs, MemoryMiB: r.tpl.MemoryMiB, Dir: dir,
 	}, r.cfg.Log)
 	if err != nil {
 		return 0, fmt.Errorf("start plain qemu: %w", err)
 	}
 	defer m.Stop(context.Background()) // bounded: Stop kills QEMU after 2 s
-	c, err := handshake(ctx, m)
+	c, err := sandbox.ConnectAgent(ctx, m, r.cfg.BootTimeout)
 	d := time.Since(start)
 	if err != nil {
-		return 0, fmt.Errorf("plain qemu boot: %w; console:\n%s", err, m.ConsoleTail(2000))
+		return 0, fmt.Errorf("plain qemu boot: %w", err)
 	}
 	c.Close()
 	return d, nil
 }
 
-// handshake dials m's agent socket and opens a session, giving up when ctx
-// ends or QEMU exits. It closes the connection to end a handshake that is
-// stuck writing hellos to a guest that does not read them.
-func handshake(ctx context.Context, m *vm.Machine) (*agentclient.Client, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() { // ends with cancel at the latest
-		select {
-		case <-m.Done():
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", m.AgentSocket())
-	if err != nil {
-		return nil, fmt.Errorf("dial agent: %w", err)
-	}
-	closeOnCancel := context.AfterFunc(ctx, func() { conn.Close() })
-	c, err := agentclient.Handshake(ctx, conn)
-	if !closeOnCancel() && err == nil {
-		// ctx ended just as the handshake succeeded: conn is closed.
-		c.Close()
-		err = fmt.Errorf("wait for agent: %w", context.Cause(ctx))
-	}
-	if err != nil {
-		conn.Close()
-		if m.Exited() {
-			return nil, fmt.Errorf("qemu exited while booting (%v): %w", m.ExitError(), err)
-		}
-		return nil, err
-	}
-	return c, nil
-}

@@ -117,7 +117,7 @@ func tryKVM(ctx context.Context, dir datadir.Dir, cpu string, log *slog.Logger) 
 		return err
 	}
 	defer m.Stop(context.Background())
-	c, err := connectAgent(ctx, m, ProbeTimeout)
+	c, err := ConnectAgent(ctx, m, ProbeTimeout)
 	if err != nil {
 		if b, rerr := os.ReadFile(filepath.Join(tmp, vm.QEMULogName)); rerr == nil && len(b) > 0 {
 			return fmt.Errorf("the guest did not come up under KVM: %s", firstLine(string(b)))

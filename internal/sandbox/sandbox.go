@@ -82,6 +82,9 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 // Accel is the accelerator sandboxes run with.
 func (r *Runtime) Accel() vm.Accel { return r.accel }
 
+// CPU is the -cpu model sandboxes run with under KVM ("" means host).
+func (r *Runtime) CPU() string { return r.cpu }
+
 // Templates is the template store.
 func (r *Runtime) Templates() *template.Store { return r.templates }
 
@@ -250,7 +253,7 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (*Sandbox, error) {
 			return os.WriteFile(filepath.Join(sb.Dir, pidFileName), []byte(strconv.Itoa(m.PID())+"\n"), 0o600)
 		}, func() { sb.vm.Stop(context.Background()) }},
 		{"connect to agent", func(ctx context.Context) error {
-			c, err := connectAgent(ctx, sb.vm, r.cfg.BootTimeout)
+			c, err := ConnectAgent(ctx, sb.vm, r.cfg.BootTimeout)
 			sb.agent = c
 			return err
 		}, func() { sb.agent.Close() }},
@@ -286,9 +289,10 @@ func createOverlay(ctx context.Context, base, path string, sizeMiB int) error {
 	return nil
 }
 
-// connectAgent waits for the guest agent, giving up when the VM exits or
-// the boot timeout passes.
-func connectAgent(ctx context.Context, m *vm.Machine, timeout time.Duration) (*agentclient.Client, error) {
+// ConnectAgent waits for the guest agent of m and opens a session with it,
+// giving up when the VM exits or the boot timeout passes; the error then
+// quotes the VM's console.
+func ConnectAgent(ctx context.Context, m *vm.Machine, timeout time.Duration) (*agentclient.Client, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	go func() {
@@ -388,7 +392,7 @@ func (s *Sandbox) Wait(p *agentclient.Process) (agentproto.Exit, error) {
 // sandbox keep running; streams of the old session end.
 func (s *Sandbox) Reconnect(ctx context.Context) error {
 	s.Agent().Close()
-	c, err := connectAgent(ctx, s.vm, 30*time.Second)
+	c, err := ConnectAgent(ctx, s.vm, 30*time.Second)
 	if err != nil {
 		return fmt.Errorf("reconnect to sandbox %s: %w", s.ID, err)
 	}
