@@ -115,4 +115,3 @@ func (r *runner) bootPlain(ctx context.Context) (_ time.Duration, err error) {
 	c.Close()
 	return d, nil
 }
-
