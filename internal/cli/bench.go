@@ -22,7 +22,7 @@ the ratios compare across runs):
 
   boot               sandbox create to agent ready vs a plain QEMU boot
   exec_rtt           exec round trip of true vs fork/exec of /bin/true
-  stdout_throughput  stdout of head -c N /dev/zero vs the same on the host
+  stdout_throughput  N MiB of dd if=/dev/zero on stdout vs the same on the host
 
 Prints JSON when --json is given or stdout is not a terminal, else a table.
 Progress goes to stderr.
