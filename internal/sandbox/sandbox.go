@@ -246,11 +246,15 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (*Sandbox, error) {
 				Kernel: r.cfg.Dir.Kernel(), Initramfs: r.cfg.Dir.Initramfs(), Accel: r.accel, CPU: r.cpu,
 				VCPUs: spec.VCPUs, MemoryMiB: spec.MemoryMiB, Disk: overlay, Dir: sb.Dir, Detach: spec.Detach,
 			}, sb.log)
-			sb.vm = m
 			if err != nil {
 				return err
 			}
-			return os.WriteFile(filepath.Join(sb.Dir, pidFileName), []byte(strconv.Itoa(m.PID())+"\n"), 0o600)
+			sb.vm = m
+			if err := os.WriteFile(filepath.Join(sb.Dir, pidFileName), []byte(strconv.Itoa(m.PID())+"\n"), 0o600); err != nil {
+				m.Stop(context.Background()) // this step's undo runs only once it succeeded
+				return fmt.Errorf("record qemu pid: %w", err)
+			}
+			return nil
 		}, func() { sb.vm.Stop(context.Background()) }},
 		{"connect to agent", func(ctx context.Context) error {
 			c, err := ConnectAgent(ctx, sb.vm, r.cfg.BootTimeout)
