@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"archive/tar"
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -426,4 +427,23 @@ func evilTar(t *testing.T) []byte {
 	tw.Write(body)
 	tw.Close()
 	return b.Bytes()
+}
+
+func TestHelloOfAnotherVersionIsRefused(t *testing.T) {
+	p, _ := startAgent(t)
+	h := p.connect()
+	session := agentproto.NewSessionID()
+	go h.Write(agentproto.Hello{Version: agentproto.Version + 1, Session: session}.Marshal())
+	h.SetReadDeadline(time.Now().Add(10 * time.Second))
+	ack, err := agentproto.ReadAck(bufio.NewReader(h), session)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ack.Status != agentproto.AckVersionMismatch || ack.Version != agentproto.Version {
+		t.Fatalf("ack %+v, want a version mismatch naming version %d", ack, agentproto.Version)
+	}
+	// A hello of the right version on the same connection is then served.
+	if _, err := agentclient.Handshake(context.Background(), h); err != nil {
+		t.Fatal(err)
+	}
 }
