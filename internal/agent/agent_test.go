@@ -239,7 +239,9 @@ func TestSignalAndResize(t *testing.T) {
 		t.Fatalf("after resize: out %q exit %+v err %v", lockedString(&out), exit, err)
 	}
 
-	p, err = c.Exec(ctx, agentproto.ExecRequest{Cmd: "sleep 30"}, agentclient.Stdio{})
+	// No shell: a shell that gets SIGINT while it forks defers it until its
+	// child exits.
+	p, err = c.Exec(ctx, agentproto.ExecRequest{Argv: []string{"sleep", "30"}}, agentclient.Stdio{})
 	if err != nil {
 		t.Fatal(err)
 	}
