@@ -22,7 +22,7 @@ leaves nothing half-written, so running setup again resumes.`
 func runSetup(ctx context.Context, env *Env, args []string) error {
 	fs := newFlagSet("setup", "airlock setup [FLAGS]", setupAbout, env)
 	mirror := fs.String("mirror", "", "Debian archive `URL` for the base template (default: the one apt uses)")
-	templates := fs.String("templates", strings.Join(setup.DefaultTemplates, ","), "comma-separated built-in `templates` to build")
+	templates := fs.String("templates", strings.Join(setup.DefaultTemplates(), ","), "comma-separated built-in `templates` to build")
 	force := fs.Bool("force", false, "rebuild everything and probe the accelerator again")
 	agent := fs.String("agent", "", "guest agent `binary` (default: airlock-agent beside this executable)")
 	if err := parse(fs, args); err != nil {

@@ -92,7 +92,7 @@ func TestBuild(t *testing.T) {
 		{name: "new module", pkg: pkg, agent: m.AgentSHA256, modules: []string{"vsock"}},
 		{name: "initramfs changed on disk", pkg: pkg, agent: m.AgentSHA256, tamper: true},
 	}
-	if !current(dir, m, pkg, m.AgentSHA256, DefaultModules) {
+	if !current(dir, m, pkg, m.AgentSHA256, DefaultModules()) {
 		t.Fatal("current() = false for the artifacts just built")
 	}
 	for _, tt := range stale {
@@ -101,7 +101,7 @@ func TestBuild(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if current(dir, m, tt.pkg, tt.agent, append(DefaultModules[:len(DefaultModules):len(DefaultModules)], tt.modules...)) {
+		if current(dir, m, tt.pkg, tt.agent, append(DefaultModules(), tt.modules...)) {
 			t.Errorf("%s: current() = true", tt.name)
 		}
 	}

@@ -41,7 +41,7 @@ type BuildConfig struct {
 	// image package. Default DefaultKernelPackage.
 	KernelPackage string
 	// Modules are the kernel modules to load, in order; their dependencies
-	// are added. Default DefaultModules.
+	// are added. Default DefaultModules().
 	Modules []string
 	// Force rebuilds even when the manifest says the artifacts are current.
 	Force bool
@@ -114,7 +114,7 @@ func Build(ctx context.Context, cfg BuildConfig) (Manifest, error) {
 		cfg.KernelPackage = DefaultKernelPackage
 	}
 	if len(cfg.Modules) == 0 {
-		cfg.Modules = DefaultModules
+		cfg.Modules = DefaultModules()
 	}
 	out := cfg.Out
 	if out == nil {

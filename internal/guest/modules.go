@@ -9,13 +9,15 @@ import (
 	"strings"
 )
 
-// DefaultModules are the kernel modules the guest loads, in load order. Their
-// dependencies are added ahead of them by ResolveModules.
-var DefaultModules = []string{
-	"virtio_ring", "virtio", "virtio_mmio",
-	"virtio_blk", "virtio_console",
-	"failover", "net_failover", "virtio_net",
-	"virtio_rng",
+// DefaultModules returns the kernel modules the guest loads, in load order.
+// Their dependencies are added ahead of them by ResolveModules.
+func DefaultModules() []string {
+	return []string{
+		"virtio_ring", "virtio", "virtio_mmio",
+		"virtio_blk", "virtio_console",
+		"failover", "net_failover", "virtio_net",
+		"virtio_rng",
+	}
 }
 
 // Module is one kernel module chosen for the initramfs.

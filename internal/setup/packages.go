@@ -14,8 +14,10 @@ import (
 	"github.com/airlockhq/airlock/internal/errdefs"
 )
 
-// Packages are the Debian packages airlock needs on the host.
-var Packages = []string{"qemu-system-x86", "qemu-utils", "e2fsprogs", "busybox-static", "debootstrap", "dpkg"}
+// Packages returns the Debian packages airlock needs on the host.
+func Packages() []string {
+	return []string{"qemu-system-x86", "qemu-utils", "e2fsprogs", "busybox-static", "debootstrap", "dpkg"}
+}
 
 // missingPackages returns the packages of want that dpkg does not report as
 // installed.
@@ -55,7 +57,7 @@ func installCommand(pkgs []string) []string {
 // ensurePackages installs the missing packages with apt-get when running as
 // root, and otherwise says which command to run.
 func ensurePackages(ctx context.Context, out io.Writer) (string, error) {
-	missing, err := missingPackages(ctx, Packages)
+	missing, err := missingPackages(ctx, Packages())
 	if err != nil {
 		return "", err
 	}
@@ -82,7 +84,7 @@ func ensurePackages(ctx context.Context, out io.Writer) (string, error) {
 			return "", err
 		}
 	}
-	if still, err := missingPackages(ctx, Packages); err != nil {
+	if still, err := missingPackages(ctx, Packages()); err != nil {
 		return "", err
 	} else if len(still) > 0 {
 		return "", fmt.Errorf("packages %s still missing after apt-get install", strings.Join(still, ", "))

@@ -23,8 +23,9 @@ import (
 	"github.com/airlockhq/airlock/internal/template"
 )
 
-// DefaultTemplates are the built-in templates setup makes unless told otherwise.
-var DefaultTemplates = []string{"tiny", "base"}
+// DefaultTemplates returns the built-in templates setup makes unless told
+// otherwise.
+func DefaultTemplates() []string { return []string{"tiny", "base"} }
 
 // Config says what setup prepares.
 type Config struct {
@@ -36,7 +37,7 @@ type Config struct {
 	// Mirror is the Debian archive URL the base template is bootstrapped
 	// from. Default: the one the host's apt configuration uses.
 	Mirror string
-	// Templates are the built-in templates to make. Default DefaultTemplates.
+	// Templates are the built-in templates to make. Default DefaultTemplates().
 	Templates []string
 	// Out receives one line per step with its duration, and progress while
 	// a step runs. Nil discards them.
@@ -87,7 +88,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	if len(cfg.Templates) == 0 {
-		cfg.Templates = DefaultTemplates
+		cfg.Templates = DefaultTemplates()
 	}
 	out := &syncWriter{w: cfg.Out}
 	if cfg.Out == nil {
