@@ -222,21 +222,21 @@ func TestExecTimeoutKillsGroup(t *testing.T) {
 func TestSignalAndResize(t *testing.T) {
 	_, c := startAgent(t)
 	ctx := context.Background()
-	var out bytes.Buffer
+	var out safeBuffer
 	p, err := c.Exec(ctx, agentproto.ExecRequest{
 		Cmd: `trap 'stty size; exit 7' WINCH; echo ready; while :; do sleep 0.05; done`,
 		PTY: &agentproto.PTY{Rows: 10, Cols: 20},
-	}, agentclient.Stdio{Stdout: syncWriter(&out)})
+	}, agentclient.Stdio{Stdout: &out})
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return strings.Contains(lockedString(&out), "ready") })
+	waitFor(t, func() bool { return strings.Contains(out.String(), "ready") })
 	if err := p.Resize(ctx, 50, 60); err != nil {
 		t.Fatal(err)
 	}
 	exit, err := p.Wait()
-	if err != nil || exit.ExitCode != 7 || !strings.Contains(lockedString(&out), "50 60") {
-		t.Fatalf("after resize: out %q exit %+v err %v", lockedString(&out), exit, err)
+	if err != nil || exit.ExitCode != 7 || !strings.Contains(out.String(), "50 60") {
+		t.Fatalf("after resize: out %q exit %+v err %v", out.String(), exit, err)
 	}
 
 	// No shell: a shell that gets SIGINT while it forks defers it until its
@@ -256,22 +256,23 @@ func TestSignalAndResize(t *testing.T) {
 	}
 }
 
-var outMu sync.Mutex
-
-type lockedWriter struct{ b *bytes.Buffer }
-
-func (w lockedWriter) Write(p []byte) (int, error) {
-	outMu.Lock()
-	defer outMu.Unlock()
-	return w.b.Write(p)
+// safeBuffer is a bytes.Buffer that output goroutines may write while the
+// test reads it.
+type safeBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
 }
 
-func syncWriter(b *bytes.Buffer) io.Writer { return lockedWriter{b} }
+func (s *safeBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
 
-func lockedString(b *bytes.Buffer) string {
-	outMu.Lock()
-	defer outMu.Unlock()
-	return b.String()
+func (s *safeBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func waitFor(t *testing.T, cond func() bool) {
@@ -447,5 +448,21 @@ func TestHelloOfAnotherVersionIsRefused(t *testing.T) {
 	// A hello of the right version on the same connection is then served.
 	if _, err := agentclient.Handshake(context.Background(), h); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A background child that keeps the output open must not hold the exit:
+// output is drained until it goes quiet, then the exit is reported.
+func TestExitWithBackgroundChildHoldingOutput(t *testing.T) {
+	_, c := startAgent(t)
+	for _, pty := range []*agentproto.PTY{nil, {Rows: 24, Cols: 80}} {
+		start := time.Now()
+		out, _, exit := run(t, c, agentproto.ExecRequest{Cmd: "sleep 30 & echo done", PTY: pty}, nil)
+		if d := time.Since(start); d > 5*time.Second {
+			t.Fatalf("pty %v: exit took %v", pty != nil, d)
+		}
+		if exit.ExitCode != 0 || !strings.Contains(out, "done") {
+			t.Fatalf("pty %v: out %q exit %+v", pty != nil, out, exit)
+		}
 	}
 }

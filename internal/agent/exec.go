@@ -38,19 +38,18 @@ type reaper struct {
 
 func newReaper() *reaper { return &reaper{waiters: map[int]chan unix.WaitStatus{}} }
 
-// run reaps children on SIGCHLD until ctx ends.
+// run reaps children on SIGCHLD until ctx ends. reap drains every exited
+// child, and a SIGCHLD that arrives meanwhile waits in the channel, so no
+// exit is missed.
 func (r *reaper) run(ctx context.Context) {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, unix.SIGCHLD)
 	defer signal.Stop(sigs)
-	tick := time.NewTicker(time.Second) // a lost SIGCHLD never strands a zombie
-	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-sigs:
-		case <-tick.C:
 		}
 		r.reap()
 	}
@@ -454,22 +453,19 @@ func (a *Agent) run(st net.Conn, req *agentproto.ExecRequest, spec *execSpec) {
 }
 
 func pumpOutput(f *os.File, t agentproto.MsgType, out *streamWriter, exited <-chan struct{}) {
-	buf := make([]byte, agentproto.ChunkSize)
-	done := false
-	for {
-		if !done {
-			select {
-			case <-exited:
-				done = true
-			default:
-			}
-		}
-		if done {
+	// While the process runs, reads block without a deadline. Its exit arms
+	// one, which every later read extends.
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		select {
+		case <-exited:
 			f.SetReadDeadline(time.Now().Add(drainIdle))
-		} else {
-			// Wake up now and then to notice the exit.
-			f.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		case <-stop:
 		}
+	}()
+	buf := make([]byte, agentproto.ChunkSize)
+	for {
 		n, err := f.Read(buf)
 		if n > 0 {
 			if werr := out.msg(t, buf[:n]); werr != nil {
@@ -477,10 +473,12 @@ func pumpOutput(f *os.File, t agentproto.MsgType, out *streamWriter, exited <-ch
 			}
 		}
 		if err != nil {
-			if errors.Is(err, os.ErrDeadlineExceeded) && !done {
-				continue
-			}
 			return // EOF, EIO from a pty whose last holder left, or idle after exit
+		}
+		select {
+		case <-exited:
+			f.SetReadDeadline(time.Now().Add(drainIdle))
+		default:
 		}
 	}
 }

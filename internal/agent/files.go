@@ -202,12 +202,9 @@ func writeFile(st net.Conn, path string, mode uint32) error {
 		tmp.Close()
 		return fail(err)
 	}
-	if err := tmp.Chmod(fs.FileMode(mode & 0o777)); err != nil {
+	if err := tmp.Chmod(unixMode(mode)); err != nil {
 		tmp.Close()
 		return err
-	}
-	if mode&0o7000 != 0 {
-		os.Chmod(tmp.Name(), unixMode(mode))
 	}
 	if err := tmp.Close(); err != nil {
 		return err
