@@ -120,7 +120,8 @@ func tryKVM(ctx context.Context, dir datadir.Dir, cpu string, log *slog.Logger) 
 	c, err := ConnectAgent(ctx, m, ProbeTimeout)
 	if err != nil {
 		if b, rerr := os.ReadFile(filepath.Join(tmp, vm.QEMULogName)); rerr == nil && len(b) > 0 {
-			return fmt.Errorf("the guest did not come up under KVM: %s", firstLine(string(b)))
+			line, _, _ := strings.Cut(string(b), "\n")
+			return fmt.Errorf("the guest did not come up under KVM: %s", line)
 		}
 		return fmt.Errorf("the guest did not reach its agent within %s", ProbeTimeout)
 	}
@@ -129,13 +130,4 @@ func tryKVM(ctx context.Context, dir datadir.Dir, cpu string, log *slog.Logger) 
 		return fmt.Errorf("the guest agent did not answer under KVM: %w", err)
 	}
 	return nil
-}
-
-func firstLine(s string) string {
-	for i, c := range s {
-		if c == '\n' {
-			return s[:i]
-		}
-	}
-	return s
 }

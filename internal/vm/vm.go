@@ -125,15 +125,18 @@ func Args(cfg Config) []string {
 			cpu = "host"
 		}
 		accel = []string{"-accel", "kvm", "-cpu", cpu}
-	} else if khz := cfg.TSCKHz; khz > 0 || HostTSCKHz() > 0 {
+	} else {
 		// Under TCG on a busy host the guest's PIT-based TSC calibration
 		// fails, the TSC is marked unusable, and boot hangs waiting for
 		// jiffies that never advance. The TSC runs at the host's rate, so
 		// tell the guest that rate instead of letting it measure.
+		khz := cfg.TSCKHz
 		if khz == 0 {
 			khz = HostTSCKHz()
 		}
-		cmdline += fmt.Sprintf(" tsc_early_khz=%d tsc=reliable", khz)
+		if khz > 0 {
+			cmdline += fmt.Sprintf(" tsc_early_khz=%d tsc=reliable", khz)
+		}
 	}
 	dir := cfg.Dir
 	args := []string{
