@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -314,10 +315,6 @@ func TestCLISignalIsForwarded(t *testing.T) {
 }
 
 func TestCLIKeep(t *testing.T) {
-	r := runCLI(t, nil, nil, "run", "--template", "tiny", "--", "true")
-	if r.code != 0 {
-		t.Fatal(r.stderr)
-	}
 	cmd := exec.Command(airlockBin(t), "run", "--template", "tiny", "--keep", "--", "sh", "-c", "echo kept > /root/mark")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -337,8 +334,21 @@ func TestCLIKeep(t *testing.T) {
 	if !processAlive(pid) {
 		t.Fatalf("kept VM %d is not running", pid)
 	}
-	if _, err := os.Stat(filepath.Join(dir, "disk.qcow2")); err != nil {
-		t.Fatalf("kept sandbox has no disk: %v", err)
+	// The kept sandbox still answers, with what the command left in it.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := net.Dial("unix", filepath.Join(dir, "agent.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := agentclient.Handshake(ctx, conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var mark bytes.Buffer
+	if _, err := c.ReadFile(ctx, "/root/mark", &mark); err != nil || mark.String() != "kept\n" {
+		t.Fatalf("read /root/mark of the kept sandbox: %q %v", mark.String(), err)
 	}
 }
 
