@@ -12,27 +12,17 @@ import (
 )
 
 // QMP is a client of QEMU's machine protocol: JSON lines over a unix
-// socket. Commands are serialised; asynchronous events are kept for Events.
+// socket. Commands are serialised; asynchronous events are skipped.
 type QMP struct {
 	conn net.Conn
 
 	mu   sync.Mutex // serialises commands
 	resp chan qmpMessage
 	err  error // set when the reader stops; read after resp is closed
-
-	evMu   sync.Mutex // guards events
-	events []Event
-}
-
-// Event is an asynchronous QMP event.
-type Event struct {
-	Name string          `json:"event"`
-	Data json.RawMessage `json:"data"`
 }
 
 type qmpMessage struct {
 	Event  string          `json:"event"`
-	Data   json.RawMessage `json:"data"`
 	Return json.RawMessage `json:"return"`
 	Error  *struct {
 		Class string `json:"class"`
@@ -81,7 +71,7 @@ func DialQMP(ctx context.Context, path string) (*QMP, error) {
 	return q, nil
 }
 
-// read delivers replies and records events until the connection ends.
+// read delivers replies until the connection ends.
 func (q *QMP) read(r *bufio.Reader) {
 	defer close(q.resp)
 	for {
@@ -95,11 +85,6 @@ func (q *QMP) read(r *bufio.Reader) {
 			continue
 		}
 		if m.Event != "" {
-			q.evMu.Lock()
-			if len(q.events) < 1000 {
-				q.events = append(q.events, Event{Name: m.Event, Data: m.Data})
-			}
-			q.evMu.Unlock()
 			continue
 		}
 		q.resp <- m
@@ -139,15 +124,6 @@ func (q *QMP) Execute(ctx context.Context, cmd string, args any, out any) error 
 		q.conn.Close()
 		return fmt.Errorf("qmp %s: %w", cmd, ctx.Err())
 	}
-}
-
-// Events returns the events received so far and forgets them.
-func (q *QMP) Events() []Event {
-	q.evMu.Lock()
-	defer q.evMu.Unlock()
-	ev := q.events
-	q.events = nil
-	return ev
 }
 
 // Close closes the connection.

@@ -271,9 +271,6 @@ func (m *Machine) PID() int { return m.proc.Pid }
 // AgentSocket is the unix socket connected to the guest agent's port.
 func (m *Machine) AgentSocket() string { return filepath.Join(m.cfg.Dir, AgentSocketName) }
 
-// QMP is the machine's control connection.
-func (m *Machine) QMP() *QMP { return m.qmp }
-
 // Done is closed once QEMU has exited.
 func (m *Machine) Done() <-chan struct{} { return m.done }
 
