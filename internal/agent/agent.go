@@ -61,11 +61,13 @@ func New(cfg Config) *Agent {
 // Serve reads the host-to-guest stream from port and answers on it until
 // ctx ends or the port fails. It survives the host reconnecting: every new
 // hello replaces the session. eofBackoff is how long to wait after the port
-// reports that no host is connected.
+// first reports that no host is connected; the wait doubles while no host
+// comes, up to ten times that, so an unattended sandbox stays quiet.
 func (a *Agent) Serve(ctx context.Context, port Port, eofBackoff time.Duration) error {
 	go a.reaper.run(ctx)
 	d := agentproto.NewDemux(port)
 	var cur *session
+	wait := eofBackoff
 	defer func() {
 		if cur != nil {
 			cur.close()
@@ -81,12 +83,14 @@ func (a *Agent) Serve(ctx context.Context, port Port, eofBackoff time.Duration) 
 				cur = nil
 			}
 			d.Resync()
-			time.Sleep(eofBackoff)
+			time.Sleep(wait)
+			wait = min(2*wait, 10*eofBackoff)
 			continue
 		}
 		if err != nil {
 			return fmt.Errorf("read agent port: %w", err)
 		}
+		wait = eofBackoff
 		if ev.Hello != nil {
 			if cur != nil && cur.id == ev.Hello.Session {
 				continue // the host repeats its hello until it sees our ack
