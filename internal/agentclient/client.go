@@ -169,9 +169,10 @@ func (c *Client) call(ctx context.Context, req agentproto.Request) (agentproto.R
 
 // AgentError wraps an error the agent reported in the matching errdefs class.
 func AgentError(e *agentproto.Error) error {
-	class := errdefs.ErrUnavailable
+	var class error // internal failures have none
 	switch e.Code {
-	case agentproto.CodeInvalid, agentproto.CodeIsDir, agentproto.CodeNotDir, agentproto.CodeNotEmpty:
+	case agentproto.CodeInvalid, agentproto.CodeIsDir, agentproto.CodeNotDir,
+		agentproto.CodeNotEmpty, agentproto.CodePermission:
 		class = errdefs.ErrInvalid
 	case agentproto.CodeNotFound:
 		class = errdefs.ErrNotFound
@@ -179,10 +180,9 @@ func AgentError(e *agentproto.Error) error {
 		class = errdefs.ErrConflict
 	case agentproto.CodeNoSpace:
 		class = errdefs.ErrExhausted
-	case agentproto.CodePermission:
-		class = errdefs.ErrInvalid
 	case agentproto.CodeInternal:
-		return &Error{Code: e.Code, Message: e.Message, class: nil}
+	default:
+		class = errdefs.ErrUnavailable // a code from a newer agent
 	}
 	return &Error{Code: e.Code, Message: e.Message, class: class}
 }
