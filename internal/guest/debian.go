@@ -4,15 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 
+	"github.com/airlockhq/airlock/internal/digest"
 	"github.com/airlockhq/airlock/internal/errdefs"
 )
 
@@ -125,7 +123,7 @@ func fetchDeb(ctx context.Context, p debPackage, cacheDir string) (string, error
 		return "", fmt.Errorf("create package cache: %w", err)
 	}
 	path := filepath.Join(cacheDir, p.debFile())
-	if sum, err := fileSHA256(path); err == nil && sum == want {
+	if sum, _, err := digest.File(ctx, path); err == nil && sum == want {
 		return path, nil
 	}
 	tmp, err := os.MkdirTemp(cacheDir, ".download-")
@@ -142,7 +140,7 @@ func fetchDeb(ctx context.Context, p debPackage, cacheDir string) (string, error
 		return "", fmt.Errorf("download %s: %v: %w", p.Name, err, errdefs.ErrUnavailable)
 	}
 	got := filepath.Join(tmp, p.debFile())
-	sum, err := fileSHA256(got)
+	sum, _, err := digest.File(ctx, got)
 	if err != nil {
 		return "", fmt.Errorf("download %s: %w", p.Name, err)
 	}
@@ -153,18 +151,4 @@ func fetchDeb(ctx context.Context, p debPackage, cacheDir string) (string, error
 		return "", fmt.Errorf("download %s: %w", p.Name, err)
 	}
 	return path, nil
-}
-
-// fileSHA256 returns the hex sha256 of a file's content.
-func fileSHA256(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", fmt.Errorf("hash %s: %w", path, err)
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
 }

@@ -17,7 +17,9 @@ import (
 	"slices"
 	"time"
 
+	"github.com/airlockhq/airlock/internal/atomicfile"
 	"github.com/airlockhq/airlock/internal/datadir"
+	"github.com/airlockhq/airlock/internal/digest"
 	"github.com/airlockhq/airlock/internal/errdefs"
 )
 
@@ -120,7 +122,7 @@ func Build(ctx context.Context, cfg BuildConfig) (Manifest, error) {
 	if out == nil {
 		out = io.Discard
 	}
-	agentSum, err := fileSHA256(cfg.AgentPath)
+	agentSum, _, err := digest.File(ctx, cfg.AgentPath)
 	if err != nil {
 		return Manifest{}, fmt.Errorf("build boot artifacts: agent binary: %w", errors.Join(err, errdefs.ErrInvalid))
 	}
@@ -184,7 +186,7 @@ func Build(ctx context.Context, cfg BuildConfig) (Manifest, error) {
 	for _, mod := range mods {
 		m.Modules = append(m.Modules, modulePath(mod.Name))
 	}
-	m.KernelSHA256, err = writeAtomic(cfg.Dir.Kernel(), 0o644, func(w io.Writer) error {
+	m.KernelSHA256, err = atomicfile.Write(cfg.Dir.Kernel(), 0o644, func(w io.Writer) error {
 		_, err := w.Write(vmlinux)
 		return err
 	})
@@ -192,7 +194,7 @@ func Build(ctx context.Context, cfg BuildConfig) (Manifest, error) {
 		return Manifest{}, err
 	}
 	fmt.Fprintf(out, "writing initramfs with %d modules\n", len(mods))
-	m.InitramfsSHA256, err = writeAtomic(cfg.Dir.Initramfs(), 0o644, func(w io.Writer) error {
+	m.InitramfsSHA256, err = atomicfile.Write(cfg.Dir.Initramfs(), 0o644, func(w io.Writer) error {
 		return writeInitramfs(w, cfg.AgentPath, mods)
 	})
 	if err != nil {
@@ -200,14 +202,14 @@ func Build(ctx context.Context, cfg BuildConfig) (Manifest, error) {
 	}
 	// The agent may have changed while it was copied; the manifest must
 	// describe what the initramfs holds.
-	if again, err := fileSHA256(cfg.AgentPath); err != nil || again != agentSum {
+	if again, _, err := digest.File(ctx, cfg.AgentPath); err != nil || again != agentSum {
 		return Manifest{}, fmt.Errorf("build boot artifacts: agent binary changed during the build: %w", errdefs.ErrConflict)
 	}
 	b, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
 		return Manifest{}, fmt.Errorf("encode boot manifest: %w", err)
 	}
-	if _, err := writeAtomic(ManifestPath(cfg.Dir), 0o644, func(w io.Writer) error {
+	if _, err := atomicfile.Write(ManifestPath(cfg.Dir), 0o644, func(w io.Writer) error {
 		_, err := w.Write(append(b, '\n'))
 		return err
 	}); err != nil {
@@ -231,7 +233,7 @@ func current(dir datadir.Dir, m Manifest, pkg debPackage, agentSum string, wante
 		}
 	}
 	for path, want := range map[string]string{dir.Kernel(): m.KernelSHA256, dir.Initramfs(): m.InitramfsSHA256} {
-		if got, err := fileSHA256(path); err != nil || got != want {
+		if got, _, err := digest.File(context.Background(), path); err != nil || got != want {
 			return false
 		}
 	}

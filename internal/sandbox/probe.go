@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/airlockhq/airlock/internal/atomicfile"
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/guest"
 	"github.com/airlockhq/airlock/internal/vm"
@@ -85,9 +86,8 @@ func ProbeAccel(ctx context.Context, dir datadir.Dir, log *slog.Logger, force bo
 		log.Info("using TCG (software emulation)", "reason", v.Reason)
 	}
 	b, _ := json.MarshalIndent(v, "", "  ")
-	tmp := dir.AccelVerdict() + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err == nil {
-		os.Rename(tmp, dir.AccelVerdict())
+	if err := atomicfile.WriteBytes(dir.AccelVerdict(), append(b, '\n'), 0o644); err != nil {
+		log.Warn("cache the accelerator verdict", "err", err)
 	}
 	return v, nil
 }

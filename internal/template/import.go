@@ -3,12 +3,9 @@ package template
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -17,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/airlockhq/airlock/internal/atomicfile"
+	"github.com/airlockhq/airlock/internal/digest"
 	"github.com/airlockhq/airlock/internal/errdefs"
 )
 
@@ -73,11 +72,11 @@ func (s *Store) Import(ctx context.Context, name, tag, rootfsDir string, default
 	if err := mkfs(ctx, rootfsDir, tmpName, usage); err != nil {
 		return Template{}, fmt.Errorf("import template %s: %w", ref, err)
 	}
-	sum, size, err := hashFile(tmpName)
+	sum, size, err := digest.File(ctx, tmpName)
 	if err != nil {
 		return Template{}, fmt.Errorf("import template %s: %w", ref, err)
 	}
-	digest := "sha256:" + sum
+	contentDigest := "sha256:" + sum
 	img := s.imagePath(sum)
 	if _, err := os.Stat(img); errors.Is(err, fs.ErrNotExist) {
 		if err := os.Chmod(tmpName, 0o444); err != nil {
@@ -92,7 +91,7 @@ func (s *Store) Import(ctx context.Context, name, tag, rootfsDir string, default
 	}
 
 	r := record{
-		Name: name, Tag: tag, Digest: digest,
+		Name: name, Tag: tag, Digest: contentDigest,
 		VCPUs: defaults.VCPUs, MemoryMiB: defaults.MemoryMiB, DiskMiB: defaults.DiskMiB,
 		SizeBytes: size, CreatedAt: time.Now().UTC().Truncate(time.Second),
 	}
@@ -100,10 +99,10 @@ func (s *Store) Import(ctx context.Context, name, tag, rootfsDir string, default
 	if err != nil {
 		return Template{}, fmt.Errorf("import template %s: %w", ref, err)
 	}
-	if err := writeAtomic(s.recordPath(sum), append(b, '\n'), 0o644); err != nil {
+	if err := atomicfile.WriteBytes(s.recordPath(sum), append(b, '\n'), 0o644); err != nil {
 		return Template{}, fmt.Errorf("import template %s: %w", ref, err)
 	}
-	if err := writeAtomic(s.refPath(name, tag), []byte(digest+"\n"), 0o644); err != nil {
+	if err := atomicfile.WriteBytes(s.refPath(name, tag), []byte(contentDigest+"\n"), 0o644); err != nil {
 		return Template{}, fmt.Errorf("import template %s: %w", ref, err)
 	}
 	t, err := s.resolveName(name, tag)
@@ -177,21 +176,6 @@ func mkfs(ctx context.Context, dir, file string, u treeUsage) error {
 	return nil
 }
 
-// hashFile returns the hex sha256 and size of a file.
-func hashFile(path string) (string, int64, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", 0, err
-	}
-	defer f.Close()
-	h := sha256.New()
-	n, err := io.Copy(h, f)
-	if err != nil {
-		return "", 0, fmt.Errorf("hash %s: %w", path, err)
-	}
-	return hex.EncodeToString(h.Sum(nil)), n, nil
-}
-
 // syncFile flushes a file's data to disk.
 func syncFile(path string) error {
 	f, err := os.Open(path)
@@ -200,32 +184,4 @@ func syncFile(path string) error {
 	}
 	defer f.Close()
 	return f.Sync()
-}
-
-// writeAtomic replaces path with data through a temporary file in the same
-// directory, so readers see the old content or the new, never a part.
-func writeAtomic(path string, data []byte, mode os.FileMode) (err error) {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(f.Name())
-		}
-	}()
-	if _, err := f.Write(data); err != nil {
-		return err
-	}
-	if err := f.Chmod(mode); err != nil {
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), path)
 }

@@ -13,12 +13,9 @@ package template
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -28,6 +25,7 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/internal/datadir"
+	"github.com/airlockhq/airlock/internal/digest"
 	"github.com/airlockhq/airlock/internal/errdefs"
 )
 
@@ -176,11 +174,11 @@ func (s *Store) resolveName(name, tag string) (Template, error) {
 	if err != nil {
 		return Template{}, err
 	}
-	digest := strings.TrimSpace(string(b))
-	if !digestRE.MatchString(digest) {
-		return Template{}, fmt.Errorf("ref file %s holds %q, not a digest", s.refPath(name, tag), digest)
+	target := strings.TrimSpace(string(b))
+	if !digestRE.MatchString(target) {
+		return Template{}, fmt.Errorf("ref file %s holds %q, not a digest", s.refPath(name, tag), target)
 	}
-	t, err := s.load(digest)
+	t, err := s.load(target)
 	if err != nil {
 		return Template{}, err
 	}
@@ -202,8 +200,8 @@ func (s *Store) notFound(ref string) error {
 }
 
 // load reads the template with the given digest and checks its image.
-func (s *Store) load(digest string) (Template, error) {
-	hex := strings.TrimPrefix(digest, "sha256:")
+func (s *Store) load(ref string) (Template, error) {
+	hex := strings.TrimPrefix(ref, "sha256:")
 	b, err := os.ReadFile(s.recordPath(hex))
 	if err != nil {
 		return Template{}, err
@@ -217,12 +215,12 @@ func (s *Store) load(digest string) (Template, error) {
 	if err != nil {
 		return Template{}, err
 	}
-	if r.Digest != digest || fi.Size() != r.SizeBytes {
+	if r.Digest != ref || fi.Size() != r.SizeBytes {
 		return Template{}, fmt.Errorf("template %s: settings say digest %s and %d bytes, image has %d bytes",
-			digest, r.Digest, r.SizeBytes, fi.Size())
+			ref, r.Digest, r.SizeBytes, fi.Size())
 	}
 	return Template{
-		Name: r.Name, Tag: r.Tag, Digest: digest, Image: img,
+		Name: r.Name, Tag: r.Tag, Digest: ref, Image: img,
 		VCPUs: r.VCPUs, MemoryMiB: r.MemoryMiB, DiskMiB: r.DiskMiB,
 		SizeBytes: r.SizeBytes, CreatedAt: r.CreatedAt,
 	}, nil
@@ -264,30 +262,12 @@ func (s *Store) List() ([]Template, error) {
 
 // Verify re-hashes a template's image and checks it against its digest.
 func (s *Store) Verify(ctx context.Context, t Template) error {
-	f, err := os.Open(t.Image)
+	sum, _, err := digest.File(ctx, t.Image)
 	if err != nil {
 		return fmt.Errorf("verify template %s: %w", t.Ref(), err)
 	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, ctxReader{ctx, f}); err != nil {
-		return fmt.Errorf("verify template %s: %w", t.Ref(), err)
-	}
-	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != t.Digest {
+	if got := "sha256:" + sum; got != t.Digest {
 		return fmt.Errorf("verify template %s: image hashes to %s, want %s", t.Ref(), got, t.Digest)
 	}
 	return nil
-}
-
-// ctxReader stops a long read when its context ends.
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c ctxReader) Read(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return c.r.Read(p)
 }

@@ -1,4 +1,7 @@
-package guest
+// Package atomicfile replaces files whole: content goes to a temporary file
+// beside the target, is synced, and is renamed over it, so readers see the
+// old file or the complete new one and a failure leaves no partial file.
+package atomicfile
 
 import (
 	"crypto/sha256"
@@ -9,11 +12,9 @@ import (
 	"path/filepath"
 )
 
-// writeAtomic writes path through fill into a temporary file in the same
-// directory and renames it into place, so readers see the old file or the
-// whole new one and a failure leaves no partial file. It returns the hex
-// sha256 of what was written.
-func writeAtomic(path string, mode os.FileMode, fill func(io.Writer) error) (sum string, err error) {
+// Write fills path through fill and returns the hex sha256 of what was
+// written. The directory of path must exist.
+func Write(path string, mode os.FileMode, fill func(io.Writer) error) (sum string, err error) {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-")
 	if err != nil {
@@ -46,4 +47,13 @@ func writeAtomic(path string, mode os.FileMode, fill func(io.Writer) error) (sum
 		d.Close()
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// WriteBytes replaces path with data.
+func WriteBytes(path string, data []byte, mode os.FileMode) error {
+	_, err := Write(path, mode, func(w io.Writer) error {
+		_, err := w.Write(data)
+		return err
+	})
+	return err
 }
