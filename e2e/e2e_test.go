@@ -238,13 +238,13 @@ func TestCLIBadInput(t *testing.T) {
 		match string
 	}{
 		{"unknown template", nil, []string{"run", "--template", "nope", "--", "true"}, "not found"},
-		{"malformed template", nil, []string{"run", "--template", "Bad Ref!", "--", "true"}, "template"},
+		{"malformed template", nil, []string{"run", "--template", "Bad Ref!", "--", "true"}, `template ref "Bad Ref!": name must be`},
 		{"too many vcpus", nil, []string{"run", "--template", "tiny", "--vcpus", "1000", "--", "true"}, "vcpus 1000 is out of bounds"},
 		{"too little memory", nil, []string{"run", "--template", "tiny", "--memory", "1", "--", "true"}, "memory 1 MiB is out of bounds"},
 		{"disk smaller than the template", nil, []string{"run", "--template", "tiny", "--disk", "1", "--", "true"}, "disk 1 MiB is out of bounds"},
 		{"no command", nil, []string{"run", "--template", "tiny"}, "give a command"},
 		{"bad env", nil, []string{"run", "-e", "NOEQUALS", "--", "true"}, "KEY=VALUE"},
-		{"bad accel", nil, []string{"run", "--accel", "warp", "--", "true"}, "accelerator"},
+		{"bad accel", nil, []string{"run", "--accel", "warp", "--", "true"}, `accelerator "warp" is not kvm, tcg or auto`},
 		{"unknown flag", nil, []string{"run", "--bogus", "--", "true"}, "bogus"},
 		{"unknown command", nil, []string{"frobnicate"}, "unknown command"},
 		{"setup not run", []string{"AIRLOCK_HOME=" + empty}, []string{"run", "--", "true"}, "airlock setup"},
