@@ -263,19 +263,32 @@ func TestCLIBadInput(t *testing.T) {
 	}
 }
 
-func TestCLIMissingKernel(t *testing.T) {
-	// A data directory whose templates exist but whose kernel is gone.
-	home := shortTempDir(t)
-	src := dataDir()
-	for _, sub := range []string{"boot", "templates"} {
-		if err := exec.Command("cp", "-a", filepath.Join(src.Root, sub), home).Run(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	os.Remove(filepath.Join(home, "boot", "vmlinux"))
-	r := runCLI(t, []string{"AIRLOCK_HOME=" + home}, nil, "run", "--template", "tiny", "--", "true")
-	if r.code != 2 || !strings.Contains(r.stderr, "airlock setup") {
-		t.Fatalf("got code %d stderr %q", r.code, r.stderr)
+func TestCLIMissingArtifacts(t *testing.T) {
+	// A copy of the data directory with one artifact removed.
+	for name, remove := range map[string]string{"kernel": "boot/vmlinux", "template image": "templates/sha256-*.ext4"} {
+		t.Run(name, func(t *testing.T) {
+			home := shortTempDir(t)
+			src := dataDir()
+			for _, sub := range []string{"boot", "templates", "accel.json"} {
+				if err := exec.Command("cp", "-a", filepath.Join(src.Root, sub), home).Run(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			matches, _ := filepath.Glob(filepath.Join(home, remove))
+			if len(matches) == 0 {
+				t.Fatalf("nothing matches %s", remove)
+			}
+			for _, m := range matches {
+				os.Remove(m)
+			}
+			r := runCLI(t, []string{"AIRLOCK_HOME=" + home}, nil, "run", "--template", "tiny", "--", "true")
+			if r.code != 2 || !strings.Contains(r.stderr, "airlock setup") || strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
+				t.Fatalf("got code %d stderr %q", r.code, r.stderr)
+			}
+			if entries, _ := os.ReadDir(filepath.Join(home, "sandboxes")); len(entries) > 0 {
+				t.Fatalf("a sandbox was left: %v", entries)
+			}
+		})
 	}
 }
 
