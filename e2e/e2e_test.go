@@ -304,23 +304,10 @@ func shortTempDir(t *testing.T) string {
 }
 
 func TestCLISignalIsForwarded(t *testing.T) {
-	cmd := exec.Command(airlockBin(t), "run", "--template", "tiny", "--", "sh", "-c", "trap 'echo got TERM; exit 5' TERM; echo ready; while :; do sleep 0.1; done")
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	buf := make([]byte, 64)
-	n, _ := io.ReadAtLeast(stdout, buf, len("ready\n"))
-	if !strings.Contains(string(buf[:n]), "ready") {
-		cmd.Process.Kill()
-		t.Fatalf("no ready line: %q", buf[:n])
-	}
+	cmd, stdout := startReady(t, "trap 'echo got TERM; exit 5' TERM; echo ready; while :; do sleep 0.1; done")
 	cmd.Process.Signal(syscall.SIGTERM)
 	rest, _ := io.ReadAll(stdout)
-	err = cmd.Wait()
+	err := cmd.Wait()
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != 5 || !strings.Contains(string(rest), "got TERM") {
 		t.Fatalf("after SIGTERM: err %v output %q", err, rest)
@@ -710,18 +697,7 @@ func TestCLITerminal(t *testing.T) {
 }
 
 func TestCLIKilledTakesVMAlong(t *testing.T) {
-	cmd := exec.Command(airlockBin(t), "run", "--template", "tiny", "--", "sh", "-c", "echo ready; sleep 300")
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	buf := make([]byte, 16)
-	if _, err := io.ReadAtLeast(stdout, buf, len("ready")); err != nil {
-		t.Fatal(err)
-	}
+	cmd, _ := startReady(t, "echo ready; sleep 300")
 	vms := qemuChildren(cmd.Process.Pid)
 	if len(vms) != 1 {
 		t.Fatalf("QEMU children of airlock: %v", vms)
@@ -744,6 +720,27 @@ func TestCLIKilledTakesVMAlong(t *testing.T) {
 			}
 		}
 	}
+}
+
+// startReady starts `airlock run` of a shell script that prints "ready"
+// first, and returns once that line arrived, with the rest of stdout.
+func startReady(t *testing.T, script string) (*exec.Cmd, io.Reader) {
+	t.Helper()
+	cmd := exec.Command(airlockBin(t), "run", "--template", "tiny", "--", "sh", "-c", script)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, len("ready\n"))
+	if _, err := io.ReadFull(stdout, buf); err != nil || string(buf) != "ready\n" {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("no ready line: %q %v", buf, err)
+	}
+	return cmd, stdout
 }
 
 func qemuChildren(ppid int) []int {
