@@ -67,9 +67,6 @@ type Config struct {
 	// CPU is the -cpu model under KVM; empty means "host". TCG always uses
 	// "max".
 	CPU string
-	// TSCKHz is the guest's TSC frequency under TCG, which TCG derives from
-	// the host's TSC. Zero means read it from the host (HostTSCKHz).
-	TSCKHz int
 }
 
 // Validate checks the configuration before anything starts.
@@ -130,11 +127,7 @@ func Args(cfg Config) []string {
 		// fails, the TSC is marked unusable, and boot hangs waiting for
 		// jiffies that never advance. The TSC runs at the host's rate, so
 		// tell the guest that rate instead of letting it measure.
-		khz := cfg.TSCKHz
-		if khz == 0 {
-			khz = HostTSCKHz()
-		}
-		if khz > 0 {
+		if khz := HostTSCKHz(); khz > 0 {
 			cmdline += fmt.Sprintf(" tsc_early_khz=%d tsc=reliable", khz)
 		}
 	}
