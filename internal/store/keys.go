@@ -1,0 +1,112 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/airlockhq/airlock/internal/errdefs"
+)
+
+// Key is an API key. Only a hash of its secret is kept.
+type Key struct {
+	// ID names the key ("key…"); it is the owner of what the key creates.
+	ID string
+	// Name is the label given at creation.
+	Name string
+	// Role is "admin" or "user".
+	Role string
+	// Hash is the sha256 of the secret part of the key.
+	Hash []byte
+	// CreatedAt is when the key was made; the zero time means now.
+	CreatedAt time.Time
+}
+
+const keyColumns = "id, name, role, hash, created_at"
+
+// InsertKey stores k. A key with the same ID is a conflict.
+func (s *Store) InsertKey(ctx context.Context, k Key) error {
+	if err := requireID("insert key", k.ID); err != nil {
+		return err
+	}
+	if k.CreatedAt.IsZero() {
+		k.CreatedAt = now()
+	}
+	_, err := s.db.ExecContext(ctx, "INSERT INTO keys ("+keyColumns+") VALUES (?, ?, ?, ?, ?)",
+		k.ID, k.Name, k.Role, nonNil(k.Hash), nanos(k.CreatedAt))
+	if isUniqueViolation(err) {
+		return fmt.Errorf("insert key %s: the ID is taken: %w", k.ID, errdefs.ErrConflict)
+	}
+	if err != nil {
+		return fmt.Errorf("insert key %s: %w", k.ID, classify(err))
+	}
+	return nil
+}
+
+// GetKey returns the key with the given ID.
+func (s *Store) GetKey(ctx context.Context, id string) (Key, error) {
+	row := s.db.QueryRowContext(ctx, "SELECT "+keyColumns+" FROM keys WHERE id = ?", id)
+	k, err := scanKey(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Key{}, fmt.Errorf("key %s: %w", id, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return Key{}, fmt.Errorf("get key %s: %w", id, classify(err))
+	}
+	return k, nil
+}
+
+// ListKeys returns every key in the order they were created.
+func (s *Store) ListKeys(ctx context.Context) ([]Key, error) {
+	rows, err := s.db.QueryContext(ctx, "SELECT "+keyColumns+" FROM keys ORDER BY seq")
+	if err != nil {
+		return nil, fmt.Errorf("list keys: %w", classify(err))
+	}
+	defer rows.Close()
+	keys := []Key{}
+	for rows.Next() {
+		k, err := scanKey(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list keys: %w", err)
+		}
+		keys = append(keys, k)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list keys: %w", classify(err))
+	}
+	return keys, nil
+}
+
+// DeleteKey removes the key with the given ID.
+func (s *Store) DeleteKey(ctx context.Context, id string) error {
+	res, err := s.db.ExecContext(ctx, "DELETE FROM keys WHERE id = ?", id)
+	if err != nil {
+		return fmt.Errorf("delete key %s: %w", id, classify(err))
+	}
+	return mustAffect(res, "key", id)
+}
+
+// CountKeys returns the number of keys with the given role, or of all keys
+// when role is "".
+func (s *Store) CountKeys(ctx context.Context, role string) (int, error) {
+	var n int
+	err := s.db.QueryRowContext(ctx, "SELECT count(*) FROM keys WHERE ? = '' OR role = ?", role, role).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("count keys: %w", classify(err))
+	}
+	return n, nil
+}
+
+// scanKey reads a row of keyColumns.
+func scanKey(r scanner) (Key, error) {
+	var k Key
+	var created int64
+	if err := r.Scan(&k.ID, &k.Name, &k.Role, &k.Hash, &created); err != nil {
+		return Key{}, err
+	}
+	k.Hash = nonNil(k.Hash)
+	k.CreatedAt = fromNanos(created)
+	return k, nil
+}

@@ -1,0 +1,181 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	"github.com/airlockhq/airlock/internal/errdefs"
+)
+
+// A migration moves the schema from version-1 to version. Its SQL runs in
+// one transaction together with the update of PRAGMA user_version, so a
+// migration is applied whole or not at all.
+//
+// A migration that rebuilds a table must not rely on foreign keys being off:
+// PRAGMA foreign_keys cannot change inside a transaction.
+type migration struct {
+	version     int
+	description string
+	sql         string
+}
+
+// migrations are applied in order; migrations[i].version is i+1. Never edit
+// one that has shipped: add a new one, and its case in migrationTests.
+//
+// Every table has an integer seq that orders its rows by insertion: IDs are
+// random, and AUTOINCREMENT never reuses a number, so a page cursor (the last
+// ID of a page, resolved to its seq) is stable while rows are inserted.
+// Enumerated values (states, roles, kinds) have no CHECK constraint: SQLite
+// cannot alter one without rebuilding the table, and the service validates
+// them. Owners are key IDs without a foreign key, since a sandbox outlives
+// the key that created it.
+var migrations = []migration{
+	{1, "create keys, sandboxes, operations, commands, idempotency", `
+CREATE TABLE keys (
+	seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+	id         TEXT    NOT NULL UNIQUE,
+	name       TEXT    NOT NULL,
+	role       TEXT    NOT NULL,
+	hash       BLOB    NOT NULL,
+	created_at INTEGER NOT NULL
+) STRICT;
+
+CREATE TABLE sandboxes (
+	seq             INTEGER PRIMARY KEY AUTOINCREMENT,
+	id              TEXT    NOT NULL UNIQUE,
+	owner           TEXT    NOT NULL,
+	state           TEXT    NOT NULL,
+	template_ref    TEXT    NOT NULL,
+	template_digest TEXT    NOT NULL,
+	vcpus           INTEGER NOT NULL,
+	memory_mib      INTEGER NOT NULL,
+	disk_mib        INTEGER NOT NULL,
+	timeout_s       INTEGER NOT NULL,
+	on_timeout      TEXT    NOT NULL,
+	env             TEXT    NOT NULL,  -- JSON object
+	metadata        TEXT    NOT NULL,  -- JSON object
+	network         TEXT,              -- JSON, NULL when unset
+	created_at      INTEGER NOT NULL,
+	updated_at      INTEGER NOT NULL,
+	expires_at      INTEGER,
+	last_error      TEXT               -- JSON {"code","message"}, NULL when none
+) STRICT;
+CREATE INDEX sandboxes_owner ON sandboxes (owner, seq);
+CREATE INDEX sandboxes_state ON sandboxes (state, seq);
+
+CREATE TABLE operations (
+	seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+	id          TEXT    NOT NULL UNIQUE,
+	kind        TEXT    NOT NULL,
+	target_id   TEXT    NOT NULL,
+	owner       TEXT    NOT NULL,
+	status      TEXT    NOT NULL,
+	error       TEXT,              -- JSON {"code","message"}, NULL when none
+	created_at  INTEGER NOT NULL,
+	finished_at INTEGER
+) STRICT;
+CREATE INDEX operations_status ON operations (status, seq);
+CREATE INDEX operations_target ON operations (target_id, seq);
+
+CREATE TABLE commands (
+	seq              INTEGER PRIMARY KEY AUTOINCREMENT,
+	id               TEXT    NOT NULL UNIQUE,
+	sandbox_id       TEXT    NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,
+	owner            TEXT    NOT NULL,
+	request          TEXT,              -- JSON, the API request as given
+	state            TEXT    NOT NULL,
+	agent_id         TEXT    NOT NULL,
+	pid              INTEGER NOT NULL,
+	exit_code        INTEGER,
+	signal           TEXT,
+	timed_out        INTEGER NOT NULL,
+	token_hash       BLOB    NOT NULL,
+	token_expires_at INTEGER NOT NULL,
+	token_spent      INTEGER NOT NULL,
+	created_at       INTEGER NOT NULL,
+	started_at       INTEGER,
+	finished_at      INTEGER
+) STRICT;
+CREATE INDEX commands_sandbox ON commands (sandbox_id, seq);
+CREATE INDEX commands_state ON commands (state, seq);
+
+CREATE TABLE idempotency (
+	key_id       TEXT    NOT NULL,
+	key          TEXT    NOT NULL,
+	request_hash BLOB    NOT NULL,
+	status       INTEGER NOT NULL,
+	body         BLOB    NOT NULL,
+	created_at   INTEGER NOT NULL,
+	PRIMARY KEY (key_id, key)
+) STRICT;
+CREATE INDEX idempotency_created ON idempotency (created_at);
+`},
+}
+
+// schemaVersion reads the version of the schema from PRAGMA user_version.
+func schemaVersion(ctx context.Context, q queryer) (int, error) {
+	var v int
+	if err := q.QueryRowContext(ctx, "PRAGMA user_version").Scan(&v); err != nil {
+		return 0, fmt.Errorf("read schema version: %w", classify(err))
+	}
+	return v, nil
+}
+
+// migrate applies the migrations up to and including version target, each
+// in its own transaction, skipping those already applied. A database whose
+// version is above what this binary knows is refused.
+func migrate(ctx context.Context, db *sql.DB, target int) error {
+	for _, m := range migrations[:target] {
+		if err := applyMigration(ctx, db, m); err != nil {
+			return err
+		}
+	}
+	// With nothing to apply the loop above checked nothing; check here too.
+	v, err := schemaVersion(ctx, db)
+	if err != nil {
+		return err
+	}
+	return checkNotNewer(v)
+}
+
+// applyMigration applies m unless the database already has it.
+func applyMigration(ctx context.Context, db *sql.DB, m migration) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("migration %d: %w", m.version, classify(err))
+	}
+	defer tx.Rollback()
+	v, err := schemaVersion(ctx, tx)
+	if err != nil {
+		return err
+	}
+	if err := checkNotNewer(v); err != nil {
+		return err
+	}
+	if v >= m.version {
+		return nil
+	}
+	if v != m.version-1 {
+		return fmt.Errorf("migration %d (%s): the schema is at version %d", m.version, m.description, v)
+	}
+	if _, err := tx.ExecContext(ctx, m.sql); err != nil {
+		return fmt.Errorf("migration %d (%s): %w", m.version, m.description, classify(err))
+	}
+	if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", m.version)); err != nil {
+		return fmt.Errorf("migration %d (%s): %w", m.version, m.description, classify(err))
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("migration %d (%s): %w", m.version, m.description, classify(err))
+	}
+	return nil
+}
+
+// checkNotNewer refuses a schema version above the last migration known.
+func checkNotNewer(v int) error {
+	if known := len(migrations); v > known {
+		return fmt.Errorf("the database was written by a newer airlock (schema %d > %d): upgrade airlock: %w",
+			v, known, errdefs.ErrPrecondition)
+	}
+	return nil
+}

@@ -1,0 +1,168 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	sqlite3 "modernc.org/sqlite/lib"
+)
+
+// migrationTest checks one migration.
+type migrationTest struct {
+	version int
+	before  func(t *testing.T, db *sql.DB) // optional
+	after   func(t *testing.T, db *sql.DB)
+}
+
+// migrationTests holds one case per migration. Each runs on a database
+// migrated to version-1: before fills it with rows in the old shape, the
+// migration is applied, and after checks the rows and constraints of the new
+// shape. Adding a migration means adding its case here.
+var migrationTests = []migrationTest{
+	{version: 1, after: checkSchema1},
+}
+
+func TestMigrations(t *testing.T) {
+	ctx := context.Background()
+	for i, m := range migrations {
+		if m.version != i+1 {
+			t.Fatalf("migrations[%d] has version %d, want %d", i, m.version, i+1)
+		}
+	}
+	for _, m := range migrations {
+		t.Run(fmt.Sprintf("%d %s", m.version, m.description), func(t *testing.T) {
+			i := slices.IndexFunc(migrationTests, func(tc migrationTest) bool { return tc.version == m.version })
+			if i < 0 {
+				t.Fatalf("migration %d has no case in migrationTests", m.version)
+			}
+			tc := migrationTests[i]
+			db, err := openDB(filepath.Join(t.TempDir(), "airlock.db"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			if err := migrate(ctx, db, m.version-1); err != nil {
+				t.Fatal(err)
+			}
+			if v, _ := schemaVersion(ctx, db); v != m.version-1 {
+				t.Fatalf("version %d before the migration, want %d", v, m.version-1)
+			}
+			if tc.before != nil {
+				tc.before(t, db)
+			}
+			if err := migrate(ctx, db, m.version); err != nil {
+				t.Fatal(err)
+			}
+			if v, _ := schemaVersion(ctx, db); v != m.version {
+				t.Fatalf("version %d after the migration, want %d", v, m.version)
+			}
+			tc.after(t, db)
+			// Applying again changes nothing.
+			if err := migrate(ctx, db, m.version); err != nil {
+				t.Fatalf("migrating again: %v", err)
+			}
+		})
+	}
+}
+
+// A migration that fails leaves the database as it was.
+func TestFailedMigrationRollsBack(t *testing.T) {
+	ctx := context.Background()
+	db, err := openDB(filepath.Join(t.TempDir(), "airlock.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	bad := migration{1, "half good", "CREATE TABLE good (a INTEGER); INSERT INTO missing VALUES (1);"}
+	if err := applyMigration(ctx, db, bad); err == nil {
+		t.Fatal("a failing migration applied")
+	}
+	if v, _ := schemaVersion(ctx, db); v != 0 {
+		t.Errorf("version %d after a failed migration, want 0", v)
+	}
+	var n int
+	if err := db.QueryRow("SELECT count(*) FROM sqlite_schema WHERE name = 'good'").Scan(&n); err != nil || n != 0 {
+		t.Errorf("table of a failed migration left behind (%d, %v)", n, err)
+	}
+	// The real migrations still apply.
+	if err := migrate(ctx, db, len(migrations)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkSchema1 checks the tables, indexes and constraints of migration 1.
+func checkSchema1(t *testing.T, db *sql.DB) {
+	for _, name := range []string{
+		"keys", "sandboxes", "operations", "commands", "idempotency",
+		"sandboxes_owner", "sandboxes_state", "operations_status", "operations_target",
+		"commands_sandbox", "commands_state", "idempotency_created",
+	} {
+		var n int
+		if err := db.QueryRow("SELECT count(*) FROM sqlite_schema WHERE name = ?", name).Scan(&n); err != nil || n != 1 {
+			t.Errorf("%s: %d, %v; want it to exist", name, n, err)
+		}
+	}
+
+	const (
+		key     = "INSERT INTO keys (id, name, role, hash, created_at) VALUES ('key1', 'k', 'admin', x'01', 1)"
+		sandbox = "INSERT INTO sandboxes (id, owner, state, template_ref, template_digest, vcpus, memory_mib, disk_mib," +
+			" timeout_s, on_timeout, env, metadata, created_at, updated_at)" +
+			" VALUES ('sbx1', 'key1', 'running', 'base', 'sha256:a', 1, 512, 2048, 0, 'delete', '{}', '{}', 1, 1)"
+		operation = "INSERT INTO operations (id, kind, target_id, owner, status, created_at)" +
+			" VALUES ('op1', 'create', 'sbx1', 'key1', 'pending', 1)"
+		command = "INSERT INTO commands (id, sandbox_id, owner, state, agent_id, pid, timed_out, token_hash," +
+			" token_expires_at, token_spent, created_at) VALUES ('cmd1', '%s', 'key1', 'created', '', 0, 0, x'01', 1, 0, 1)"
+		idem = "INSERT INTO idempotency (key_id, key, request_hash, status, body, created_at)" +
+			" VALUES ('key1', 'k', x'01', 202, x'', 1)"
+	)
+	for _, q := range []string{key, sandbox, operation, fmt.Sprintf(command, "sbx1"), idem} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+
+	for _, tc := range []struct {
+		name     string
+		query    string
+		wantCode int
+	}{
+		{"key ID unique", key, sqlite3.SQLITE_CONSTRAINT_UNIQUE},
+		{"sandbox ID unique", sandbox, sqlite3.SQLITE_CONSTRAINT_UNIQUE},
+		{"operation ID unique", operation, sqlite3.SQLITE_CONSTRAINT_UNIQUE},
+		{"command ID unique", fmt.Sprintf(command, "sbx1"), sqlite3.SQLITE_CONSTRAINT_UNIQUE},
+		{"idempotency key unique per API key", idem, sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY},
+		{"command needs its sandbox", "UPDATE commands SET sandbox_id = 'sbxnope'", sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY},
+		{"key name not null", "INSERT INTO keys (id, name, role, hash, created_at) VALUES ('key2', NULL, 'user', x'01', 1)",
+			sqlite3.SQLITE_CONSTRAINT_NOTNULL},
+		{"sandbox metadata not null", "UPDATE sandboxes SET metadata = NULL", sqlite3.SQLITE_CONSTRAINT_NOTNULL},
+		{"strict types", "UPDATE sandboxes SET vcpus = 'many'", sqlite3.SQLITE_CONSTRAINT_DATATYPE},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := db.Exec(tc.query)
+			if code := sqliteCode(err); code != tc.wantCode {
+				t.Errorf("%s: code %d (%v), want %d", tc.query, code, err, tc.wantCode)
+			}
+		})
+	}
+
+	// Deleting a sandbox deletes its commands.
+	if _, err := db.Exec("DELETE FROM sandboxes WHERE id = 'sbx1'"); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := db.QueryRow("SELECT count(*) FROM commands").Scan(&n); err != nil || n != 0 {
+		t.Errorf("%d commands left after their sandbox was deleted (%v)", n, err)
+	}
+	// AUTOINCREMENT: a deleted row's seq is not reused, so cursors stay valid.
+	if _, err := db.Exec(sandbox); err != nil {
+		t.Fatal(err)
+	}
+	var seq int
+	if err := db.QueryRow("SELECT seq FROM sandboxes WHERE id = 'sbx1'").Scan(&seq); err != nil || seq != 2 {
+		t.Errorf("seq of a new row after a delete = %d (%v), want 2", seq, err)
+	}
+}

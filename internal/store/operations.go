@@ -1,0 +1,160 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/airlockhq/airlock/internal/errdefs"
+)
+
+// Operation is one asynchronous lifecycle change and its outcome.
+type Operation struct {
+	// ID names the operation ("op…").
+	ID string
+	// Kind is create, pause, suspend, wake, delete or build.
+	Kind string
+	// TargetID is the sandbox (or template build) the operation acts on.
+	TargetID string
+	// Owner is the ID of the key that asked for it.
+	Owner string
+	// Status is pending, running, succeeded or failed.
+	Status string
+	// Error says why a failed operation failed; nil otherwise.
+	Error *Error
+	// CreatedAt is when it was asked for; the zero time means now.
+	CreatedAt time.Time
+	// FinishedAt is when it succeeded or failed; nil until then.
+	FinishedAt *time.Time
+}
+
+const operationColumns = "id, kind, target_id, owner, status, error, created_at, finished_at"
+
+// InsertOperation stores op. An operation with the same ID is a conflict.
+func (s *Store) InsertOperation(ctx context.Context, op Operation) error {
+	return insertOperation(ctx, s.db, op)
+}
+
+// insertOperation stores op through q, which may be a transaction.
+func insertOperation(ctx context.Context, q queryer, op Operation) error {
+	if err := requireID("insert operation", op.ID); err != nil {
+		return err
+	}
+	if op.CreatedAt.IsZero() {
+		op.CreatedAt = now()
+	}
+	opErr, err := errorJSON(op.Error)
+	if err != nil {
+		return fmt.Errorf("insert operation %s: %w", op.ID, err)
+	}
+	_, err = q.ExecContext(ctx, "INSERT INTO operations ("+operationColumns+") VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+		op.ID, op.Kind, op.TargetID, op.Owner, op.Status, opErr, nanos(op.CreatedAt), nullNanos(op.FinishedAt))
+	if isUniqueViolation(err) {
+		return fmt.Errorf("insert operation %s: the ID is taken: %w", op.ID, errdefs.ErrConflict)
+	}
+	if err != nil {
+		return fmt.Errorf("insert operation %s: %w", op.ID, classify(err))
+	}
+	return nil
+}
+
+// upsertOperation stores op through q, or, if an operation with its ID
+// exists, updates that one's status, error and finish time.
+func upsertOperation(ctx context.Context, q queryer, op Operation) error {
+	if err := requireID("upsert operation", op.ID); err != nil {
+		return err
+	}
+	if op.CreatedAt.IsZero() {
+		op.CreatedAt = now()
+	}
+	opErr, err := errorJSON(op.Error)
+	if err != nil {
+		return fmt.Errorf("upsert operation %s: %w", op.ID, err)
+	}
+	_, err = q.ExecContext(ctx, "INSERT INTO operations ("+operationColumns+") VALUES (?, ?, ?, ?, ?, ?, ?, ?)"+
+		" ON CONFLICT (id) DO UPDATE SET status = excluded.status, error = excluded.error, finished_at = excluded.finished_at",
+		op.ID, op.Kind, op.TargetID, op.Owner, op.Status, opErr, nanos(op.CreatedAt), nullNanos(op.FinishedAt))
+	if err != nil {
+		return fmt.Errorf("upsert operation %s: %w", op.ID, classify(err))
+	}
+	return nil
+}
+
+// GetOperation returns the operation with the given ID.
+func (s *Store) GetOperation(ctx context.Context, id string) (Operation, error) {
+	row := s.db.QueryRowContext(ctx, "SELECT "+operationColumns+" FROM operations WHERE id = ?", id)
+	op, err := scanOperation(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Operation{}, fmt.Errorf("operation %s: %w", id, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return Operation{}, fmt.Errorf("get operation %s: %w", id, classify(err))
+	}
+	return op, nil
+}
+
+// UpdateOperation records op's status, error and finish time. Its kind,
+// target, owner and creation time are fixed when it is inserted.
+func (s *Store) UpdateOperation(ctx context.Context, op Operation) error {
+	opErr, err := errorJSON(op.Error)
+	if err != nil {
+		return fmt.Errorf("update operation %s: %w", op.ID, err)
+	}
+	res, err := s.db.ExecContext(ctx, "UPDATE operations SET status = ?, error = ?, finished_at = ? WHERE id = ?",
+		op.Status, opErr, nullNanos(op.FinishedAt), op.ID)
+	if err != nil {
+		return fmt.Errorf("update operation %s: %w", op.ID, classify(err))
+	}
+	return mustAffect(res, "operation", op.ID)
+}
+
+// ListOperations returns the operations whose status is one of statuses, or
+// all of them when none is given, in the order they were created.
+func (s *Store) ListOperations(ctx context.Context, statuses ...string) ([]Operation, error) {
+	query := "SELECT " + operationColumns + " FROM operations"
+	var args []any
+	if len(statuses) > 0 {
+		query += " WHERE status IN (" + placeholders(len(statuses)) + ")"
+		for _, st := range statuses {
+			args = append(args, st)
+		}
+	}
+	query += " ORDER BY seq"
+	rows, err := s.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list operations: %w", classify(err))
+	}
+	defer rows.Close()
+	ops := []Operation{}
+	for rows.Next() {
+		op, err := scanOperation(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list operations: %w", err)
+		}
+		ops = append(ops, op)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list operations: %w", classify(err))
+	}
+	return ops, nil
+}
+
+// scanOperation reads a row of operationColumns.
+func scanOperation(r scanner) (Operation, error) {
+	var op Operation
+	var opErr sql.NullString
+	var created int64
+	var finished sql.NullInt64
+	if err := r.Scan(&op.ID, &op.Kind, &op.TargetID, &op.Owner, &op.Status, &opErr, &created, &finished); err != nil {
+		return Operation{}, err
+	}
+	var err error
+	if op.Error, err = fromErrorJSON("error", opErr); err != nil {
+		return Operation{}, err
+	}
+	op.CreatedAt = fromNanos(created)
+	op.FinishedAt = fromNullNanos(finished)
+	return op, nil
+}

@@ -1,0 +1,301 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/airlockhq/airlock/internal/errdefs"
+)
+
+// Sandbox is the desired and recorded state of one sandbox.
+type Sandbox struct {
+	// ID names the sandbox ("sbx…").
+	ID string
+	// Owner is the ID of the key that created it.
+	Owner string
+	// State is creating, running, paused, suspending, suspended, waking,
+	// deleting, deleted or failed.
+	State string
+	// TemplateRef is the template as asked for ("base:latest").
+	TemplateRef string
+	// TemplateDigest is the template it was made from ("sha256:…").
+	TemplateDigest string
+	// VCPUs is the number of virtual CPUs.
+	VCPUs int
+	// MemoryMiB is the guest memory in MiB.
+	MemoryMiB int
+	// DiskMiB is the size of the writable disk in MiB.
+	DiskMiB int
+	// TimeoutS is the lease length in seconds; 0 means no lease.
+	TimeoutS int
+	// OnTimeout is what expiry does: "delete" or "suspend".
+	OnTimeout string
+	// Env is the default environment of every command; never nil when read.
+	Env map[string]string
+	// Metadata holds free labels, filterable in a list; never nil when read.
+	Metadata map[string]string
+	// Network is the egress policy as JSON; nil when unset.
+	Network json.RawMessage
+	// CreatedAt is when it was created; the zero time means now.
+	CreatedAt time.Time
+	// UpdatedAt is when its record last changed; the store sets it.
+	UpdatedAt time.Time
+	// ExpiresAt is when the lease ends; nil without a lease.
+	ExpiresAt *time.Time
+	// LastError says why the last lifecycle step failed; nil if none did.
+	LastError *Error
+}
+
+const sandboxColumns = "id, owner, state, template_ref, template_digest, vcpus, memory_mib, disk_mib, " +
+	"timeout_s, on_timeout, env, metadata, network, created_at, updated_at, expires_at, last_error"
+
+// sandboxRow holds a sandbox's column values in the order of sandboxColumns.
+func sandboxRow(sb Sandbox) ([]any, error) {
+	env, err := stringMap(sb.Env)
+	if err != nil {
+		return nil, fmt.Errorf("encode env: %w", err)
+	}
+	metadata, err := stringMap(sb.Metadata)
+	if err != nil {
+		return nil, fmt.Errorf("encode metadata: %w", err)
+	}
+	network, err := rawJSON("network", sb.Network)
+	if err != nil {
+		return nil, err
+	}
+	lastErr, err := errorJSON(sb.LastError)
+	if err != nil {
+		return nil, fmt.Errorf("encode last error: %w", err)
+	}
+	return []any{sb.ID, sb.Owner, sb.State, sb.TemplateRef, sb.TemplateDigest, sb.VCPUs, sb.MemoryMiB, sb.DiskMiB,
+		sb.TimeoutS, sb.OnTimeout, env, metadata, network, nanos(sb.CreatedAt), nanos(sb.UpdatedAt),
+		nullNanos(sb.ExpiresAt), lastErr}, nil
+}
+
+// InsertSandbox stores sb together with op, the operation that creates it,
+// in one transaction. op must target sb. A sandbox or operation whose ID is
+// taken is a conflict, and then neither is stored. UpdatedAt is set to
+// CreatedAt.
+func (s *Store) InsertSandbox(ctx context.Context, sb Sandbox, op Operation) error {
+	if err := requireID("insert sandbox", sb.ID); err != nil {
+		return err
+	}
+	if op.TargetID != sb.ID {
+		return fmt.Errorf("insert sandbox %s: operation %s targets %q: %w", sb.ID, op.ID, op.TargetID, errdefs.ErrInvalid)
+	}
+	if sb.CreatedAt.IsZero() {
+		sb.CreatedAt = now()
+	}
+	sb.UpdatedAt = sb.CreatedAt
+	row, err := sandboxRow(sb)
+	if err != nil {
+		return fmt.Errorf("insert sandbox %s: %w", sb.ID, err)
+	}
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, "INSERT INTO sandboxes ("+sandboxColumns+") VALUES ("+placeholders(len(row))+")", row...)
+		if isUniqueViolation(err) {
+			return fmt.Errorf("insert sandbox %s: the ID is taken: %w", sb.ID, errdefs.ErrConflict)
+		}
+		if err != nil {
+			return fmt.Errorf("insert sandbox %s: %w", sb.ID, classify(err))
+		}
+		return insertOperation(ctx, tx, op)
+	})
+}
+
+// GetSandbox returns the sandbox with the given ID.
+func (s *Store) GetSandbox(ctx context.Context, id string) (Sandbox, error) {
+	row := s.db.QueryRowContext(ctx, "SELECT "+sandboxColumns+" FROM sandboxes WHERE id = ?", id)
+	sb, err := scanSandbox(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Sandbox{}, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return Sandbox{}, fmt.Errorf("get sandbox %s: %w", id, classify(err))
+	}
+	return sb, nil
+}
+
+// UpdateSandbox replaces the record of the sandbox with sb's ID by sb and
+// sets its UpdatedAt to now. Owner and CreatedAt are fixed at insert and are
+// not changed.
+func (s *Store) UpdateSandbox(ctx context.Context, sb Sandbox) error {
+	return updateSandbox(ctx, s.db, sb)
+}
+
+// TransitionSandbox records one lifecycle step in one transaction: it
+// updates sb as UpdateSandbox does (sb must exist) and inserts op, or, if op
+// exists, records its status, error and finish time. op must target sb.
+// Examples: state deleting with a new delete operation; state running with
+// the create operation succeeded.
+func (s *Store) TransitionSandbox(ctx context.Context, sb Sandbox, op Operation) error {
+	if op.TargetID != sb.ID {
+		return fmt.Errorf("transition sandbox %s: operation %s targets %q: %w", sb.ID, op.ID, op.TargetID, errdefs.ErrInvalid)
+	}
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		if err := updateSandbox(ctx, tx, sb); err != nil {
+			return err
+		}
+		return upsertOperation(ctx, tx, op)
+	})
+}
+
+// updateSandbox is UpdateSandbox through q, which may be a transaction.
+func updateSandbox(ctx context.Context, q queryer, sb Sandbox) error {
+	sb.UpdatedAt = now()
+	row, err := sandboxRow(sb)
+	if err != nil {
+		return fmt.Errorf("update sandbox %s: %w", sb.ID, err)
+	}
+	// Every column but id, owner and created_at, from the row in the order
+	// of sandboxColumns.
+	cols := strings.Split(sandboxColumns, ", ")
+	var set []string
+	var args []any
+	for i, c := range cols {
+		if c == "id" || c == "owner" || c == "created_at" {
+			continue
+		}
+		set = append(set, c+" = ?")
+		args = append(args, row[i])
+	}
+	args = append(args, sb.ID)
+	res, err := q.ExecContext(ctx, "UPDATE sandboxes SET "+strings.Join(set, ", ")+" WHERE id = ?", args...)
+	if err != nil {
+		return fmt.Errorf("update sandbox %s: %w", sb.ID, classify(err))
+	}
+	return mustAffect(res, "sandbox", sb.ID)
+}
+
+// SandboxFilter selects sandboxes in a list.
+type SandboxFilter struct {
+	// Owner, if set, keeps only the sandboxes of that key ID.
+	Owner string
+	// States, if set, keeps only the sandboxes in one of these states.
+	States []string
+	// Metadata keeps only the sandboxes whose metadata has every one of
+	// these pairs.
+	Metadata map[string]string
+	// After is the page cursor: the last ID of the previous page, "" for the
+	// first page. An ID that names no sandbox is invalid.
+	After string
+	// Limit is the most sandboxes to return; it must be positive.
+	Limit int
+}
+
+// ListSandboxes returns the sandboxes that match f, in creation order,
+// created after the sandbox f.After, at most f.Limit of them. Pages do not
+// overlap or skip a sandbox while others are created; a sandbox that changes
+// state between pages may leave or join the filter.
+func (s *Store) ListSandboxes(ctx context.Context, f SandboxFilter) ([]Sandbox, error) {
+	if f.Limit <= 0 {
+		return nil, fmt.Errorf("list sandboxes: limit %d is not positive: %w", f.Limit, errdefs.ErrInvalid)
+	}
+	var where []string
+	var args []any
+	if f.After != "" {
+		seq, err := seqOf(ctx, s.db, "sandboxes", f.After, "")
+		if err != nil {
+			return nil, fmt.Errorf("list sandboxes: %w", err)
+		}
+		where = append(where, "seq > ?")
+		args = append(args, seq)
+	}
+	if f.Owner != "" {
+		where = append(where, "owner = ?")
+		args = append(args, f.Owner)
+	}
+	if len(f.States) > 0 {
+		where = append(where, "state IN ("+placeholders(len(f.States))+")")
+		for _, st := range f.States {
+			args = append(args, st)
+		}
+	}
+	// json_each matches any key, including ones with dots or quotes that a
+	// JSON path would have to escape.
+	for _, k := range slices.Sorted(maps.Keys(f.Metadata)) {
+		where = append(where, "EXISTS (SELECT 1 FROM json_each(sandboxes.metadata) AS m"+
+			" WHERE m.key = ? AND m.type = 'text' AND m.value = ?)")
+		args = append(args, k, f.Metadata[k])
+	}
+	query := "SELECT " + sandboxColumns + " FROM sandboxes"
+	if len(where) > 0 {
+		query += " WHERE " + strings.Join(where, " AND ")
+	}
+	query += " ORDER BY seq LIMIT ?"
+	args = append(args, f.Limit)
+
+	rows, err := s.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", classify(err))
+	}
+	defer rows.Close()
+	list := []Sandbox{}
+	for rows.Next() {
+		sb, err := scanSandbox(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list sandboxes: %w", err)
+		}
+		list = append(list, sb)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", classify(err))
+	}
+	return list, nil
+}
+
+// scanSandbox reads a row of sandboxColumns.
+func scanSandbox(r scanner) (Sandbox, error) {
+	var sb Sandbox
+	var env, metadata string
+	var network, lastErr sql.NullString
+	var created, updated int64
+	var expires sql.NullInt64
+	err := r.Scan(&sb.ID, &sb.Owner, &sb.State, &sb.TemplateRef, &sb.TemplateDigest, &sb.VCPUs, &sb.MemoryMiB,
+		&sb.DiskMiB, &sb.TimeoutS, &sb.OnTimeout, &env, &metadata, &network, &created, &updated, &expires, &lastErr)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	if sb.Env, err = fromStringMap("env", env); err != nil {
+		return Sandbox{}, err
+	}
+	if sb.Metadata, err = fromStringMap("metadata", metadata); err != nil {
+		return Sandbox{}, err
+	}
+	sb.Network = fromRawJSON(network)
+	sb.CreatedAt = fromNanos(created)
+	sb.UpdatedAt = fromNanos(updated)
+	sb.ExpiresAt = fromNullNanos(expires)
+	if sb.LastError, err = fromErrorJSON("last error", lastErr); err != nil {
+		return Sandbox{}, err
+	}
+	return sb, nil
+}
+
+// seqOf resolves a page cursor, the ID of a row of table, to its seq. With
+// sandboxID set, the row must also belong to that sandbox. A cursor that
+// names no such row is invalid.
+func seqOf(ctx context.Context, q queryer, table, id, sandboxID string) (int64, error) {
+	query := "SELECT seq FROM " + table + " WHERE id = ?"
+	args := []any{id}
+	if sandboxID != "" {
+		query += " AND sandbox_id = ?"
+		args = append(args, sandboxID)
+	}
+	var seq int64
+	err := q.QueryRowContext(ctx, query, args...).Scan(&seq)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, fmt.Errorf("page cursor %q names nothing in the list: %w", id, errdefs.ErrInvalid)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("resolve page cursor %q: %w", id, classify(err))
+	}
+	return seq, nil
+}

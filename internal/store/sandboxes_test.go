@@ -1,0 +1,381 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/airlockhq/airlock/internal/errdefs"
+)
+
+func TestSandboxRoundTrip(t *testing.T) {
+	full := testSandbox("sbxfull", "key1")
+	full.LastError = &Error{Code: "internal", Message: "boot failed: <\"quoted\">"}
+
+	minimal := Sandbox{ID: "sbxmin", Owner: "key1", State: "creating", CreatedAt: t0}
+	minimalWant := minimal
+	minimalWant.Env, minimalWant.Metadata = map[string]string{}, map[string]string{}
+
+	odd := testSandbox("sbxodd", "key1")
+	odd.Metadata = map[string]string{"a.b": "dotted", `q"uote`: "x", "ünï": "cödé", "empty": ""}
+	odd.Env = map[string]string{}
+	odd.Network = json.RawMessage(`null`)
+
+	for _, tc := range []struct {
+		name string
+		in   Sandbox
+		want Sandbox // without UpdatedAt, which equals CreatedAt
+	}{
+		{"every field", full, full},
+		{"nil maps read back empty", minimal, minimalWant},
+		{"odd metadata and null network", odd, odd},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newStore(t)
+			ctx := context.Background()
+			op := createOp("op"+tc.in.ID, tc.in.ID, tc.in.Owner)
+			if err := s.InsertSandbox(ctx, tc.in, op); err != nil {
+				t.Fatal(err)
+			}
+			got, err := s.GetSandbox(ctx, tc.in.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := tc.want
+			want.UpdatedAt = want.CreatedAt
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("got  %+v\nwant %+v", got, want)
+			}
+			if got.Env == nil || got.Metadata == nil {
+				t.Error("nil map read back")
+			}
+			gotOp, err := s.GetOperation(ctx, op.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(gotOp, op) {
+				t.Errorf("operation %+v, want %+v", gotOp, op)
+			}
+		})
+	}
+}
+
+func TestInsertSandboxRefusals(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	mustInsertSandbox(t, s, "sbx1", "key1")
+	if err := s.InsertOperation(ctx, Operation{ID: "optaken", Kind: "build", TargetID: "tpl1", Status: "running"}); err != nil {
+		t.Fatal(err)
+	}
+	badNetwork := testSandbox("sbxnet", "key1")
+	badNetwork.Network = json.RawMessage(`{"egress":`)
+
+	for _, tc := range []struct {
+		name    string
+		sb      Sandbox
+		op      Operation
+		wantErr error
+		// Neither half of a refused insert is stored.
+		absentSandbox, absentOp string
+	}{
+		{"sandbox ID taken", testSandbox("sbx1", "key2"), createOp("opnew", "sbx1", "key2"),
+			errdefs.ErrConflict, "", "opnew"},
+		{"operation ID taken", testSandbox("sbx2", "key1"), createOp("optaken", "sbx2", "key1"),
+			errdefs.ErrConflict, "sbx2", ""},
+		{"operation targets another", testSandbox("sbx3", "key1"), createOp("op3", "sbx1", "key1"),
+			errdefs.ErrInvalid, "sbx3", "op3"},
+		{"network not JSON", badNetwork, createOp("opnet", "sbxnet", "key1"),
+			errdefs.ErrInvalid, "sbxnet", "opnet"},
+		{"empty ID", testSandbox("", "key1"), createOp("opempty", "", "key1"),
+			errdefs.ErrInvalid, "", "opempty"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := s.InsertSandbox(ctx, tc.sb, tc.op); !errors.Is(err, tc.wantErr) {
+				t.Fatalf("got %v, want %v", err, tc.wantErr)
+			}
+			if tc.absentSandbox != "" {
+				if _, err := s.GetSandbox(ctx, tc.absentSandbox); !errors.Is(err, errdefs.ErrNotFound) {
+					t.Errorf("sandbox %s: %v, want not found", tc.absentSandbox, err)
+				}
+			}
+			if tc.absentOp != "" {
+				if _, err := s.GetOperation(ctx, tc.absentOp); !errors.Is(err, errdefs.ErrNotFound) {
+					t.Errorf("operation %s: %v, want not found", tc.absentOp, err)
+				}
+			}
+		})
+	}
+	// The records whose IDs were taken are untouched.
+	if got, _ := s.GetSandbox(ctx, "sbx1"); got.Owner != "key1" {
+		t.Errorf("sbx1 owner %q, want key1", got.Owner)
+	}
+	if got, _ := s.GetOperation(ctx, "optaken"); got.Kind != "build" {
+		t.Errorf("optaken kind %q, want build", got.Kind)
+	}
+}
+
+func TestUpdateSandbox(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	orig := mustInsertSandbox(t, s, "sbx1", "key1")
+
+	upd := orig
+	upd.State = "failed"
+	upd.VCPUs, upd.MemoryMiB, upd.DiskMiB, upd.TimeoutS = 4, 1024, 4096, 0
+	upd.OnTimeout = "suspend"
+	upd.Env = map[string]string{"B": "2"}
+	upd.Metadata = nil
+	upd.Network = nil
+	upd.ExpiresAt = nil
+	upd.LastError = &Error{Code: "unavailable", Message: "host busy"}
+	upd.Owner = "intruder"            // fixed at insert
+	upd.CreatedAt = t0.Add(time.Hour) // fixed at insert
+	before := time.Now()
+	if err := s.UpdateSandbox(ctx, upd); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.GetSandbox(ctx, "sbx1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.UpdatedAt.Before(before) || got.UpdatedAt.After(time.Now()) {
+		t.Errorf("UpdatedAt %v is not the time of the update", got.UpdatedAt)
+	}
+	want := upd
+	want.Owner, want.CreatedAt = orig.Owner, orig.CreatedAt
+	want.Metadata = map[string]string{}
+	want.UpdatedAt = got.UpdatedAt
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got  %+v\nwant %+v", got, want)
+	}
+}
+
+func TestTransitionSandbox(t *testing.T) {
+	ctx := context.Background()
+	done := t0.Add(time.Minute)
+	for _, tc := range []struct {
+		name    string
+		state   string
+		op      Operation
+		wantOp  Operation
+		wantErr error
+	}{
+		{
+			name:   "new delete operation",
+			state:  "deleting",
+			op:     Operation{ID: "opdel", Kind: "delete", TargetID: "sbx1", Owner: "key1", Status: "running", CreatedAt: t0},
+			wantOp: Operation{ID: "opdel", Kind: "delete", TargetID: "sbx1", Owner: "key1", Status: "running", CreatedAt: t0},
+		},
+		{
+			name:  "create operation succeeded",
+			state: "running",
+			// Kind, owner and creation time of an existing operation stay.
+			op:     Operation{ID: "opsbx1", Kind: "other", TargetID: "sbx1", Status: "succeeded", FinishedAt: &done},
+			wantOp: Operation{ID: "opsbx1", Kind: "create", TargetID: "sbx1", Owner: "key1", Status: "succeeded", CreatedAt: t0, FinishedAt: &done},
+		},
+		{
+			name:    "operation targets another sandbox",
+			state:   "deleting",
+			op:      Operation{ID: "opx", Kind: "delete", TargetID: "sbx2", Status: "running"},
+			wantErr: errdefs.ErrInvalid,
+		},
+		{
+			name:    "invalid operation rolls back the sandbox",
+			state:   "deleting",
+			op:      Operation{ID: "", Kind: "delete", TargetID: "sbx1", Status: "running"},
+			wantErr: errdefs.ErrInvalid,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newStore(t)
+			sb := mustInsertSandbox(t, s, "sbx1", "key1")
+			sb.State = tc.state
+			err := s.TransitionSandbox(ctx, sb, tc.op)
+			if !errors.Is(err, tc.wantErr) {
+				t.Fatalf("got %v, want %v", err, tc.wantErr)
+			}
+			got, gerr := s.GetSandbox(ctx, "sbx1")
+			if gerr != nil {
+				t.Fatal(gerr)
+			}
+			if tc.wantErr != nil {
+				if got.State != "creating" {
+					t.Errorf("state %q after a failed transition, want creating", got.State)
+				}
+				return
+			}
+			if got.State != tc.state {
+				t.Errorf("state %q, want %q", got.State, tc.state)
+			}
+			gotOp, err := s.GetOperation(ctx, tc.op.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(gotOp, tc.wantOp) {
+				t.Errorf("operation %+v, want %+v", gotOp, tc.wantOp)
+			}
+		})
+	}
+}
+
+func TestListSandboxesFilter(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	for _, sb := range []struct {
+		id, owner, state string
+		metadata         map[string]string
+	}{
+		{"sbxa", "key1", "running", map[string]string{"team": "infra", "env": "prod"}},
+		{"sbxb", "key2", "running", map[string]string{"team": "infra", "env": "dev"}},
+		{"sbxc", "key1", "paused", map[string]string{"team": "web", "a.b": "dot"}},
+		{"sbxd", "key1", "deleted", nil},
+		{"sbxe", "key2", "failed", map[string]string{"team": "infra", "n": "1"}},
+	} {
+		v := testSandbox(sb.id, sb.owner)
+		v.State, v.Metadata = sb.state, sb.metadata
+		if err := s.InsertSandbox(ctx, v, createOp("op"+sb.id, sb.id, sb.owner)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		filter SandboxFilter
+		want   []string
+	}{
+		{"all", SandboxFilter{}, []string{"sbxa", "sbxb", "sbxc", "sbxd", "sbxe"}},
+		{"owner", SandboxFilter{Owner: "key2"}, []string{"sbxb", "sbxe"}},
+		{"one state", SandboxFilter{States: []string{"running"}}, []string{"sbxa", "sbxb"}},
+		{"two states", SandboxFilter{States: []string{"paused", "failed"}}, []string{"sbxc", "sbxe"}},
+		{"metadata pair", SandboxFilter{Metadata: map[string]string{"team": "infra"}}, []string{"sbxa", "sbxb", "sbxe"}},
+		{"every pair must match", SandboxFilter{Metadata: map[string]string{"team": "infra", "env": "dev"}}, []string{"sbxb"}},
+		{"key with a dot", SandboxFilter{Metadata: map[string]string{"a.b": "dot"}}, []string{"sbxc"}},
+		{"value differs", SandboxFilter{Metadata: map[string]string{"team": "Infra"}}, nil},
+		{"key absent", SandboxFilter{Metadata: map[string]string{"zone": ""}}, nil},
+		{"number-like value is text", SandboxFilter{Metadata: map[string]string{"n": "1"}}, []string{"sbxe"}},
+		{"owner, state and metadata", SandboxFilter{Owner: "key1", States: []string{"running", "paused"},
+			Metadata: map[string]string{"team": "infra"}}, []string{"sbxa"}},
+		{"after a cursor", SandboxFilter{After: "sbxb"}, []string{"sbxc", "sbxd", "sbxe"}},
+		{"cursor outside the filter", SandboxFilter{Owner: "key2", After: "sbxc"}, []string{"sbxe"}},
+		{"limit", SandboxFilter{Limit: 2}, []string{"sbxa", "sbxb"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := tc.filter
+			if f.Limit == 0 {
+				f.Limit = 100
+			}
+			list, err := s.ListSandboxes(ctx, f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := []string{}
+			for _, sb := range list {
+				got = append(got, sb.ID)
+			}
+			want := tc.want
+			if want == nil {
+				want = []string{}
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("got %v, want %v", got, want)
+			}
+		})
+	}
+
+	for _, tc := range []struct {
+		name   string
+		filter SandboxFilter
+	}{
+		{"zero limit", SandboxFilter{}},
+		{"negative limit", SandboxFilter{Limit: -1}},
+		{"unknown cursor", SandboxFilter{After: "sbxnope", Limit: 10}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := s.ListSandboxes(ctx, tc.filter); !errors.Is(err, errdefs.ErrInvalid) {
+				t.Errorf("got %v, want invalid", err)
+			}
+		})
+	}
+}
+
+func TestListSandboxesPagination(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	const total = 250
+	var ids []string
+	// IDs in an order unrelated to creation, as random IDs would be.
+	for i := range total {
+		id := fmt.Sprintf("sbx%03d", (i*97)%total)
+		ids = append(ids, id)
+		mustInsertSandbox(t, s, id, "key1")
+	}
+
+	var got []string
+	var sizes []int
+	after := ""
+	extra := 0
+	for {
+		page, err := s.ListSandboxes(ctx, SandboxFilter{Owner: "key1", After: after, Limit: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sizes = append(sizes, len(page))
+		if len(page) == 0 {
+			break
+		}
+		for _, sb := range page {
+			got = append(got, sb.ID)
+		}
+		after = page[len(page)-1].ID
+		// Sandboxes created while paging belong to another owner: they must
+		// not shift the pages of this one.
+		for range 30 {
+			mustInsertSandbox(t, s, fmt.Sprintf("sbxother%d", extra), "key2")
+			extra++
+		}
+	}
+	if want := []int{100, 100, 50, 0}; !reflect.DeepEqual(sizes, want) {
+		t.Errorf("page sizes %v, want %v", sizes, want)
+	}
+	if !reflect.DeepEqual(got, ids) {
+		t.Errorf("pages hold %d IDs, not the %d created in creation order", len(got), len(ids))
+	}
+
+	// Paging over every owner while sandboxes are created: each of the
+	// sandboxes that existed before is seen once, and new ones come last.
+	seen := map[string]int{}
+	var order []string
+	after = ""
+	for {
+		page, err := s.ListSandboxes(ctx, SandboxFilter{After: after, Limit: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page) == 0 {
+			break
+		}
+		for _, sb := range page {
+			seen[sb.ID]++
+			order = append(order, sb.ID)
+		}
+		after = page[len(page)-1].ID
+		if extra < 400 {
+			mustInsertSandbox(t, s, fmt.Sprintf("sbxother%d", extra), "key2")
+			extra++
+		}
+	}
+	for id, n := range seen {
+		if n != 1 {
+			t.Errorf("%s listed %d times", id, n)
+		}
+	}
+	if len(seen) != total+extra {
+		t.Errorf("listed %d sandboxes, want %d", len(seen), total+extra)
+	}
+	if !reflect.DeepEqual(order[:total], ids) {
+		t.Error("the first sandboxes are not listed first")
+	}
+}
