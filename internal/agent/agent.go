@@ -41,7 +41,7 @@ type Agent struct {
 
 	mu         sync.Mutex          // guards the fields below
 	defaultEnv map[string]string   // environment every process starts with
-	procs      map[string]*process // running processes by ID
+	procs      map[string]*process // processes by ID, kept after their exit (see exitedTTL)
 }
 
 // New returns an agent. Call Serve to run it.
@@ -241,6 +241,8 @@ func (a *Agent) handle(st net.Conn) {
 		a.handleSignal(st, req.Signal)
 	case agentproto.OpResize:
 		a.handleResize(st, req.Resize)
+	case agentproto.OpAttach:
+		a.handleAttach(st, req.Attach)
 	case agentproto.OpRead, agentproto.OpWrite, agentproto.OpStat, agentproto.OpList,
 		agentproto.OpMkdir, agentproto.OpMove, agentproto.OpRemove, agentproto.OpTarOut, agentproto.OpTarIn:
 		if !a.initialized.Load() {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/signal"
@@ -84,31 +83,6 @@ func (r *reaper) start(fork func() (int, error)) (int, <-chan unix.WaitStatus, e
 	ch := make(chan unix.WaitStatus, 1)
 	r.waiters[pid] = ch
 	return pid, ch, nil
-}
-
-// process is a running exec, reachable by ID for signals and resizes.
-type process struct {
-	pid    int
-	pty    *os.File // nil without a terminal
-	killed chan struct{}
-}
-
-// streamWriter serialises messages from several goroutines on one stream.
-type streamWriter struct {
-	mu sync.Mutex // one message at a time
-	w  io.Writer
-}
-
-func (s *streamWriter) msg(t agentproto.MsgType, p []byte) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return agentproto.WriteMsg(s.w, t, p)
-}
-
-func (s *streamWriter) json(t agentproto.MsgType, v any) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return agentproto.WriteJSON(s.w, t, v)
 }
 
 func (a *Agent) handleExec(st net.Conn, req *agentproto.ExecRequest) {
@@ -281,9 +255,9 @@ func lookPath(name, pathEnv, dir string) (string, error) {
 	return "", notFound
 }
 
-// run starts the process, streams its output and reports its end.
+// run starts the process and attaches st to it: st gets MsgStarted, the
+// output and the exit, and its MsgStdin and MsgEOF go to the process.
 func (a *Agent) run(st net.Conn, req *agentproto.ExecRequest, spec *execSpec) {
-	out := &streamWriter{w: st}
 	var (
 		childFiles []*os.File // the child's ends, closed once it started
 		stdin      *os.File   // our end of stdin, nil without one
@@ -388,130 +362,14 @@ func (a *Agent) run(st net.Conn, req *agentproto.ExecRequest, spec *execSpec) {
 	}
 
 	id := fmt.Sprintf("p%d", a.nextID.Add(1))
-	proc := &process{pid: pid, pty: ptmx, killed: make(chan struct{})}
+	p := newProcess(id, pid, ptmx, stdin)
 	a.mu.Lock()
-	a.procs[id] = proc
+	a.procs[id] = p
 	a.mu.Unlock()
-	defer func() {
-		a.mu.Lock()
-		delete(a.procs, id)
-		a.mu.Unlock()
-	}()
-	out.json(agentproto.MsgStarted, agentproto.Started{ID: id, PID: pid})
-
-	// Output pumps: each ends at EOF, on a write error, or once the process
-	// has exited and its pipe stays idle for drainIdle.
-	exited := make(chan struct{})
-	var pumps sync.WaitGroup
-	for i, f := range outputs {
-		pumps.Add(1)
-		go func(f *os.File, t agentproto.MsgType) {
-			defer pumps.Done()
-			pumpOutput(f, t, out, exited)
-		}(f, types[i])
-	}
-	if stdin != nil {
-		go pumpStdin(st, stdin, ptmx != nil)
-	} else {
-		// Still read the stream so that the host closing it is noticed.
-		go io.Copy(io.Discard, st)
-	}
-
-	var timer <-chan time.Time
-	if req.TimeoutMS > 0 {
-		t := time.NewTimer(time.Duration(req.TimeoutMS) * time.Millisecond)
-		defer t.Stop()
-		timer = t.C
-	}
-	var ws unix.WaitStatus
-	timedOut := false
-	select {
-	case ws = <-waitCh:
-	case <-timer:
-		timedOut = true
-		unix.Kill(-pid, unix.SIGKILL)
-		unix.Kill(pid, unix.SIGKILL)
-		ws = <-waitCh
-	}
-	dur := time.Since(start)
-	close(exited)
-	pumps.Wait()
-	closeAll(outputs)
-	if stdin != nil && stdin != ptmx {
-		stdin.Close()
-	}
-
-	exit := agentproto.Exit{TimedOut: timedOut, DurationMS: dur.Milliseconds()}
-	switch {
-	case ws.Signaled():
-		exit.ExitCode = 128 + int(ws.Signal())
-		exit.Signal = strings.TrimPrefix(unix.SignalName(ws.Signal()), "SIG")
-	default:
-		exit.ExitCode = ws.ExitStatus()
-	}
-	out.json(agentproto.MsgExit, exit)
-}
-
-func pumpOutput(f *os.File, t agentproto.MsgType, out *streamWriter, exited <-chan struct{}) {
-	// While the process runs, reads block without a deadline. Its exit arms
-	// one, which every later read extends.
-	stop := make(chan struct{})
-	defer close(stop)
-	go func() {
-		select {
-		case <-exited:
-			f.SetReadDeadline(time.Now().Add(drainIdle))
-		case <-stop:
-		}
-	}()
-	buf := make([]byte, agentproto.ChunkSize)
-	for {
-		n, err := f.Read(buf)
-		if n > 0 {
-			if werr := out.msg(t, buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return // EOF, EIO from a pty whose last holder left, or idle after exit
-		}
-		select {
-		case <-exited:
-			f.SetReadDeadline(time.Now().Add(drainIdle))
-		default:
-		}
-	}
-}
-
-// pumpStdin copies MsgStdin payloads into the process until MsgEOF or the
-// end of the stream. For a pty, EOF is sent as the terminal's EOF character
-// instead of closing the master, which would hang up the terminal.
-func pumpStdin(st net.Conn, stdin *os.File, isPTY bool) {
-	buf := make([]byte, agentproto.ChunkSize+64)
-	for {
-		t, p, err := agentproto.ReadMsg(st, buf)
-		if err != nil {
-			if !isPTY {
-				stdin.Close()
-			}
-			return
-		}
-		switch t {
-		case agentproto.MsgStdin:
-			if _, err := stdin.Write(p); err != nil {
-				io.Copy(io.Discard, st)
-				return
-			}
-		case agentproto.MsgEOF:
-			if isPTY {
-				stdin.Write([]byte{4})
-			} else {
-				stdin.Close()
-			}
-			io.Copy(io.Discard, st)
-			return
-		}
-	}
+	att, _, _ := p.attach(st, 0)
+	go a.supervise(p, waitCh, outputs, types, time.Duration(req.TimeoutMS)*time.Millisecond, start)
+	a.evict(time.Now())
+	a.serve(st, p, att, 0)
 }
 
 func (a *Agent) lookupProc(id string) *process {
@@ -530,14 +388,9 @@ func (a *Agent) handleSignal(st net.Conn, req *agentproto.SignalReq) {
 		replyErr(st, agentproto.CodeInvalid, err.Error())
 		return
 	}
-	p := a.lookupProc(req.ID)
-	if p == nil {
+	if p := a.lookupProc(req.ID); p == nil || !p.signal(sig) {
 		replyErr(st, agentproto.CodeNotFound, fmt.Sprintf("no running process %q", req.ID))
 		return
-	}
-	// The whole group: a shell's children get it too.
-	if err := unix.Kill(-p.pid, sig); err != nil {
-		unix.Kill(p.pid, sig)
 	}
 	reply(st, agentproto.Result{})
 }
@@ -556,7 +409,12 @@ func (a *Agent) handleResize(st net.Conn, req *agentproto.ResizeReq) {
 		replyErr(st, agentproto.CodeInvalid, "the process has no terminal to resize")
 		return
 	}
-	if err := pty.Setsize(p.pty, &pty.Winsize{Rows: req.Rows, Cols: req.Cols}); err != nil {
+	running, err := p.resize(req.Rows, req.Cols)
+	switch {
+	case !running:
+		replyErr(st, agentproto.CodeNotFound, fmt.Sprintf("no running process %q", req.ID))
+		return
+	case err != nil:
 		replyErr(st, agentproto.CodeInternal, fmt.Sprintf("resize: %v", err))
 		return
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 
 	"github.com/hashicorp/yamux"
 
@@ -20,14 +21,22 @@ type Stdio struct {
 	Stderr io.Writer
 }
 
-// Process is a running exec.
+// Process is a process in the sandbox, joined by Exec or Attach: its output
+// streams to the Stdio it was given until it exits.
 type Process struct {
-	c      *Client
-	ctx    context.Context
-	st     *yamux.Stream
-	done   func()
-	ID     string
-	PID    int
+	c    *Client
+	ctx  context.Context
+	st   *yamux.Stream
+	done func()
+	// ID names the process in the agent, for Attach.
+	ID  string
+	PID int
+	// Offset is where in the process's output sequence this stream's output
+	// starts: 0 for Exec; for Attach the requested offset, or more when
+	// older output had been dropped.
+	Offset int64
+	// next is the offset just past the output written to Stdout and Stderr.
+	next   atomic.Int64
 	exit   agentproto.Exit
 	err    error
 	ended  chan struct{}
@@ -41,7 +50,33 @@ func (c *Client) Exec(ctx context.Context, req agentproto.ExecRequest, stdio Std
 	if err := req.Validate(); err != nil {
 		return nil, AgentError(&agentproto.Error{Code: agentproto.CodeInvalid, Message: err.Error()})
 	}
-	st, done, err := c.open(ctx, agentproto.Request{Op: agentproto.OpExec, Exec: &req})
+	return c.start(ctx, agentproto.Request{Op: agentproto.OpExec, Exec: &req}, stdio, req.Stdin)
+}
+
+// Attach joins a process that Exec started, possibly over an earlier
+// session, and streams its output from offset on to stdio until it exits.
+// offset counts the bytes of the process's output sequence: everything
+// written to Stdout and Stderr, in order. To resume a process whose stream
+// was lost, pass the OutputOffset of the Process that lost it. The
+// returned Process's Offset says where output actually resumes. A stream
+// attached to the process before stops getting output. stdio.Stdin, if not
+// nil, is copied to the process's stdin when it was started with one.
+// Cancelling ctx abandons the stream, as with Exec.
+func (c *Client) Attach(ctx context.Context, id string, offset int64, stdio Stdio) (*Process, error) {
+	if id == "" || offset < 0 {
+		return nil, AgentError(&agentproto.Error{Code: agentproto.CodeInvalid, Message: "attach needs a process ID and an offset that is not negative"})
+	}
+	p, err := c.start(ctx, agentproto.Request{Op: agentproto.OpAttach, Attach: &agentproto.AttachReq{ID: id, Offset: offset}}, stdio, true)
+	if err != nil {
+		return nil, fmt.Errorf("attach to process %s: %w", id, err)
+	}
+	return p, nil
+}
+
+// start opens a stream with req, an exec or an attach, and reads up to the
+// process's start. copyStdin says whether stdio.Stdin goes to the process.
+func (c *Client) start(ctx context.Context, req agentproto.Request, stdio Stdio, copyStdin bool) (*Process, error) {
+	st, done, err := c.open(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -58,21 +93,22 @@ func (c *Client) Exec(ctx context.Context, req agentproto.ExecRequest, stdio Std
 			return nil, err
 		}
 		if res.Error == nil {
-			return nil, fmt.Errorf("agent answered exec without starting it")
+			return nil, fmt.Errorf("agent answered %s without starting the process", req.Op)
 		}
 		return nil, AgentError(res.Error)
 	case agentproto.MsgStarted:
 	default:
 		done()
-		return nil, fmt.Errorf("unexpected message type %d at exec start", t)
+		return nil, fmt.Errorf("unexpected message type %d at %s start", t, req.Op)
 	}
 	var started agentproto.Started
 	if err := jsonDecode(b, &started); err != nil {
 		done()
 		return nil, err
 	}
-	p := &Process{c: c, ctx: ctx, st: st, done: done, ID: started.ID, PID: started.PID, ended: make(chan struct{})}
-	if req.Stdin && stdio.Stdin != nil {
+	p := &Process{c: c, ctx: ctx, st: st, done: done, ID: started.ID, PID: started.PID, Offset: started.Offset, ended: make(chan struct{})}
+	p.next.Store(started.Offset)
+	if copyStdin && stdio.Stdin != nil {
 		go p.copyStdin(stdio.Stdin)
 	}
 	go p.readOutput(stdio.Stdout, stdio.Stderr)
@@ -132,12 +168,16 @@ func (p *Process) readOutput(stdout, stderr io.Writer) {
 		}
 		switch t {
 		case agentproto.MsgStdout:
-			if _, err := stdout.Write(b); err != nil {
+			n, err := stdout.Write(b)
+			p.next.Add(int64(n))
+			if err != nil {
 				p.err = fmt.Errorf("write stdout: %w", err)
 				return
 			}
 		case agentproto.MsgStderr:
-			if _, err := stderr.Write(b); err != nil {
+			n, err := stderr.Write(b)
+			p.next.Add(int64(n))
+			if err != nil {
 				p.err = fmt.Errorf("write stderr: %w", err)
 				return
 			}
@@ -150,6 +190,11 @@ func (p *Process) readOutput(stdout, stderr io.Writer) {
 		}
 	}
 }
+
+// OutputOffset is the offset in the process's output sequence just past the
+// last byte written to Stdout or Stderr: where an Attach resumes with
+// nothing lost and nothing repeated.
+func (p *Process) OutputOffset() int64 { return p.next.Load() }
 
 // Wait blocks until the process exits and its output is delivered.
 func (p *Process) Wait() (agentproto.Exit, error) {

@@ -14,6 +14,11 @@ const (
 	OpExec   = "exec"
 	OpSignal = "signal"
 	OpResize = "resize"
+	// OpAttach joins a process an exec started, possibly in an earlier
+	// session: the guest answers like exec after the start (MsgStarted, the
+	// output from the requested offset, MsgExit), and MsgStdin and MsgEOF
+	// go to the process as on its exec stream.
+	OpAttach = "attach"
 	OpRead   = "read"
 	OpWrite  = "write"
 	OpStat   = "stat"
@@ -32,6 +37,7 @@ type Request struct {
 	Exec   *ExecRequest `json:"exec,omitempty"`
 	Signal *SignalReq   `json:"signal,omitempty"`
 	Resize *ResizeReq   `json:"resize,omitempty"`
+	Attach *AttachReq   `json:"attach,omitempty"`
 	// Path is the file operations' subject, absolute inside the sandbox.
 	Path string `json:"path,omitempty"`
 	// To is the destination of a move.
@@ -120,11 +126,17 @@ func (e *ExecRequest) Validate() error {
 	return nil
 }
 
-// Started reports a process that began running.
+// Started reports a process that began running, or an attach that joined
+// one.
 type Started struct {
-	// ID names the process for signal and resize requests.
+	// ID names the process for signal, resize and attach requests.
 	ID  string `json:"id"`
 	PID int    `json:"pid"`
+	// Offset is the position in the process's output sequence of the first
+	// output byte that follows on this stream. It is 0 for an exec. For an
+	// attach it equals the requested offset, unless older output had already
+	// been dropped: then it is larger, and the bytes in between are lost.
+	Offset int64 `json:"offset,omitempty"`
 }
 
 // Exit reports how a process ended.
@@ -142,6 +154,19 @@ type Exit struct {
 type SignalReq struct {
 	ID     string `json:"id"`
 	Signal string `json:"signal"`
+}
+
+// AttachReq joins a process's output, stdin and exit.
+//
+// A process's output sequence is the payloads of its MsgStdout and
+// MsgStderr messages, in the order the guest sends them; an offset counts
+// bytes of that sequence from 0. A host that lost its stream attaches again
+// with the offset of the first byte it did not receive.
+type AttachReq struct {
+	// ID is the process's ID from Started.
+	ID string `json:"id"`
+	// Offset is where in the output sequence the stream resumes.
+	Offset int64 `json:"offset"`
 }
 
 // ResizeReq changes a process's terminal size.
