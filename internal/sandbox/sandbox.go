@@ -1,6 +1,25 @@
 // Package sandbox creates and destroys sandboxes: a VM booted from the
 // guest artifacts with a copy-on-write disk over a template, and a session
 // with the agent inside it. It is the runtime the CLI and the server share.
+//
+// Each sandbox has a directory under the data directory's sandboxes/,
+// named by its ID, holding its disk, the VM's sockets, logs and pid file,
+// and an owner lock: a flock held by the process that owns the sandbox
+// (the one that created or adopted it) for as long as it runs, which the
+// kernel drops when that process dies. A VM started with Spec.Detach
+// outlives its owner, and two mechanisms share what is left behind:
+//
+//   - Runtime.Adopt is for the sandboxes a caller knows about (a server
+//     restarting with its store). It takes the owner lock, adopts the VM if
+//     its QEMU still runs, and opens a fresh session with the agent; if the
+//     QEMU is gone it says why (vm.ErrNotRunning, ErrVMExited, with the
+//     console) and leaves the directory for the caller to Remove once it
+//     has recorded the failure. Runtime.Remove clears a sandbox the caller
+//     gave up on, killing its QEMU if that still runs.
+//   - Sweep, which New runs, is for what nobody knows about: it removes
+//     directories that have no owner and whose QEMU is not running, and
+//     never touches one whose QEMU is alive or whose lock is held. So
+//     detached VMs wait, untouched, for Adopt or Remove.
 package sandbox
 
 import (
@@ -12,9 +31,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -91,6 +108,9 @@ func (r *Runtime) Templates() *template.Store { return r.templates }
 // Spec is what a sandbox is made of. Zero values take the template's
 // defaults.
 type Spec struct {
+	// ID names the sandbox; empty means a fresh NewID. It must satisfy
+	// ValidID and not be in use.
+	ID        string
 	Template  string
 	VCPUs     int
 	MemoryMiB int
@@ -133,8 +153,11 @@ func hostMemoryMiB() int {
 	return 0
 }
 
-// resolve fills in defaults and checks bounds.
-func (r *Runtime) resolve(spec Spec) (Spec, template.Template, error) {
+// Resolve fills in spec's defaults from its template (default "base") and
+// checks its bounds against HostLimits, as Create does first. Bounds that
+// are exceeded are errdefs.ErrInvalid; an unknown template is
+// errdefs.ErrNotFound.
+func (r *Runtime) Resolve(spec Spec) (Spec, template.Template, error) {
 	if spec.Template == "" {
 		spec.Template = "base"
 	}
@@ -184,6 +207,9 @@ type Sandbox struct {
 	agent *agentclient.Client
 
 	owner *os.File // holds the directory's owner lock while this process owns it
+
+	releaseOnce sync.Once
+	released    chan struct{} // closed by Release; ends watch
 }
 
 // NewID returns a fresh sandbox ID: "sbx" and 20 lowercase letters and digits.
@@ -195,6 +221,25 @@ func NewID() string {
 		b[i] = alphabet[int(b[i])%len(alphabet)]
 	}
 	return "sbx" + string(b)
+}
+
+// maxIDLen bounds a sandbox ID, which names its directory and is part of
+// its socket paths.
+const maxIDLen = 63
+
+// ValidID reports whether id can name a sandbox: "sbx" followed by
+// lowercase letters and digits, at most 63 bytes in all.
+func ValidID(id string) bool {
+	rest, ok := strings.CutPrefix(id, "sbx")
+	if !ok || rest == "" || len(id) > maxIDLen {
+		return false
+	}
+	for _, c := range rest {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') {
+			return false
+		}
+	}
+	return true
 }
 
 // step is one part of a start, with the undo that reverses it.
@@ -220,23 +265,41 @@ func runSteps(ctx context.Context, steps []step) error {
 	return nil
 }
 
-// Create boots a new sandbox. On failure nothing of it is left behind.
+// Create boots a new sandbox. On failure nothing of it is left behind. A
+// Spec.ID that is not ValidID is errdefs.ErrInvalid; one whose directory
+// exists is errdefs.ErrConflict.
 func (r *Runtime) Create(ctx context.Context, spec Spec) (*Sandbox, error) {
-	spec, tpl, err := r.resolve(spec)
+	if spec.ID == "" {
+		spec.ID = NewID()
+	} else if !ValidID(spec.ID) {
+		return nil, invalidID(spec.ID)
+	}
+	spec, tpl, err := r.Resolve(spec)
 	if err != nil {
 		return nil, err
 	}
-	id := NewID()
-	sb := &Sandbox{ID: id, Dir: r.cfg.Dir.Sandbox(id), Spec: spec, Template: tpl, log: r.log.With("sandbox", id)}
+	id := spec.ID
+	sb := newSandbox(id, r.cfg.Dir.Sandbox(id), spec, r.log)
+	sb.Template = tpl
 	overlay := sb.Dir + "/disk.qcow2"
 	steps := []step{
 		{"create sandbox directory", func(context.Context) error {
-			if err := os.MkdirAll(sb.Dir, 0o700); err != nil {
+			if err := os.MkdirAll(r.cfg.Dir.Sandboxes(), 0o755); err != nil {
+				return err
+			}
+			if err := os.Mkdir(sb.Dir, 0o700); err != nil {
+				if errors.Is(err, os.ErrExist) {
+					return fmt.Errorf("sandbox %s already exists: %w", id, errdefs.ErrConflict)
+				}
 				return err
 			}
 			lock, err := lockOwner(sb.Dir)
+			if err != nil {
+				os.RemoveAll(sb.Dir) // this step's undo runs only once it succeeded
+				return err
+			}
 			sb.owner = lock
-			return err
+			return nil
 		}, func() { os.RemoveAll(sb.Dir); sb.owner.Close() }},
 		{"create disk", func(ctx context.Context) error {
 			return createOverlay(ctx, tpl.Image, overlay, spec.DiskMiB)
@@ -250,10 +313,6 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (*Sandbox, error) {
 				return err
 			}
 			sb.vm = m
-			if err := os.WriteFile(filepath.Join(sb.Dir, pidFileName), []byte(strconv.Itoa(m.PID())+"\n"), 0o600); err != nil {
-				m.Stop(context.Background()) // this step's undo runs only once it succeeded
-				return fmt.Errorf("record qemu pid: %w", err)
-			}
 			return nil
 		}, func() { sb.vm.Stop(context.Background()) }},
 		{"connect to agent", func(ctx context.Context) error {
@@ -327,10 +386,20 @@ func bootError(m *vm.Machine, err error) error {
 	return fmt.Errorf("the agent did not answer: %w; console:\n%s", err, m.ConsoleTail(2000))
 }
 
+// newSandbox returns the Sandbox value Create and Adopt fill in.
+func newSandbox(id, dir string, spec Spec, log *slog.Logger) *Sandbox {
+	return &Sandbox{ID: id, Dir: dir, Spec: spec, log: log.With("sandbox", id), released: make(chan struct{})}
+}
+
 // watch notices a VM that ends on its own and ends the agent session, so
-// nothing waits on a link whose other end is gone.
+// nothing waits on a link whose other end is gone. It returns then, or
+// when the sandbox is released.
 func (s *Sandbox) watch() {
-	<-s.vm.Done()
+	select {
+	case <-s.vm.Done():
+	case <-s.released:
+		return
+	}
 	s.mu.Lock()
 	s.agent.Close()
 	s.mu.Unlock()
@@ -385,6 +454,15 @@ func (s *Sandbox) Exec(ctx context.Context, req agentproto.ExecRequest, stdio ag
 	return p, s.explain(err)
 }
 
+// Attach joins process id, which an Exec started (perhaps over an earlier
+// session, before the sandbox was released and adopted), and streams its
+// output from offset on to stdio; see agentclient.Client.Attach. Errors
+// caused by the VM going away are explained with its console.
+func (s *Sandbox) Attach(ctx context.Context, id string, offset int64, stdio agentclient.Stdio) (*agentclient.Process, error) {
+	p, err := s.Agent().Attach(ctx, id, offset, stdio)
+	return p, s.explain(err)
+}
+
 // Wait waits for p and explains a lost VM.
 func (s *Sandbox) Wait(p *agentclient.Process) (agentproto.Exit, error) {
 	exit, err := p.Wait()
@@ -407,10 +485,16 @@ func (s *Sandbox) Reconnect(ctx context.Context) error {
 }
 
 // Release lets go of the sandbox without stopping it: the session with the
-// agent is closed and the VM (started with Spec.Detach) keeps running.
+// agent and the VM's QMP connection are closed, the owner lock is dropped,
+// and the VM (started with Spec.Detach) keeps running for a later
+// Runtime.Adopt. The Sandbox must not be used afterwards.
 func (s *Sandbox) Release() {
-	s.Agent().Close()
-	s.owner.Close()
+	s.releaseOnce.Do(func() {
+		close(s.released)
+		s.Agent().Close()
+		s.vm.Release()
+		s.owner.Close()
+	})
 }
 
 // Destroy stops the VM and removes everything the sandbox had on the host.

@@ -6,30 +6,29 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/airlockhq/airlock/internal/datadir"
+	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/vm"
 )
 
-// Files that mark who owns a sandbox directory.
-const (
-	// ownerLockName is flocked by the process that created the sandbox for
-	// as long as it runs; the kernel drops the lock when that process dies.
-	ownerLockName = "owner.lock"
-	// pidFileName holds the QEMU process ID.
-	pidFileName = "qemu.pid"
-)
+// ownerLockName is flocked by the process that owns the sandbox (the one
+// that created or adopted it) for as long as it runs; the kernel drops the
+// lock when that process dies. QEMU's pid file (vm.PIDFileName) tells
+// whether the sandbox's VM still runs.
+const ownerLockName = "owner.lock"
 
 // sweepGrace protects a directory that is being created right now, before
 // its owner took the lock.
 const sweepGrace = time.Minute
 
 // lockOwner takes the owner lock of a sandbox directory. The returned file
-// must stay open while the sandbox is owned.
+// must stay open while the sandbox is owned. A lock that another open file
+// holds (in this process or another) is errdefs.ErrConflict.
 func lockOwner(dir string) (*os.File, error) {
 	f, err := os.OpenFile(filepath.Join(dir, ownerLockName), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
@@ -37,6 +36,9 @@ func lockOwner(dir string) (*os.File, error) {
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("sandbox %s is owned by another live process: %w", filepath.Base(dir), errdefs.ErrConflict)
+		}
 		return nil, fmt.Errorf("lock %s: %w", dir, err)
 	}
 	return f, nil
@@ -44,7 +46,9 @@ func lockOwner(dir string) (*os.File, error) {
 
 // Sweep removes the directories of sandboxes that nobody owns any more and
 // whose VM is not running: what a host process killed outright (SIGKILL,
-// power loss) left behind. Kept sandboxes, whose VM runs on, stay.
+// power loss) left behind. A directory whose QEMU is alive (a detached VM
+// waiting for Runtime.Adopt or Runtime.Remove), whose owner lock is held,
+// or that is younger than a minute (being created) stays.
 func Sweep(dir datadir.Dir, log *slog.Logger) {
 	entries, err := os.ReadDir(dir.Sandboxes())
 	if err != nil {
@@ -65,6 +69,10 @@ func Sweep(dir datadir.Dir, log *slog.Logger) {
 		if err != nil {
 			continue // owned by a live process
 		}
+		if vmRunning(p) { // its QEMU was recorded and its owner died since the first look
+			lock.Close()
+			continue
+		}
 		if err := os.RemoveAll(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 			log.Warn("remove abandoned sandbox", "dir", p, "err", err)
 		} else {
@@ -76,14 +84,6 @@ func Sweep(dir datadir.Dir, log *slog.Logger) {
 
 // vmRunning reports whether the QEMU process recorded in dir still runs.
 func vmRunning(dir string) bool {
-	b, err := os.ReadFile(filepath.Join(dir, pidFileName))
-	if err != nil {
-		return false
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || pid <= 0 {
-		return false
-	}
-	cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	return err == nil && strings.Contains(string(cmd), dir)
+	_, err := vm.RunningPID(dir)
+	return err == nil
 }

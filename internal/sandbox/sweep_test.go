@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/internal/datadir"
+	"github.com/airlockhq/airlock/internal/vm"
 )
 
 func TestSweep(t *testing.T) {
@@ -19,13 +20,16 @@ func TestSweep(t *testing.T) {
 			t.Fatal(err)
 		}
 		os.WriteFile(filepath.Join(p, "disk.qcow2"), []byte("x"), 0o600)
-		os.WriteFile(filepath.Join(p, pidFileName), []byte("999999999\n"), 0o600)
+		os.WriteFile(filepath.Join(p, vm.PIDFileName), []byte("999999999\n"), 0o600)
 		os.Chtimes(p, age, age)
 		return p
 	}
 	abandoned := mk("sbxabandoned", old)
 	owned := mk("sbxowned", old)
 	fresh := mk("sbxfresh", time.Now())
+	live := mk("sbxlive", old)
+	startFakeQEMU(t, live)
+	os.Chtimes(live, old, old)
 	lock, err := lockOwner(owned)
 	if err != nil {
 		t.Fatal(err)
@@ -35,7 +39,7 @@ func TestSweep(t *testing.T) {
 
 	Sweep(dir, slog.New(slog.DiscardHandler))
 
-	for p, wantGone := range map[string]bool{abandoned: true, owned: false, fresh: false} {
+	for p, wantGone := range map[string]bool{abandoned: true, owned: false, fresh: false, live: false} {
 		_, err := os.Stat(p)
 		if gone := os.IsNotExist(err); gone != wantGone {
 			t.Errorf("%s: gone %v, want %v", filepath.Base(p), gone, wantGone)

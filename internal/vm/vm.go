@@ -2,6 +2,11 @@
 // virtio-serial port for the guest agent and a virtio RNG, controlled over
 // QMP. It knows nothing of sandboxes or agents; it starts, watches and stops
 // one QEMU process and cleans up after it.
+//
+// A machine's files live in its directory (see the *Name constants), and
+// QEMU's process ID is recorded there, so a QEMU started with Config.Detach
+// can be adopted by a later process (Adopt) after the one that started it
+// has gone.
 package vm
 
 import (
@@ -36,6 +41,8 @@ const (
 	QMPSocketName   = "qmp.sock"
 	ConsoleLogName  = "console.log"
 	QEMULogName     = "qemu.log"
+	// PIDFileName holds QEMU's process ID, in decimal.
+	PIDFileName = "qemu.pid"
 )
 
 // maxSocketPath is the longest unix socket path the kernel accepts.
@@ -95,17 +102,21 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// Machine is a running QEMU process.
+// Machine is a running QEMU process: one this process started (Start) or
+// one it adopted (Adopt).
 type Machine struct {
-	cfg  Config
+	cfg  Config // of an adopted machine, only Dir is known
 	log  *slog.Logger
 	proc *os.Process
-	qmp  *QMP
+	qmp  *QMP // nil when an adopted QEMU's QMP socket could not be reached
 
-	done    chan struct{} // closed when QEMU has exited and been reaped
+	done    chan struct{} // closed when QEMU has exited (and, for a child, been reaped)
 	exitErr error         // how QEMU exited; read after done
 
-	stopOnce sync.Once
+	stopOnce    sync.Once
+	releaseOnce sync.Once
+	released    chan struct{} // closed by Release; ends the watch on an adopted QEMU
+	pidfd       *os.File      // watched for an adopted QEMU's exit; nil when polling /proc
 }
 
 // kernelArgs boot quietly to the agent: the console only shows warnings,
@@ -208,8 +219,13 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Machine, error) 
 	if err != nil {
 		return nil, fmt.Errorf("start qemu: %w", err)
 	}
-	m := &Machine{cfg: cfg, log: log, proc: proc, done: make(chan struct{})}
+	m := &Machine{cfg: cfg, log: log, proc: proc, done: make(chan struct{}), released: make(chan struct{})}
 	go m.wait()
+	if err := os.WriteFile(filepath.Join(cfg.Dir, PIDFileName), []byte(strconv.Itoa(proc.Pid)+"\n"), 0o600); err != nil {
+		m.Kill()
+		<-m.done
+		return nil, fmt.Errorf("record qemu pid: %w", err)
+	}
 
 	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -239,6 +255,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Machine, error) 
 	return m, nil
 }
 
+// wait reaps QEMU, this process's child. It returns when QEMU has exited.
 func (m *Machine) wait() {
 	st, err := m.proc.Wait()
 	switch {
@@ -278,15 +295,20 @@ func (m *Machine) Exited() bool {
 }
 
 // ExitError describes how QEMU exited (nil for a clean exit, which is also
-// how a guest panic or poweroff ends). Valid once Done is closed.
+// how a guest panic or poweroff ends). Only QEMU's parent learns its exit
+// status, so for an adopted machine it can only say that QEMU exited. It
+// blocks until Done is closed.
 func (m *Machine) ExitError() error {
 	<-m.done
 	return m.exitErr
 }
 
 // ConsoleTail returns up to max bytes of the end of the guest's console.
-func (m *Machine) ConsoleTail(max int) string {
-	b, err := os.ReadFile(filepath.Join(m.cfg.Dir, ConsoleLogName))
+func (m *Machine) ConsoleTail(max int) string { return consoleTail(m.cfg.Dir, max) }
+
+// consoleTail returns up to max bytes of the end of the console log in dir.
+func consoleTail(dir string, max int) string {
+	b, err := os.ReadFile(filepath.Join(dir, ConsoleLogName))
 	if err != nil {
 		return ""
 	}
@@ -309,14 +331,18 @@ func tail(s string, max int) string {
 	return s
 }
 
-// Kill ends QEMU at once with SIGKILL.
+// Kill ends QEMU at once with SIGKILL. It does nothing once QEMU has
+// exited, so a recycled process ID is never signalled.
 func (m *Machine) Kill() {
+	if m.Exited() {
+		return
+	}
 	m.proc.Signal(syscall.SIGKILL)
 }
 
 // Stop ends the VM: QEMU is asked to quit, and killed if it has not exited
-// when ctx ends or after two seconds. Its sockets are removed; its logs stay
-// for the caller to read or remove with the directory.
+// when ctx ends or after two seconds. Its sockets and pid file are removed;
+// its logs stay for the caller to read or remove with the directory.
 func (m *Machine) Stop(ctx context.Context) error {
 	m.stopOnce.Do(func() {
 		if m.qmp != nil && !m.Exited() {
@@ -334,9 +360,26 @@ func (m *Machine) Stop(ctx context.Context) error {
 		if m.qmp != nil {
 			m.qmp.Close()
 		}
-		removeFiles(m.cfg.Dir, AgentSocketName, QMPSocketName)
+		removeFiles(m.cfg.Dir, AgentSocketName, QMPSocketName, PIDFileName)
 	})
 	return nil
+}
+
+// Release lets go of the machine without stopping it, as a process does
+// that leaves a detached VM to a later one: the QMP connection is closed
+// (QEMU serves one QMP client at a time) and the watch on an adopted QEMU
+// ends, after which its Done never closes. The Machine must not be used
+// after Release.
+func (m *Machine) Release() {
+	m.releaseOnce.Do(func() {
+		close(m.released)
+		if m.qmp != nil {
+			m.qmp.Close()
+		}
+		if m.pidfd != nil {
+			m.pidfd.Close() // wakes the watcher
+		}
+	})
 }
 
 func removeFiles(dir string, names ...string) {

@@ -1,0 +1,140 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/vm"
+)
+
+// adoptTimeout bounds reaching the agent of an adopted VM. The agent is
+// already up, but a busy host under TCG can be slow to answer.
+const adoptTimeout = 30 * time.Second
+
+// invalidID is the error for an ID that cannot name a sandbox.
+func invalidID(id string) error {
+	return fmt.Errorf("sandbox id %q: must be \"sbx\" and lowercase letters and digits, at most %d bytes: %w", id, maxIDLen, errdefs.ErrInvalid)
+}
+
+// Adopt takes over sandbox id, whose VM was started with Spec.Detach by a
+// process that has since released it or died (a restarted server, say),
+// and returns it as Create would have: watched, with a fresh session with
+// its agent, ready for Exec, Release and Destroy. Processes running in the
+// sandbox keep running. spec is what the sandbox was created with; its
+// Template (best given as the "sha256:..." digest) fills Sandbox.Template
+// if the template still exists. Sandbox.Init is left empty: the guest was
+// initialised by its creator.
+//
+// If another live process owns the sandbox, the error is
+// errdefs.ErrConflict. If its VM is gone (or its directory is), the error
+// wraps vm.ErrNotRunning and ErrVMExited and its message quotes the VM's
+// console; the directory is left for the caller to Remove. A VM that runs
+// but whose agent does not answer, or whose guest was never initialised,
+// is a plain error and is left running.
+func (r *Runtime) Adopt(ctx context.Context, id string, spec Spec) (*Sandbox, error) {
+	if !ValidID(id) {
+		return nil, invalidID(id)
+	}
+	dir := r.cfg.Dir.Sandbox(id)
+	lock, err := lockOwner(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("adopt sandbox %s: %w: its directory is gone: %w", id, ErrVMExited, vm.ErrNotRunning)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("adopt sandbox %s: %w", id, err)
+	}
+	spec.ID, spec.Detach = id, true
+	sb := newSandbox(id, dir, spec, r.log)
+	m, err := vm.Adopt(dir, sb.log)
+	if err != nil {
+		lock.Close()
+		if errors.Is(err, vm.ErrNotRunning) {
+			return nil, fmt.Errorf("adopt sandbox %s: %w: %w", id, ErrVMExited, err)
+		}
+		return nil, fmt.Errorf("adopt sandbox %s: %w", id, err)
+	}
+	sb.vm, sb.owner = m, lock
+	if spec.Template != "" {
+		if tpl, err := r.templates.Resolve(spec.Template); err != nil {
+			sb.log.Warn("the adopted sandbox's template is gone", "template", spec.Template, "err", err)
+		} else {
+			sb.Template = tpl
+		}
+	}
+	if err := sb.connect(ctx); err != nil {
+		failure := sb.Failure() // read before Release, which stops watching the VM
+		sb.vm.Release()
+		lock.Close()
+		if failure != nil {
+			return nil, fmt.Errorf("adopt sandbox %s: %w: %w", id, vm.ErrNotRunning, failure)
+		}
+		return nil, fmt.Errorf("adopt sandbox %s: %w", id, err)
+	}
+	go sb.watch()
+	sb.log.Info("sandbox adopted", "pid", m.PID())
+	return sb, nil
+}
+
+// connect opens the adopted sandbox's session with its agent and checks
+// that the guest is one its creator initialised.
+func (s *Sandbox) connect(ctx context.Context) error {
+	c, err := ConnectAgent(ctx, s.vm, adoptTimeout)
+	if err != nil {
+		return err
+	}
+	pong, err := c.Ping(ctx)
+	if err == nil && !pong.Initialized {
+		err = errors.New("its guest was never initialised: its creation did not finish")
+	}
+	if err != nil {
+		c.Close()
+		return fmt.Errorf("agent: %w", err)
+	}
+	s.agent = c
+	return nil
+}
+
+// Remove clears away sandbox id, which no live process owns (one left
+// mid-create or mid-delete by a process that crashed, or one that failed
+// to adopt): its QEMU is killed if it still runs, and its directory is
+// removed. A sandbox that is already gone is not an error; one that
+// another live process (or a Sandbox in this one) owns is
+// errdefs.ErrConflict.
+func (r *Runtime) Remove(ctx context.Context, id string) error {
+	if !ValidID(id) {
+		return invalidID(id)
+	}
+	dir := r.cfg.Dir.Sandbox(id)
+	lock, err := lockOwner(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("remove sandbox %s: %w", id, err)
+	}
+	defer lock.Close()
+	log := r.log.With("sandbox", id)
+	m, err := vm.Adopt(dir, log)
+	switch {
+	case err == nil:
+		m.Kill()
+		select {
+		case <-m.Done():
+			m.Release()
+		case <-ctx.Done():
+			m.Release()
+			return fmt.Errorf("remove sandbox %s: wait for its VM to exit: %w", id, ctx.Err())
+		}
+		log.Info("killed the VM of a removed sandbox", "pid", m.PID())
+	case !errors.Is(err, vm.ErrNotRunning):
+		return fmt.Errorf("remove sandbox %s: %w", id, err)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove sandbox %s: %w", id, err)
+	}
+	return nil
+}
