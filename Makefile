@@ -18,10 +18,10 @@ build:
 setup: build
 	$(BIN)/airlock setup
 
-# Until the server lands, running airlock means a sandbox with a shell.
+# Running airlock means serving its API (AIRLOCK_LISTEN to change where).
+AIRLOCK_LISTEN ?= 127.0.0.1:7700
 run: setup
-	@if [ -t 0 ]; then $(BIN)/airlock run -it -- bash; \
-	else $(BIN)/airlock run -- sh -c 'echo "hello from $$(hostname), kernel $$(uname -r)"'; fi
+	$(BIN)/airlock serve --listen $(AIRLOCK_LISTEN)
 
 vet:
 	$(GO) vet ./...

@@ -84,6 +84,7 @@ type command struct {
 func commands() []command {
 	return []command{
 		{"setup", "install what airlock needs and build the guest and templates", runSetup},
+		{"serve", "serve the HTTP API (see docs/api.md)", runServe},
 		{"run", "boot a sandbox, run one command in it, and remove it", runRun},
 		{"bench", "measure boot, exec and throughput against host baselines", runBench},
 		{"version", "print the version", runVersion},

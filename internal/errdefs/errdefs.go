@@ -19,6 +19,12 @@ var (
 	ErrPrecondition = errors.New("failed precondition")
 	// ErrUnavailable marks a failure that may go away on retry.
 	ErrUnavailable = errors.New("unavailable")
+	// ErrUnauthenticated marks a request without valid credentials.
+	ErrUnauthenticated = errors.New("unauthenticated")
+	// ErrPermission marks a caller whose credentials do not allow the request.
+	ErrPermission = errors.New("permission denied")
+	// ErrTooLarge marks a request whose body is over its size limit.
+	ErrTooLarge = errors.New("payload too large")
 )
 
 // IsUserError reports whether err is the caller's to fix (bad input or a host
@@ -26,5 +32,6 @@ var (
 func IsUserError(err error) bool {
 	return errors.Is(err, ErrInvalid) || errors.Is(err, ErrNotFound) ||
 		errors.Is(err, ErrPrecondition) || errors.Is(err, ErrExhausted) ||
-		errors.Is(err, ErrConflict)
+		errors.Is(err, ErrConflict) || errors.Is(err, ErrUnauthenticated) ||
+		errors.Is(err, ErrPermission) || errors.Is(err, ErrTooLarge)
 }

@@ -16,7 +16,7 @@ import (
 
 // Packages returns the Debian packages airlock needs on the host.
 func Packages() []string {
-	return []string{"qemu-system-x86", "qemu-utils", "e2fsprogs", "busybox-static", "debootstrap", "dpkg"}
+	return []string{"qemu-system-x86", "qemu-utils", "e2fsprogs", "busybox-static", "debootstrap", "dpkg", "python3"}
 }
 
 // missingPackages returns the packages of want that dpkg does not report as

@@ -1,0 +1,357 @@
+// Package api serves airlock's HTTP API, version 1: it authenticates
+// requests, decodes and bounds their input, calls the service, and maps
+// errors to the contract's codes. Server-sent event streams loop on the
+// request's context and end with the client or the server.
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/service"
+	"github.com/airlockhq/airlock/internal/store"
+)
+
+// MaxJSONBody bounds the body of a JSON request.
+const MaxJSONBody = 1 << 20
+
+// Config configures a Server.
+type Config struct {
+	// Service does the work.
+	Service *service.Service
+	// Store keeps idempotent answers.
+	Store *store.Store
+	// Log receives one line per failed request.
+	Log *slog.Logger
+	// Registry serves /metrics and receives the HTTP metrics.
+	Registry *prometheus.Registry
+	// MetricsOpen serves /metrics without a key (when bound to loopback).
+	MetricsOpen bool
+	// PingInterval is how often an idle event stream gets a ": ping"
+	// comment. Default 15 s.
+	PingInterval time.Duration
+}
+
+// Server is the HTTP API.
+type Server struct {
+	cfg  Config
+	svc  *service.Service
+	log  *slog.Logger
+	mux  *http.ServeMux
+	done chan struct{} // closed by Shutdown: event streams end
+
+	requests *prometheus.CounterVec
+	latency  *prometheus.HistogramVec
+
+	idemMu sync.Mutex             // guards idemLocks
+	idem   map[string]*sync.Mutex // one in-flight request per idempotency key
+	once   sync.Once
+}
+
+// Route is one served method and path, in the OpenAPI {param} form.
+type Route struct {
+	Method, Path string
+}
+
+type auth int
+
+const (
+	authNone    auth = iota
+	authKey          // an API key
+	authAttach       // an API key or the command's attach token
+	authMetrics      // an admin key unless metrics are open
+)
+
+type route struct {
+	method, path string
+	auth         auth
+	handle       func(w http.ResponseWriter, r *http.Request, p service.Principal) error
+}
+
+func (s *Server) routes() []route {
+	return []route{
+		{"GET", "/healthz", authNone, s.health},
+		{"GET", "/metrics", authMetrics, s.metrics},
+
+		{"POST", "/v1/keys", authKey, s.createKey},
+		{"GET", "/v1/keys", authKey, s.listKeys},
+		{"DELETE", "/v1/keys/{id}", authKey, s.deleteKey},
+
+		{"GET", "/v1/operations/{id}", authKey, s.getOperation},
+
+		{"POST", "/v1/sandboxes", authKey, s.createSandbox},
+		{"GET", "/v1/sandboxes", authKey, s.listSandboxes},
+		{"GET", "/v1/sandboxes/{id}", authKey, s.getSandbox},
+		{"DELETE", "/v1/sandboxes/{id}", authKey, s.deleteSandbox},
+		{"GET", "/v1/sandboxes/{id}/events", authKey, s.sandboxEvents},
+
+		{"POST", "/v1/sandboxes/{id}/commands", authKey, s.createCommand},
+		{"GET", "/v1/sandboxes/{id}/commands", authKey, s.listCommands},
+		{"POST", "/v1/sandboxes/{id}/exec", authKey, s.exec},
+		{"GET", "/v1/commands/{id}", authKey, s.getCommand},
+		{"GET", "/v1/commands/{id}/attach", authAttach, s.attach},
+		{"POST", "/v1/commands/{id}/stdin", authKey, s.stdin},
+		{"POST", "/v1/commands/{id}/signal", authKey, s.signal},
+		{"POST", "/v1/commands/{id}/resize", authKey, s.resize},
+
+		{"PUT", "/v1/sandboxes/{id}/files", authKey, s.writeFile},
+		{"GET", "/v1/sandboxes/{id}/files", authKey, s.readFile},
+		{"DELETE", "/v1/sandboxes/{id}/files", authKey, s.removeFile},
+		{"GET", "/v1/sandboxes/{id}/fs/stat", authKey, s.stat},
+		{"GET", "/v1/sandboxes/{id}/fs/list", authKey, s.list},
+		{"POST", "/v1/sandboxes/{id}/fs/mkdir", authKey, s.mkdir},
+		{"POST", "/v1/sandboxes/{id}/fs/move", authKey, s.move},
+		{"GET", "/v1/sandboxes/{id}/archive", authKey, s.archiveOut},
+		{"PUT", "/v1/sandboxes/{id}/archive", authKey, s.archiveIn},
+
+		{"GET", "/v1/templates", authKey, s.listTemplates},
+		{"GET", "/v1/templates/{ref}", authKey, s.getTemplate},
+	}
+}
+
+// Routes lists what the server serves.
+func Routes() []Route {
+	var s Server
+	var out []Route
+	for _, rt := range s.routes() {
+		out = append(out, Route{Method: rt.method, Path: rt.path})
+	}
+	return out
+}
+
+// New returns the API server.
+func New(cfg Config) *Server {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.PingInterval == 0 {
+		cfg.PingInterval = 15 * time.Second
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+	}
+	s := &Server{cfg: cfg, svc: cfg.Service, log: cfg.Log, mux: http.NewServeMux(), done: make(chan struct{}),
+		idem: map[string]*sync.Mutex{}}
+	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "airlock_http_requests_total", Help: "HTTP requests by route and status.",
+	}, []string{"method", "route", "status"})
+	s.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "airlock_http_request_duration_seconds", Help: "HTTP request durations by route (event streams excluded).",
+		Buckets: prometheus.DefBuckets,
+	}, []string{"method", "route"})
+	cfg.Registry.MustRegister(s.requests, s.latency)
+	for _, rt := range s.routes() {
+		s.mux.Handle(rt.method+" "+rt.path, s.wrap(rt))
+	}
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		s.requests.WithLabelValues(r.Method, "unmatched", "404").Inc()
+		writeError(w, fmt.Errorf("no route %s %s: see docs/api.md: %w", r.Method, truncate(r.URL.Path, 100), errdefs.ErrNotFound))
+	})
+	return s
+}
+
+// ServeHTTP serves the API.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// Shutdown ends the server's event streams; the http.Server's own
+// Shutdown waits for them to return.
+func (s *Server) Shutdown() { s.once.Do(func() { close(s.done) }) }
+
+// statusWriter records the status a handler wrote.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+	wrote  bool
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if !w.wrote {
+		w.status, w.wrote = code, true
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if !w.wrote {
+		w.status, w.wrote = http.StatusOK, true
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (s *Server) wrap(rt route) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w}
+		err := s.serve(sw, r, rt)
+		if err != nil {
+			if sw.wrote {
+				// Headers are out: the only way left to say it failed is
+				// to break the connection.
+				s.log.Warn("request failed mid-response", "method", r.Method, "path", r.URL.Path, "err", err)
+				panic(http.ErrAbortHandler)
+			}
+			writeError(sw, err)
+			if service.Code(err) == apiv1.CodeInternal {
+				s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+			}
+		}
+		s.requests.WithLabelValues(r.Method, rt.path, strconv.Itoa(sw.status)).Inc()
+		if !strings.HasSuffix(rt.path, "/attach") && !strings.HasSuffix(rt.path, "/events") {
+			s.latency.WithLabelValues(r.Method, rt.path).Observe(time.Since(start).Seconds())
+		}
+	})
+}
+
+func (s *Server) serve(w *statusWriter, r *http.Request, rt route) error {
+	var p service.Principal
+	switch rt.auth {
+	case authKey, authAttach, authMetrics:
+		if rt.auth == authMetrics && s.cfg.MetricsOpen {
+			break
+		}
+		token, err := bearer(r)
+		if err != nil {
+			return err
+		}
+		if rt.auth == authAttach && strings.HasPrefix(token, "act_") {
+			return s.attachWithToken(w, r, token)
+		}
+		p, err = s.svc.Authenticate(r.Context(), token)
+		if err != nil {
+			return err
+		}
+		if rt.auth == authMetrics && !p.Admin() {
+			return fmt.Errorf("metrics need an admin key: %w", errdefs.ErrPermission)
+		}
+	}
+	if key := r.Header.Get("Idempotency-Key"); key != "" && r.Method != http.MethodGet {
+		return s.idempotent(w, r, rt, p, key)
+	}
+	return rt.handle(w, r, p)
+}
+
+func bearer(r *http.Request) (string, error) {
+	h := r.Header.Get("Authorization")
+	token, ok := strings.CutPrefix(h, "Bearer ")
+	if !ok || strings.TrimSpace(token) == "" {
+		return "", fmt.Errorf("missing API key: send \"Authorization: Bearer <key>\" (the admin key is in $AIRLOCK_HOME/admin.key): %w", errdefs.ErrUnauthenticated)
+	}
+	return strings.TrimSpace(token), nil
+}
+
+var statusOf = map[string]int{
+	apiv1.CodeInvalidArgument:   http.StatusBadRequest,
+	apiv1.CodeUnauthenticated:   http.StatusUnauthorized,
+	apiv1.CodePermissionDenied:  http.StatusForbidden,
+	apiv1.CodeNotFound:          http.StatusNotFound,
+	apiv1.CodeConflict:          http.StatusConflict,
+	apiv1.CodePayloadTooLarge:   http.StatusRequestEntityTooLarge,
+	apiv1.CodeResourceExhausted: http.StatusTooManyRequests,
+	apiv1.CodeInternal:          http.StatusInternalServerError,
+	apiv1.CodeUnavailable:       http.StatusServiceUnavailable,
+}
+
+// writeError answers err in the contract's shape.
+func writeError(w http.ResponseWriter, err error) {
+	code := service.Code(err)
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		code = apiv1.CodePayloadTooLarge
+	}
+	if errors.Is(err, context.Canceled) {
+		code = apiv1.CodeUnavailable
+	}
+	body := apiv1.ErrorBody{Error: apiv1.Error{Code: code, Message: message(err)}}
+	if code == apiv1.CodeResourceExhausted {
+		w.Header().Set("Retry-After", "1")
+	}
+	writeJSON(w, statusOf[code], body)
+}
+
+// message is err's text without the trailing error class.
+func message(err error) string {
+	msg := err.Error()
+	for _, class := range []error{errdefs.ErrInvalid, errdefs.ErrNotFound, errdefs.ErrConflict, errdefs.ErrExhausted,
+		errdefs.ErrPrecondition, errdefs.ErrUnavailable, errdefs.ErrUnauthenticated, errdefs.ErrPermission, errdefs.ErrTooLarge} {
+		if errors.Is(err, class) {
+			msg = strings.TrimSuffix(msg, ": "+class.Error())
+		}
+	}
+	return msg
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		b = []byte(`{"error":{"code":"internal","message":"encode response"}}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}
+
+// decode reads a JSON body into v: unknown fields, wrong types, trailing
+// data and bodies over MaxJSONBody are refused.
+func decode(w http.ResponseWriter, r *http.Request, v any) error {
+	body := http.MaxBytesReader(w, r.Body, MaxJSONBody)
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var mbe *http.MaxBytesError
+		var te *json.UnmarshalTypeError
+		var se *json.SyntaxError
+		switch {
+		case errors.As(err, &mbe):
+			return fmt.Errorf("the body is over %d bytes: %w", MaxJSONBody, errdefs.ErrTooLarge)
+		case errors.Is(err, io.EOF):
+			return fmt.Errorf("the body is empty: send a JSON object: %w", errdefs.ErrInvalid)
+		case errors.As(err, &te) && te.Field == "":
+			return fmt.Errorf("the body must be a JSON object, not %s: %w", te.Value, errdefs.ErrInvalid)
+		case errors.As(err, &te):
+			return fmt.Errorf("field %q must be %s, not %s: %w", te.Field, te.Type, te.Value, errdefs.ErrInvalid)
+		case errors.As(err, &se):
+			return fmt.Errorf("the body is not valid JSON (at byte %d): %w", se.Offset, errdefs.ErrInvalid)
+		case strings.HasPrefix(err.Error(), "json: unknown field"):
+			return fmt.Errorf("%s: remove it (see docs/api.md): %w", strings.TrimPrefix(err.Error(), "json: "), errdefs.ErrInvalid)
+		default:
+			return fmt.Errorf("the body is not a valid request: %v: %w", err, errdefs.ErrInvalid)
+		}
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return fmt.Errorf("the body is over %d bytes: %w", MaxJSONBody, errdefs.ErrTooLarge)
+		}
+		return fmt.Errorf("the body has data after its JSON object: %w", errdefs.ErrInvalid)
+	}
+	return nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}

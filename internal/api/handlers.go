@@ -1,0 +1,508 @@
+package api
+
+import (
+	"errors"
+	"fmt"
+
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/service"
+)
+
+func (s *Server) health(w http.ResponseWriter, r *http.Request, _ service.Principal) error {
+	writeJSON(w, http.StatusOK, apiv1.Health{Status: "ok"})
+	return nil
+}
+
+func (s *Server) metrics(w http.ResponseWriter, r *http.Request, _ service.Principal) error {
+	promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{}).ServeHTTP(w, r)
+	return nil
+}
+
+// query checks a query string against the parameters a route knows, so
+// that a misspelt parameter is an error rather than silently ignored.
+func query(r *http.Request, known ...string) (url.Values, error) {
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return nil, fmt.Errorf("the query string is malformed: %w", errdefs.ErrInvalid)
+	}
+	for k := range q {
+		ok := false
+		for _, kn := range known {
+			if k == kn || strings.HasSuffix(kn, ".") && strings.HasPrefix(k, kn) {
+				ok = true
+			}
+		}
+		if !ok {
+			return nil, fmt.Errorf("unknown query parameter %q: this route takes %s: %w", truncate(k, 40), strings.Join(known, ", "), errdefs.ErrInvalid)
+		}
+	}
+	return q, nil
+}
+
+func intParam(q url.Values, name string, def int) (int, error) {
+	v := q.Get(name)
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return 0, fmt.Errorf("%s must be an integer, not %q: %w", name, truncate(v, 20), errdefs.ErrInvalid)
+	}
+	return n, nil
+}
+
+func boolParam(q url.Values, name string) (bool, error) {
+	switch q.Get(name) {
+	case "", "0", "false":
+		return false, nil
+	case "1", "true":
+		return true, nil
+	}
+	return false, fmt.Errorf("%s must be true or false: %w", name, errdefs.ErrInvalid)
+}
+
+func noQuery(r *http.Request) error {
+	_, err := query(r)
+	return err
+}
+
+// Keys.
+
+func (s *Server) createKey(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	var req apiv1.CreateKey
+	if err := decode(w, r, &req); err != nil {
+		return err
+	}
+	k, err := s.svc.CreateKey(r.Context(), p, req)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, k)
+	return nil
+}
+
+func (s *Server) listKeys(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	if err := noQuery(r); err != nil {
+		return err
+	}
+	keys, err := s.svc.ListKeys(r.Context(), p)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, keys)
+	return nil
+}
+
+func (s *Server) deleteKey(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	if err := s.svc.DeleteKey(r.Context(), p, r.PathValue("id")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// Operations.
+
+// MaxWait bounds an operation long-poll.
+const MaxWait = 60
+
+func (s *Server) getOperation(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	q, err := query(r, "wait_s")
+	if err != nil {
+		return err
+	}
+	wait, err := intParam(q, "wait_s", 0)
+	if err != nil {
+		return err
+	}
+	if wait < 0 || wait > MaxWait {
+		return fmt.Errorf("wait_s %d is out of bounds: use 0 to %d: %w", wait, MaxWait, errdefs.ErrInvalid)
+	}
+	op, err := s.svc.GetOperation(r.Context(), p, r.PathValue("id"), time.Duration(wait)*time.Second)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, op)
+	return nil
+}
+
+// Sandboxes.
+
+func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	var req apiv1.CreateSandbox
+	if err := decode(w, r, &req); err != nil {
+		return err
+	}
+	res, err := s.svc.CreateSandbox(r.Context(), p, req)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusAccepted, res)
+	return nil
+}
+
+func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	q, err := query(r, "state", "limit", "page_token", "metadata.")
+	if err != nil {
+		return err
+	}
+	f := service.SandboxFilter{State: q.Get("state"), PageToken: q.Get("page_token")}
+	if f.Limit, err = intParam(q, "limit", 0); err != nil {
+		return err
+	}
+	if f.Limit == 0 && q.Has("limit") {
+		return fmt.Errorf("limit 0 is out of bounds: use 1 to %d: %w", service.MaxLimit, errdefs.ErrInvalid)
+	}
+	for k, v := range q {
+		if name, ok := strings.CutPrefix(k, "metadata."); ok {
+			if name == "" || len(v) != 1 {
+				return fmt.Errorf("filter %q needs a label name and one value: %w", truncate(k, 40), errdefs.ErrInvalid)
+			}
+			if f.Metadata == nil {
+				f.Metadata = map[string]string{}
+			}
+			f.Metadata[name] = v[0]
+		}
+	}
+	list, err := s.svc.ListSandboxes(r.Context(), p, f)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, list)
+	return nil
+}
+
+func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	if err := noQuery(r); err != nil {
+		return err
+	}
+	sb, err := s.svc.GetSandbox(r.Context(), p, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, sb)
+	return nil
+}
+
+func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	if err := noQuery(r); err != nil {
+		return err
+	}
+	res, err := s.svc.DeleteSandbox(r.Context(), p, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusAccepted, res)
+	return nil
+}
+
+// Commands.
+
+func (s *Server) createCommand(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	var req apiv1.CommandRequest
+	if err := decode(w, r, &req); err != nil {
+		return err
+	}
+	c, err := s.svc.CreateCommand(r.Context(), p, r.PathValue("id"), req)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, c)
+	return nil
+}
+
+func (s *Server) listCommands(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	q, err := query(r, "limit", "page_token")
+	if err != nil {
+		return err
+	}
+	limit, err := intParam(q, "limit", 0)
+	if err != nil {
+		return err
+	}
+	if limit == 0 && q.Has("limit") {
+		return fmt.Errorf("limit 0 is out of bounds: use 1 to %d: %w", service.MaxLimit, errdefs.ErrInvalid)
+	}
+	list, err := s.svc.ListCommands(r.Context(), p, r.PathValue("id"), q.Get("page_token"), limit)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, list)
+	return nil
+}
+
+func (s *Server) exec(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	var req apiv1.CommandRequest
+	if err := decode(w, r, &req); err != nil {
+		return err
+	}
+	res, err := s.svc.Exec(r.Context(), p, r.PathValue("id"), req)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, res)
+	return nil
+}
+
+func (s *Server) getCommand(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	c, err := s.svc.GetCommand(r.Context(), p, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, c)
+	return nil
+}
+
+// MaxStdinBody bounds one stdin post; larger input goes in several.
+const MaxStdinBody = 16 << 20
+
+func (s *Server) stdin(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	q, err := query(r, "eof")
+	if err != nil {
+		return err
+	}
+	eof, err := boolParam(q, "eof")
+	if err != nil {
+		return err
+	}
+	if r.ContentLength > MaxStdinBody {
+		return fmt.Errorf("a stdin post is at most %d bytes: send more in several posts: %w", MaxStdinBody, errdefs.ErrTooLarge)
+	}
+	body := http.MaxBytesReader(w, r.Body, MaxStdinBody)
+	if err := s.svc.Stdin(r.Context(), p, r.PathValue("id"), body, eof); err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return fmt.Errorf("a stdin post is at most %d bytes: %w", MaxStdinBody, errdefs.ErrTooLarge)
+		}
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) signal(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	var req apiv1.Signal
+	if err := decode(w, r, &req); err != nil {
+		return err
+	}
+	if err := s.svc.Signal(r.Context(), p, r.PathValue("id"), req.Signal); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) resize(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	var req struct {
+		Rows int `json:"rows"`
+		Cols int `json:"cols"`
+	}
+	if err := decode(w, r, &req); err != nil {
+		return err
+	}
+	if err := s.svc.Resize(r.Context(), p, r.PathValue("id"), req.Rows, req.Cols); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// Files.
+
+func pathParam(q url.Values) (string, error) {
+	if len(q["path"]) != 1 {
+		return "", fmt.Errorf("give one path query parameter (an absolute path in the sandbox): %w", errdefs.ErrInvalid)
+	}
+	return q.Get("path"), nil
+}
+
+func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	q, err := query(r, "path", "mode")
+	if err != nil {
+		return err
+	}
+	path, err := pathParam(q)
+	if err != nil {
+		return err
+	}
+	mode, err := service.ParseMode(q.Get("mode"))
+	if err != nil {
+		return err
+	}
+	if err := s.svc.WriteFile(r.Context(), p, r.PathValue("id"), path, mode, r.Body); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) readFile(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	q, err := query(r, "path")
+	if err != nil {
+		return err
+	}
+	path, err := pathParam(q)
+	if err != nil {
+		return err
+	}
+	st, copyTo, err := s.svc.OpenFile(r.Context(), p, r.PathValue("id"), path)
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	if st.Type == "file" {
+		w.Header().Set("Content-Length", strconv.FormatInt(st.SizeBytes, 10))
+	}
+	w.WriteHeader(http.StatusOK)
+	return copyTo(w)
+}
+
+func (s *Server) removeFile(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	q, err := query(r, "path", "recursive")
+	if err != nil {
+		return err
+	}
+	path, err := pathParam(q)
+	if err != nil {
+		return err
+	}
+	recursive, err := boolParam(q, "recursive")
+	if err != nil {
+		return err
+	}
+	if err := s.svc.Remove(r.Context(), p, r.PathValue("id"), path, recursive); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) stat(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	q, err := query(r, "path")
+	if err != nil {
+		return err
+	}
+	path, err := pathParam(q)
+	if err != nil {
+		return err
+	}
+	st, err := s.svc.Stat(r.Context(), p, r.PathValue("id"), path)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, st)
+	return nil
+}
+
+func (s *Server) list(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	q, err := query(r, "path", "depth")
+	if err != nil {
+		return err
+	}
+	path, err := pathParam(q)
+	if err != nil {
+		return err
+	}
+	depth, err := intParam(q, "depth", 1)
+	if err != nil {
+		return err
+	}
+	items, err := s.svc.List(r.Context(), p, r.PathValue("id"), path, depth)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Items []apiv1.Stat `json:"items"`
+	}{items})
+	return nil
+}
+
+func (s *Server) mkdir(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	var req apiv1.Path
+	if err := decode(w, r, &req); err != nil {
+		return err
+	}
+	if err := s.svc.Mkdir(r.Context(), p, r.PathValue("id"), req.Path); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) move(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	var req apiv1.Move
+	if err := decode(w, r, &req); err != nil {
+		return err
+	}
+	if err := s.svc.Move(r.Context(), p, r.PathValue("id"), req.From, req.To); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) archiveOut(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	q, err := query(r, "path")
+	if err != nil {
+		return err
+	}
+	path, err := pathParam(q)
+	if err != nil {
+		return err
+	}
+	copyTo, err := s.svc.OpenArchive(r.Context(), p, r.PathValue("id"), path)
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/x-tar")
+	w.WriteHeader(http.StatusOK)
+	return copyTo(w)
+}
+
+func (s *Server) archiveIn(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	q, err := query(r, "path")
+	if err != nil {
+		return err
+	}
+	path, err := pathParam(q)
+	if err != nil {
+		return err
+	}
+	if err := s.svc.ExtractArchive(r.Context(), p, r.PathValue("id"), path, r.Body); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// Templates.
+
+func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	if err := noQuery(r); err != nil {
+		return err
+	}
+	list, err := s.svc.ListTemplates(r.Context())
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, list)
+	return nil
+}
+
+func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	t, err := s.svc.GetTemplate(r.Context(), r.PathValue("ref"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, t)
+	return nil
+}

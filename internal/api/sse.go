@@ -1,0 +1,189 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/service"
+)
+
+// sse writes a text/event-stream. Every write is flushed; the first error
+// ends the stream.
+type sse struct {
+	w http.ResponseWriter
+	f http.Flusher
+}
+
+func startSSE(w http.ResponseWriter) *sse {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	f, _ := w.(http.Flusher)
+	s := &sse{w: w, f: f}
+	s.flush()
+	return s
+}
+
+func (s *sse) flush() {
+	if s.f != nil {
+		s.f.Flush()
+	}
+}
+
+func (s *sse) event(id int64, name string, data []byte) error {
+	var err error
+	if id > 0 {
+		_, err = fmt.Fprintf(s.w, "id: %d\nevent: %s\ndata: %s\n\n", id, name, data)
+	} else {
+		_, err = fmt.Fprintf(s.w, "event: %s\ndata: %s\n\n", name, data)
+	}
+	s.flush()
+	return err
+}
+
+func (s *sse) ping() error {
+	_, err := io.WriteString(s.w, ": ping\n\n")
+	s.flush()
+	return err
+}
+
+// streamErr ends a stream whose headers are out: it is logged, not sent.
+var errStreamClosed = errors.New("event stream closed")
+
+func (s *Server) sandboxEvents(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	if err := noQuery(r); err != nil {
+		return err
+	}
+	ctx, cancel := s.streamContext(r.Context())
+	defer cancel()
+	ch, err := s.svc.Watch(ctx, p, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	out := startSSE(w)
+	ping := time.NewTicker(s.cfg.PingInterval)
+	defer ping.Stop()
+	for {
+		select {
+		case sb, ok := <-ch:
+			if !ok {
+				return nil
+			}
+			data, _ := json.Marshal(sb)
+			if out.event(0, "state", data) != nil {
+				return nil
+			}
+		case <-ping.C:
+			if out.ping() != nil {
+				return nil
+			}
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+// streamContext ends with the request or when the server shuts down.
+func (s *Server) streamContext(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(parent)
+	go func() {
+		select {
+		case <-s.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}
+
+func lastEventID(r *http.Request) (int64, error) {
+	v := r.Header.Get("Last-Event-ID")
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("Last-Event-ID %q is not an event number from this stream: %w", truncate(v, 30), errdefs.ErrInvalid)
+	}
+	return n, nil
+}
+
+func (s *Server) attach(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	return s.streamCommand(w, r, service.AttachAuth{Principal: &p})
+}
+
+func (s *Server) attachWithToken(w *statusWriter, r *http.Request, token string) error {
+	return s.streamCommand(w, r, service.AttachAuth{Token: token})
+}
+
+// streamCommand sends a command's events: replayed after Last-Event-ID,
+// then live, with pings while it is quiet, to its exit.
+func (s *Server) streamCommand(w http.ResponseWriter, r *http.Request, auth service.AttachAuth) error {
+	if err := noQuery(r); err != nil {
+		return err
+	}
+	after, err := lastEventID(r)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := s.streamContext(r.Context())
+	defer cancel()
+	st, err := s.svc.Attach(ctx, auth, r.PathValue("id"), after)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	out := startSSE(w)
+
+	// Events come from a goroutine so that pings go out while it waits.
+	type next struct {
+		ev  service.Event
+		err error
+	}
+	events := make(chan next)
+	go func() {
+		defer close(events)
+		for {
+			ev, err := st.Next(ctx)
+			select {
+			case events <- next{ev, err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	ping := time.NewTicker(s.cfg.PingInterval)
+	defer ping.Stop()
+	for {
+		select {
+		case n, ok := <-events:
+			if !ok || n.err != nil {
+				if n.err != nil && !errors.Is(n.err, io.EOF) && ctx.Err() == nil {
+					s.log.Warn("command stream failed", "command", r.PathValue("id"), "err", n.err)
+				}
+				return nil
+			}
+			if out.event(n.ev.ID, n.ev.Name, n.ev.Data) != nil {
+				return nil
+			}
+		case <-ping.C:
+			if out.ping() != nil {
+				return nil
+			}
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}

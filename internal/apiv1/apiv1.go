@@ -1,0 +1,308 @@
+// Package apiv1 holds the JSON shapes of airlock's HTTP API, version 1, as
+// the server writes them and clients read them. The contract they follow is
+// docs/api.md; a change to a field name is a breaking change.
+package apiv1
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// Error codes, each with one HTTP status.
+const (
+	CodeInvalidArgument   = "invalid_argument"   // 400
+	CodeUnauthenticated   = "unauthenticated"    // 401
+	CodePermissionDenied  = "permission_denied"  // 403
+	CodeNotFound          = "not_found"          // 404
+	CodeConflict          = "conflict"           // 409
+	CodePayloadTooLarge   = "payload_too_large"  // 413
+	CodeResourceExhausted = "resource_exhausted" // 429
+	CodeInternal          = "internal"           // 500
+	CodeUnavailable       = "unavailable"        // 503
+)
+
+// Error is the body of every failed call: {"error": {...}}.
+type Error struct {
+	Code    string         `json:"code"`
+	Message string         `json:"message"`
+	Details map[string]any `json:"details,omitempty"`
+}
+
+// ErrorBody wraps Error as the response body.
+type ErrorBody struct {
+	Error Error `json:"error"`
+}
+
+// Status is a short error attached to an operation or a sandbox.
+type Status struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// List is a page of items; NextPageToken is "" on the last page.
+type List[T any] struct {
+	Items         []T    `json:"items"`
+	NextPageToken string `json:"next_page_token"`
+}
+
+// Operation kinds and statuses.
+const (
+	OpCreate  = "create"
+	OpPause   = "pause"
+	OpSuspend = "suspend"
+	OpWake    = "wake"
+	OpDelete  = "delete"
+	OpBuild   = "build"
+
+	OpPending   = "pending"
+	OpRunning   = "running"
+	OpSucceeded = "succeeded"
+	OpFailed    = "failed"
+)
+
+// Operation is an asynchronous lifecycle change.
+type Operation struct {
+	ID         string     `json:"id"`
+	Kind       string     `json:"kind"`
+	TargetID   string     `json:"target_id"`
+	Status     string     `json:"status"`
+	Error      *Status    `json:"error"`
+	CreatedAt  time.Time  `json:"created_at"`
+	FinishedAt *time.Time `json:"finished_at"`
+}
+
+// Done reports whether the operation has finished.
+func (o Operation) Done() bool { return o.Status == OpSucceeded || o.Status == OpFailed }
+
+// Sandbox states.
+const (
+	StateCreating   = "creating"
+	StateRunning    = "running"
+	StatePaused     = "paused"
+	StateSuspending = "suspending"
+	StateSuspended  = "suspended"
+	StateWaking     = "waking"
+	StateDeleting   = "deleting"
+	StateDeleted    = "deleted"
+	StateFailed     = "failed"
+)
+
+// States lists every sandbox state.
+var States = []string{StateCreating, StateRunning, StatePaused, StateSuspending, StateSuspended,
+	StateWaking, StateDeleting, StateDeleted, StateFailed}
+
+// CreateSandbox is the body of POST /v1/sandboxes.
+type CreateSandbox struct {
+	Template  string            `json:"template"`
+	VCPUs     int               `json:"vcpus,omitempty"`
+	MemoryMiB int               `json:"memory_mib,omitempty"`
+	DiskMiB   int               `json:"disk_mib,omitempty"`
+	TimeoutS  *int              `json:"timeout_s,omitempty"`
+	OnTimeout string            `json:"on_timeout,omitempty"`
+	Env       map[string]string `json:"env,omitempty"`
+	Metadata  map[string]string `json:"metadata,omitempty"`
+	Network   json.RawMessage   `json:"network,omitempty"`
+}
+
+// TemplateRef names the template a sandbox was made from.
+type TemplateRef struct {
+	Ref    string `json:"ref"`
+	Digest string `json:"digest"`
+}
+
+// Sandbox is a sandbox as the API shows it.
+type Sandbox struct {
+	ID        string            `json:"id"`
+	State     string            `json:"state"`
+	Template  TemplateRef       `json:"template"`
+	VCPUs     int               `json:"vcpus"`
+	MemoryMiB int               `json:"memory_mib"`
+	DiskMiB   int               `json:"disk_mib"`
+	CreatedAt time.Time         `json:"created_at"`
+	ExpiresAt *time.Time        `json:"expires_at"`
+	OnTimeout string            `json:"on_timeout"`
+	Metadata  map[string]string `json:"metadata"`
+	Network   json.RawMessage   `json:"network"`
+	LastError *Status           `json:"last_error"`
+}
+
+// SandboxOperation is the answer to a lifecycle call on a sandbox.
+type SandboxOperation struct {
+	Sandbox   Sandbox   `json:"sandbox"`
+	Operation Operation `json:"operation"`
+}
+
+// Keep is the body of POST /v1/sandboxes/{id}/keep.
+type Keep struct {
+	TimeoutS *int `json:"timeout_s"`
+}
+
+// PTY asks for a terminal of the given size.
+type PTY struct {
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
+}
+
+// CommandRequest is the body of POST /v1/sandboxes/{id}/commands and
+// /exec. Exactly one of Argv and Cmd is set.
+type CommandRequest struct {
+	Argv     []string          `json:"argv,omitempty"`
+	Cmd      string            `json:"cmd,omitempty"`
+	Env      map[string]string `json:"env,omitempty"`
+	Cwd      string            `json:"cwd,omitempty"`
+	User     string            `json:"user,omitempty"`
+	Stdin    bool              `json:"stdin,omitempty"`
+	PTY      *PTY              `json:"pty,omitempty"`
+	TimeoutS int               `json:"timeout_s,omitempty"`
+}
+
+// Attach says where and with what to attach to a command.
+type Attach struct {
+	URL       string    `json:"url"`
+	Token     string    `json:"token"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+// Command states.
+const (
+	CommandCreated = "created"
+	CommandRunning = "running"
+	CommandExited  = "exited"
+)
+
+// CommandSession is the answer to POST /v1/sandboxes/{id}/commands.
+type CommandSession struct {
+	ID        string `json:"id"`
+	SandboxID string `json:"sandbox_id"`
+	State     string `json:"state"`
+	Attach    Attach `json:"attach"`
+}
+
+// Command is a command's state.
+type Command struct {
+	ID         string     `json:"id"`
+	SandboxID  string     `json:"sandbox_id"`
+	State      string     `json:"state"`
+	PID        *int       `json:"pid"`
+	ExitCode   *int       `json:"exit_code"`
+	Signal     *string    `json:"signal"`
+	TimedOut   bool       `json:"timed_out"`
+	StartedAt  *time.Time `json:"started_at"`
+	FinishedAt *time.Time `json:"finished_at"`
+}
+
+// Event names on a command's attach stream.
+const (
+	EventStart  = "start"
+	EventStdout = "stdout"
+	EventStderr = "stderr"
+	EventExit   = "exit"
+	EventGap    = "gap"
+)
+
+// StartEvent is the data of an attach stream's "start" event.
+type StartEvent struct {
+	PID int `json:"pid"`
+}
+
+// DataEvent is the data of a "stdout" or "stderr" event: Data is base64 in
+// JSON ([]byte marshals that way).
+type DataEvent struct {
+	Data []byte `json:"data"`
+}
+
+// ExitEvent is the data of the "exit" event, the last of a stream.
+type ExitEvent struct {
+	ExitCode   int     `json:"exit_code"`
+	Signal     *string `json:"signal"`
+	TimedOut   bool    `json:"timed_out"`
+	DurationMS int64   `json:"duration_ms"`
+}
+
+// GapEvent says output before this point was dropped: the server keeps
+// only the last part of a command's output.
+type GapEvent struct {
+	DroppedEvents int64 `json:"dropped_events"`
+}
+
+// Signal is the body of POST /v1/commands/{id}/signal.
+type Signal struct {
+	Signal string `json:"signal"`
+}
+
+// ExecResult is the answer to POST /v1/sandboxes/{id}/exec.
+type ExecResult struct {
+	ExitCode  int     `json:"exit_code"`
+	Signal    *string `json:"signal"`
+	TimedOut  bool    `json:"timed_out"`
+	Stdout    string  `json:"stdout"`
+	Stderr    string  `json:"stderr"`
+	Truncated bool    `json:"truncated"`
+}
+
+// Stat describes a path in a sandbox.
+type Stat struct {
+	Path       string    `json:"path"`
+	Type       string    `json:"type"`
+	SizeBytes  int64     `json:"size_bytes"`
+	Mode       string    `json:"mode"`
+	ModifiedAt time.Time `json:"modified_at"`
+}
+
+// Path is the body of POST .../fs/mkdir.
+type Path struct {
+	Path string `json:"path"`
+}
+
+// Move is the body of POST .../fs/move.
+type Move struct {
+	From string `json:"from"`
+	To   string `json:"to"`
+}
+
+// Template is a template as the API shows it.
+type Template struct {
+	Name      string    `json:"name"`
+	Tag       string    `json:"tag"`
+	Digest    string    `json:"digest"`
+	VCPUs     int       `json:"vcpus"`
+	MemoryMiB int       `json:"memory_mib"`
+	DiskMiB   int       `json:"disk_mib"`
+	SizeBytes int64     `json:"size_bytes"`
+	CreatedAt time.Time `json:"created_at"`
+	Status    string    `json:"status"`
+}
+
+// Key roles.
+const (
+	RoleAdmin = "admin"
+	RoleUser  = "user"
+)
+
+// CreateKey is the body of POST /v1/keys.
+type CreateKey struct {
+	Name string `json:"name"`
+	Role string `json:"role"`
+}
+
+// Key is an API key as listed; the secret is never shown again.
+type Key struct {
+	ID        string    `json:"id"`
+	Name      string    `json:"name"`
+	Role      string    `json:"role"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// KeyCreated is the answer to POST /v1/keys: the only time Key is shown.
+type KeyCreated struct {
+	ID        string    `json:"id"`
+	Name      string    `json:"name"`
+	Role      string    `json:"role"`
+	Key       string    `json:"key"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// Health is the answer to GET /healthz.
+type Health struct {
+	Status string `json:"status"`
+}

@@ -1,0 +1,144 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/airlockhq/airlock/internal/api"
+	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/sandbox"
+	"github.com/airlockhq/airlock/internal/service"
+	"github.com/airlockhq/airlock/internal/store"
+)
+
+const serveAbout = `Serves airlock's HTTP API (see docs/api.md) until SIGTERM or SIGINT.
+
+On first start it creates an admin API key, prints it once and writes it
+to $AIRLOCK_HOME/admin.key (mode 0600). Sandboxes keep running when the
+server stops; the next start re-adopts them and their commands.
+
+  airlock serve
+  airlock serve --listen 0.0.0.0:7700 --max-sandboxes 64`
+
+func runServe(ctx context.Context, env *Env, args []string) error {
+	fs := newFlagSet("serve", "airlock serve [FLAGS]", serveAbout, env)
+	listen := fs.String("listen", "127.0.0.1:7700", "`address` to listen on")
+	accel := fs.String("accel", "auto", "accelerator: kvm, tcg or auto")
+	maxSandboxes := fs.Int("max-sandboxes", 32, "most sandboxes holding a VM at once")
+	maxStarts := fs.Int("max-starts", 0, "most sandboxes booting at once (default: twice the CPUs)")
+	maxQueued := fs.Int("max-queued-starts", 64, "most creates waiting for a start slot")
+	ping := fs.Duration("ping-interval", 15*time.Second, "how often idle event streams get a `: ping`")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("serve: unexpected argument %q: %w", fs.Arg(0), errdefs.ErrInvalid)
+	}
+	if *ping < 100*time.Millisecond {
+		return fmt.Errorf("serve: --ping-interval must be at least 100ms: %w", errdefs.ErrInvalid)
+	}
+	if *maxSandboxes < 1 || *maxStarts < 0 || *maxQueued < 0 {
+		return fmt.Errorf("serve: limits must be positive: %w", errdefs.ErrInvalid)
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("serve: listen on %s: %v: %w", *listen, err, errdefs.ErrInvalid)
+	}
+	defer ln.Close()
+	log := env.Log
+
+	if err := os.MkdirAll(env.Dir.Root, 0o755); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	st, err := store.Open(filepath.Join(env.Dir.Root, "airlock.db"))
+	if err != nil {
+		return fmt.Errorf("serve: open store: %w", err)
+	}
+	defer st.Close()
+	rt, err := sandbox.New(ctx, sandbox.Config{Dir: env.Dir, Accel: *accel, Log: log})
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	svc, err := service.New(ctx, service.Config{
+		Dir: env.Dir, Runtime: rt, Store: st, Log: log, Metrics: service.NewMetrics(reg),
+		MaxSandboxes: *maxSandboxes, MaxStarts: *maxStarts, MaxQueuedStarts: *maxQueued,
+	})
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	defer svc.Close()
+
+	keyPath := filepath.Join(env.Dir.Root, "admin.key")
+	if key, err := svc.EnsureAdminKey(ctx, keyPath); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	} else if key != "" {
+		fmt.Fprintf(env.Stdout, "admin API key (shown once; also in %s):\n  %s\n", keyPath, key)
+	}
+
+	apiSrv := api.New(api.Config{Service: svc, Store: st, Log: log, Registry: reg,
+		MetricsOpen: isLoopback(ln.Addr()), PingInterval: *ping})
+	httpSrv := &http.Server{Handler: apiSrv, ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- httpSrv.Serve(ln) }()
+	pctx, pcancel := context.WithCancel(ctx)
+	defer pcancel()
+	go purgeIdempotent(pctx, st, log)
+	fmt.Fprintf(env.Stdout, "airlock serving on http://%s (accelerator %s)\n", ln.Addr(), rt.Accel())
+
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigs)
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve: %w", err)
+	case sig := <-sigs:
+		log.Info("shutting down", "signal", sig.String())
+	case <-ctx.Done():
+	}
+	// Stop taking requests, end event streams, let requests in flight
+	// finish, then let go of the sandboxes (their VMs keep running).
+	apiSrv.Shutdown()
+	sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := httpSrv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		log.Warn("http shutdown", "err", err)
+	}
+	svc.Close()
+	fmt.Fprintln(env.Stdout, "airlock stopped; sandboxes keep running")
+	return nil
+}
+
+func isLoopback(a net.Addr) bool {
+	ta, ok := a.(*net.TCPAddr)
+	return ok && ta.IP.IsLoopback()
+}
+
+// purgeIdempotent drops remembered answers older than a day, hourly,
+// until ctx ends.
+func purgeIdempotent(ctx context.Context, st *store.Store, log interface{ Warn(string, ...any) }) {
+	t := time.NewTicker(time.Hour)
+	defer t.Stop()
+	for {
+		if _, err := st.PurgeIdempotent(ctx, time.Now().Add(-24*time.Hour)); err != nil && ctx.Err() == nil {
+			log.Warn("purge idempotency keys", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,767 @@
+package service
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/airlockhq/airlock/internal/agentclient"
+	"github.com/airlockhq/airlock/internal/agentproto"
+	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/eventlog"
+	"github.com/airlockhq/airlock/internal/store"
+)
+
+// Event types in a command's log.
+const (
+	evStart  byte = 1
+	evStdout byte = 2
+	evStderr byte = 3
+	evExit   byte = 4
+	evLost   byte = 5 // output the agent no longer had after a reconnect
+)
+
+// AttachTTL is how long an attach token is valid.
+const AttachTTL = 10 * time.Minute
+
+// execOutputCap bounds each of stdout and stderr in an exec answer.
+const execOutputCap = 16 << 20
+
+// command is a command whose log this server has open.
+type command struct {
+	id string
+	lv *live
+
+	startMu sync.Mutex // serialises starting the process
+
+	mu     sync.Mutex // guards the fields below
+	log    *eventlog.Log
+	proc   *agentclient.Process
+	cursor int64 // the agent's output offset after the last byte logged
+}
+
+func (c *command) closeLog() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.log != nil {
+		c.log.Close()
+	}
+}
+
+func (s *Service) commandLogPath(sbx, id string) string {
+	return filepath.Join(s.sandboxDir(sbx), "commands", id+".log")
+}
+
+// toExec checks a command request and turns it into the agent's.
+func toExec(req apiv1.CommandRequest) (agentproto.ExecRequest, error) {
+	if req.TimeoutS < 0 || req.TimeoutS > 7*24*3600 {
+		return agentproto.ExecRequest{}, fmt.Errorf("timeout_s %d is out of bounds: use 0 (none) to %d: %w", req.TimeoutS, 7*24*3600, errdefs.ErrInvalid)
+	}
+	if err := checkMap("env", req.Env, envKeyOK); err != nil {
+		return agentproto.ExecRequest{}, err
+	}
+	if req.PTY != nil && (req.PTY.Rows == 0 || req.PTY.Cols == 0) {
+		return agentproto.ExecRequest{}, fmt.Errorf("pty needs positive rows and cols: %w", errdefs.ErrInvalid)
+	}
+	x := agentproto.ExecRequest{Argv: req.Argv, Cmd: req.Cmd, Env: req.Env, Cwd: req.Cwd, User: req.User,
+		Stdin: req.Stdin, TimeoutMS: int64(req.TimeoutS) * 1000}
+	if req.PTY != nil {
+		x.PTY = &agentproto.PTY{Rows: req.PTY.Rows, Cols: req.PTY.Cols}
+	}
+	if err := x.Validate(); err != nil {
+		return x, fmt.Errorf("%v: %w", err, errdefs.ErrInvalid)
+	}
+	return x, nil
+}
+
+// runningSandbox returns the held sandbox p owns, or an error naming its
+// state when it has no running VM.
+func (s *Service) runningSandbox(ctx context.Context, p Principal, id string) (*live, store.Sandbox, error) {
+	sb, err := s.getOwned(ctx, p, id)
+	if err != nil {
+		return nil, sb, err
+	}
+	lv := s.getLive(id)
+	if sb.State != apiv1.StateRunning || lv == nil {
+		return nil, sb, fmt.Errorf("sandbox %s is %s, not running: %w", id, sb.State, errdefs.ErrConflict)
+	}
+	return lv, sb, nil
+}
+
+// CreateCommand records a command session; the first attach starts it.
+func (s *Service) CreateCommand(ctx context.Context, p Principal, sbxID string, req apiv1.CommandRequest) (apiv1.CommandSession, error) {
+	if _, err := toExec(req); err != nil {
+		return apiv1.CommandSession{}, err
+	}
+	if _, _, err := s.runningSandbox(ctx, p, sbxID); err != nil {
+		return apiv1.CommandSession{}, err
+	}
+	raw, _ := json.Marshal(req)
+	now := s.now()
+	id := newID("cmd")
+	secret := newID("")
+	rec := store.Command{
+		ID: id, SandboxID: sbxID, Owner: p.KeyID, Request: raw, State: apiv1.CommandCreated,
+		TokenHash: hashSecret(secret), TokenExpiresAt: now.Add(AttachTTL), CreatedAt: now,
+	}
+	if err := s.st.InsertCommand(ctx, rec); err != nil {
+		return apiv1.CommandSession{}, fmt.Errorf("record command: %w", err)
+	}
+	return apiv1.CommandSession{
+		ID: id, SandboxID: sbxID, State: rec.State,
+		Attach: apiv1.Attach{URL: "/v1/commands/" + id + "/attach", Token: "act_" + id[3:] + "_" + secret, ExpiresAt: rec.TokenExpiresAt},
+	}, nil
+}
+
+func hashSecret(secret string) []byte {
+	h := sha256.Sum256([]byte(secret))
+	return h[:]
+}
+
+// getCommand returns a command p may see.
+func (s *Service) getCommand(ctx context.Context, p Principal, id string) (store.Command, error) {
+	if err := checkID("command", "cmd", id); err != nil {
+		return store.Command{}, err
+	}
+	c, err := s.st.GetCommand(ctx, id)
+	if errors.Is(err, errdefs.ErrNotFound) || err == nil && !p.owns(c.Owner) {
+		return c, fmt.Errorf("command %s not found: %w", id, errdefs.ErrNotFound)
+	}
+	return c, err
+}
+
+// GetCommand returns a command's state.
+func (s *Service) GetCommand(ctx context.Context, p Principal, id string) (apiv1.Command, error) {
+	c, err := s.getCommand(ctx, p, id)
+	if err != nil {
+		return apiv1.Command{}, err
+	}
+	return commandView(c), nil
+}
+
+func commandView(c store.Command) apiv1.Command {
+	v := apiv1.Command{ID: c.ID, SandboxID: c.SandboxID, State: c.State, ExitCode: c.ExitCode, Signal: c.Signal,
+		TimedOut: c.TimedOut, StartedAt: c.StartedAt, FinishedAt: c.FinishedAt}
+	if c.PID > 0 {
+		pid := c.PID
+		v.PID = &pid
+	}
+	return v
+}
+
+// ListCommands lists a sandbox's commands.
+func (s *Service) ListCommands(ctx context.Context, p Principal, sbxID, pageToken string, limit int) (apiv1.List[apiv1.Command], error) {
+	var out apiv1.List[apiv1.Command]
+	n, err := checkLimit(limit)
+	if err != nil {
+		return out, err
+	}
+	if _, err := s.getOwned(ctx, p, sbxID); err != nil {
+		return out, err
+	}
+	after := ""
+	if pageToken != "" {
+		if after, err = decodePageToken(pageToken, "cmd"); err != nil {
+			return out, err
+		}
+	}
+	rows, err := s.st.ListCommands(ctx, sbxID, after, n+1)
+	if err != nil {
+		return out, err
+	}
+	out.Items = []apiv1.Command{}
+	for i, c := range rows {
+		if i == n {
+			out.NextPageToken = encodePageToken(rows[i-1].ID)
+			break
+		}
+		out.Items = append(out.Items, commandView(c))
+	}
+	return out, nil
+}
+
+// AttachAuth is how an attach request authenticated: an API key's
+// principal, or a command's attach token.
+type AttachAuth struct {
+	Principal *Principal
+	Token     string
+}
+
+// Event is one event of a command's stream, ready for SSE: Data is JSON.
+type Event struct {
+	ID   int64
+	Name string
+	Data []byte
+}
+
+// Stream follows a command's events.
+type Stream struct {
+	r      *eventlog.Reader
+	onExit func()
+}
+
+// Next returns the next event, waiting for it; io.EOF after the exit.
+func (st *Stream) Next(ctx context.Context) (Event, error) {
+	e, err := st.r.Next(ctx)
+	if err != nil {
+		return Event{}, err
+	}
+	ev := Event{ID: e.Seq}
+	switch e.Type {
+	case eventlog.Gap:
+		ev.ID = e.Seq + e.Cursor - 1
+		ev.Name = apiv1.EventGap
+		ev.Data, _ = json.Marshal(apiv1.GapEvent{DroppedEvents: e.Cursor})
+	case evStart:
+		ev.Name, ev.Data = apiv1.EventStart, e.Data
+	case evStdout, evStderr:
+		ev.Name = apiv1.EventStdout
+		if e.Type == evStderr {
+			ev.Name = apiv1.EventStderr
+		}
+		ev.Data, _ = json.Marshal(apiv1.DataEvent{Data: e.Data})
+	case evLost:
+		ev.Name, ev.Data = apiv1.EventGap, e.Data
+	case evExit:
+		ev.Name, ev.Data = apiv1.EventExit, e.Data
+		if st.onExit != nil {
+			st.onExit()
+		}
+	default:
+		return Event{}, fmt.Errorf("unknown event type %d in command log", e.Type)
+	}
+	return ev, nil
+}
+
+// Close releases the stream.
+func (st *Stream) Close() error { return st.r.Close() }
+
+// checkToken verifies an attach token for command c.
+func checkToken(c store.Command, token string, now time.Time) error {
+	bad := fmt.Errorf("the attach token is not valid for command %s: use the token from the session or an API key: %w", c.ID, errdefs.ErrUnauthenticated)
+	rest, ok := strings.CutPrefix(token, "act_")
+	idPart, secret, ok2 := strings.Cut(rest, "_")
+	if !ok || !ok2 || "cmd"+idPart != c.ID {
+		return bad
+	}
+	if subtle.ConstantTimeCompare(hashSecret(secret), c.TokenHash) != 1 {
+		return bad
+	}
+	if c.TokenSpent {
+		return fmt.Errorf("the attach token of command %s is spent: its stream delivered the exit; attach with an API key: %w", c.ID, errdefs.ErrUnauthenticated)
+	}
+	if now.After(c.TokenExpiresAt) {
+		return fmt.Errorf("the attach token of command %s expired at %s: attach with an API key: %w", c.ID, c.TokenExpiresAt.Format(time.RFC3339), errdefs.ErrUnauthenticated)
+	}
+	return nil
+}
+
+// CommandIDFromToken returns the command an attach token is for, so that
+// a request can be checked against its path.
+func CommandIDFromToken(token string) (string, bool) {
+	rest, ok := strings.CutPrefix(token, "act_")
+	idPart, _, ok2 := strings.Cut(rest, "_")
+	return "cmd" + idPart, ok && ok2
+}
+
+// Attach starts the command if this is its first attachment, and returns
+// its events after the one numbered after.
+func (s *Service) Attach(ctx context.Context, auth AttachAuth, id string, after int64) (*Stream, error) {
+	if err := checkID("command", "cmd", id); err != nil {
+		return nil, err
+	}
+	rec, err := s.st.GetCommand(ctx, id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil, fmt.Errorf("command %s not found: %w", id, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if auth.Principal != nil {
+		if !auth.Principal.owns(rec.Owner) {
+			return nil, fmt.Errorf("command %s not found: %w", id, errdefs.ErrNotFound)
+		}
+	} else if err := checkToken(rec, auth.Token, s.now()); err != nil {
+		return nil, err
+	}
+	if after < 0 {
+		return nil, fmt.Errorf("Last-Event-ID %d is negative: %w", after, errdefs.ErrInvalid)
+	}
+	lv := s.getLive(rec.SandboxID)
+	if lv == nil {
+		sb, err := s.st.GetSandbox(ctx, rec.SandboxID)
+		if err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("sandbox %s is %s: its commands cannot be attached: %w", sb.ID, sb.State, errdefs.ErrConflict)
+	}
+	c, err := lv.command(rec)
+	if err != nil {
+		return nil, err
+	}
+	if rec.State == apiv1.CommandCreated {
+		if err := lv.start(c, rec); err != nil {
+			return nil, err
+		}
+	}
+	c.mu.Lock()
+	log := c.log
+	c.mu.Unlock()
+	if last := log.Last().Seq; after > last {
+		return nil, fmt.Errorf("Last-Event-ID %d is past the last event (%d): %w", after, last, errdefs.ErrInvalid)
+	}
+	st := &Stream{r: log.NewReader(after)}
+	if auth.Principal == nil {
+		st.onExit = func() { s.spendToken(id) }
+	}
+	s.m.attached()
+	return st, nil
+}
+
+func (s *Service) spendToken(id string) {
+	if err := s.st.SpendCommandToken(context.Background(), id); err != nil && !errors.Is(err, errdefs.ErrConflict) {
+		s.log.Warn("spend attach token", "command", id, "err", err)
+	}
+}
+
+// command returns the open command, opening its log if needed.
+func (lv *live) command(rec store.Command) (*command, error) {
+	lv.mu.Lock()
+	defer lv.mu.Unlock()
+	if c, ok := lv.cmds[rec.ID]; ok {
+		return c, nil
+	}
+	if lv.ctx.Err() != nil {
+		return nil, fmt.Errorf("sandbox %s is going away: %w", lv.id, errdefs.ErrConflict)
+	}
+	path := lv.s.commandLogPath(lv.id, rec.ID)
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("open command log: %w", err)
+	}
+	log, err := eventlog.Open(path, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open command log: %w", err)
+	}
+	if rec.State == apiv1.CommandExited {
+		log.Finish()
+	}
+	c := &command{id: rec.ID, lv: lv, log: log, cursor: log.Last().Cursor}
+	lv.cmds[rec.ID] = c
+	return c, nil
+}
+
+// outWriter logs one of a process's output streams.
+type outWriter struct {
+	c     *command
+	typ   byte
+	ready <-chan struct{} // closed once the start event is logged
+}
+
+func (w *outWriter) Write(b []byte) (int, error) {
+	<-w.ready
+	c := w.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for rest := b; len(rest) > 0; {
+		n := min(len(rest), eventlog.MaxData)
+		c.cursor += int64(n)
+		if _, err := c.log.Append(w.typ, c.cursor, rest[:n]); err != nil {
+			return 0, err
+		}
+		rest = rest[n:]
+	}
+	c.lv.s.m.streamed(len(b))
+	return len(b), nil
+}
+
+// start runs the command: its first attach.
+func (lv *live) start(c *command, rec store.Command) error {
+	c.startMu.Lock()
+	defer c.startMu.Unlock()
+	c.mu.Lock()
+	started := c.proc != nil || c.log.Last().Seq > 0
+	c.mu.Unlock()
+	if started {
+		return nil
+	}
+	var req apiv1.CommandRequest
+	if err := json.Unmarshal(rec.Request, &req); err != nil {
+		return fmt.Errorf("command %s has an unreadable request: %w", rec.ID, err)
+	}
+	x, err := toExec(req)
+	if err != nil {
+		return err
+	}
+	ready := make(chan struct{})
+	stdio := agentclient.Stdio{
+		Stdout: &outWriter{c: c, typ: evStdout, ready: ready},
+		Stderr: &outWriter{c: c, typ: evStderr, ready: ready},
+	}
+	now := lv.s.now()
+	proc, err := lv.box.Exec(lv.ctx, x, stdio)
+	if err != nil {
+		// The process never ran: say why on stderr and end it like a
+		// shell would (127: not found, 126: could not run).
+		code := 126
+		if errors.Is(err, errdefs.ErrNotFound) {
+			code = 127
+		}
+		close(ready)
+		msg := agentMessage(err) + "\n"
+		c.mu.Lock()
+		c.log.Append(evStderr, c.cursor, []byte(msg))
+		exit := apiv1.ExitEvent{ExitCode: code}
+		data, _ := json.Marshal(exit)
+		c.log.Append(evExit, c.cursor, data)
+		c.log.Finish()
+		c.mu.Unlock()
+		rec.State, rec.ExitCode, rec.StartedAt, rec.FinishedAt = apiv1.CommandExited, &code, &now, &now
+		lv.s.st.UpdateCommand(context.Background(), rec)
+		lv.s.m.commandFinished(false)
+		return nil
+	}
+	c.mu.Lock()
+	c.proc = proc
+	data, _ := json.Marshal(apiv1.StartEvent{PID: proc.PID})
+	_, err = c.log.Append(evStart, c.cursor, data)
+	c.mu.Unlock()
+	close(ready)
+	if err != nil {
+		return err
+	}
+	rec.State, rec.AgentID, rec.PID, rec.StartedAt = apiv1.CommandRunning, proc.ID, proc.PID, &now
+	if err := lv.s.st.UpdateCommand(context.Background(), rec); err != nil {
+		lv.s.log.Error("record command start", "command", rec.ID, "err", err)
+	}
+	lv.s.m.commandStarted()
+	lv.pumps.Add(1)
+	go lv.waitCommand(c, proc, rec)
+	return nil
+}
+
+// agentMessage is an agent error's message without its class suffix.
+func agentMessage(err error) string {
+	var ae *agentclient.Error
+	if errors.As(err, &ae) {
+		return ae.Message
+	}
+	return err.Error()
+}
+
+// waitCommand waits for the process and logs its exit. It ends with the
+// process, or when the sandbox is let go (the process keeps running in
+// the VM and the next server re-attaches to it).
+func (lv *live) waitCommand(c *command, proc *agentclient.Process, rec store.Command) {
+	defer lv.pumps.Done()
+	exit, err := lv.box.Wait(proc)
+	if lv.ctx.Err() != nil {
+		return
+	}
+	if err != nil {
+		lv.s.log.Warn("lost a command's output", "command", c.id, "err", err)
+		select {
+		case <-lv.box.Machine().Done():
+			return // the VM went away: watch ends every command
+		case <-time.After(3 * time.Second):
+		}
+		lv.endCommand(c, rec, "the connection to the sandbox agent was lost")
+		return
+	}
+	ev := apiv1.ExitEvent{ExitCode: exit.ExitCode, TimedOut: exit.TimedOut, DurationMS: exit.DurationMS}
+	if exit.Signal != "" {
+		sig := exit.Signal
+		ev.Signal = &sig
+	}
+	data, _ := json.Marshal(ev)
+	c.mu.Lock()
+	c.log.Append(evExit, c.cursor, data)
+	c.log.Finish()
+	c.proc = nil
+	c.mu.Unlock()
+	now := lv.s.now()
+	if cur, err := lv.s.st.GetCommand(context.Background(), c.id); err == nil {
+		rec = cur
+	}
+	rec.State, rec.ExitCode, rec.Signal, rec.TimedOut, rec.FinishedAt = apiv1.CommandExited, &ev.ExitCode, ev.Signal, ev.TimedOut, &now
+	if err := lv.s.st.UpdateCommand(context.Background(), rec); err != nil {
+		lv.s.log.Error("record command exit", "command", c.id, "err", err)
+	}
+	lv.s.m.commandFinished(true)
+}
+
+// endCommand ends a command whose process can no longer be followed: the
+// stream gets an exit with code -1 after a note on stderr.
+func (lv *live) endCommand(c *command, rec store.Command, reason string) {
+	c.mu.Lock()
+	if c.log.Last().Type != evExit {
+		c.log.Append(evStderr, c.cursor, []byte("airlock: "+reason+"\n"))
+		data, _ := json.Marshal(apiv1.ExitEvent{ExitCode: -1})
+		c.log.Append(evExit, c.cursor, data)
+	}
+	c.log.Finish()
+	c.proc = nil
+	c.mu.Unlock()
+	lv.s.markEnded(rec.ID)
+}
+
+// markEnded records a command that ended without an exit status.
+func (s *Service) markEnded(id string) {
+	rec, err := s.st.GetCommand(context.Background(), id)
+	if err != nil || rec.State == apiv1.CommandExited {
+		return
+	}
+	now := s.now()
+	code := -1
+	rec.State, rec.ExitCode, rec.FinishedAt = apiv1.CommandExited, &code, &now
+	if rec.StartedAt == nil {
+		rec.StartedAt = &now
+	}
+	s.st.UpdateCommand(context.Background(), rec)
+	s.m.commandFinished(false)
+}
+
+// endCommands ends every unfinished command of a sandbox that lost its VM.
+func (s *Service) endCommands(sbxID, reason string) {
+	for _, state := range []string{apiv1.CommandRunning, apiv1.CommandCreated} {
+		rows, err := s.st.ListCommandsByState(context.Background(), state)
+		if err != nil {
+			s.log.Error("list commands", "err", err)
+			return
+		}
+		for _, rec := range rows {
+			if rec.SandboxID != sbxID {
+				continue
+			}
+			if state == apiv1.CommandRunning {
+				s.appendEnd(rec, reason)
+			}
+			s.markEnded(rec.ID)
+		}
+	}
+}
+
+// appendEnd closes the log of a command whose sandbox is gone, so that
+// readers of it end, when the log file still exists.
+func (s *Service) appendEnd(rec store.Command, reason string) {
+	log, err := eventlog.Open(s.commandLogPath(rec.SandboxID, rec.ID), 0)
+	if err != nil {
+		return
+	}
+	defer log.Close()
+	if log.Last().Type == evExit {
+		return
+	}
+	cur := log.Last().Cursor
+	log.Append(evStderr, cur, []byte("airlock: "+reason+"\n"))
+	data, _ := json.Marshal(apiv1.ExitEvent{ExitCode: -1, Signal: ptr("KILL")})
+	log.Append(evExit, cur, data)
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// resume re-attaches to a command that was running when the server
+// stopped: output the agent kept since is logged and the stream goes on.
+func (lv *live) resume(rec store.Command) {
+	c, err := lv.command(rec)
+	if err != nil {
+		lv.s.log.Warn("resume command", "command", rec.ID, "err", err)
+		lv.s.markEnded(rec.ID)
+		return
+	}
+	ready := make(chan struct{})
+	close(ready)
+	c.mu.Lock()
+	cursor := c.cursor
+	c.mu.Unlock()
+	stdio := agentclient.Stdio{
+		Stdout: &outWriter{c: c, typ: evStdout, ready: ready},
+		Stderr: &outWriter{c: c, typ: evStderr, ready: ready},
+	}
+	proc, err := lv.box.Attach(lv.ctx, rec.AgentID, cursor, stdio)
+	if err != nil {
+		lv.s.log.Warn("re-attach command", "command", rec.ID, "err", err)
+		lv.endCommand(c, rec, "the command's process was lost while the server was down")
+		return
+	}
+	if proc.Offset > cursor {
+		data, _ := json.Marshal(map[string]int64{"dropped_bytes": proc.Offset - cursor})
+		c.mu.Lock()
+		c.cursor = proc.Offset
+		c.log.Append(evLost, c.cursor, data)
+		c.mu.Unlock()
+	}
+	c.mu.Lock()
+	c.proc = proc
+	c.mu.Unlock()
+	lv.pumps.Add(1)
+	go lv.waitCommand(c, proc, rec)
+}
+
+// runningProcess returns the process of a running command p owns.
+func (s *Service) runningProcess(ctx context.Context, p Principal, id string) (*agentclient.Process, store.Command, error) {
+	rec, err := s.getCommand(ctx, p, id)
+	if err != nil {
+		return nil, rec, err
+	}
+	if rec.State != apiv1.CommandRunning {
+		hint := ""
+		if rec.State == apiv1.CommandCreated {
+			hint = ": attach to it first, which starts it"
+		}
+		return nil, rec, fmt.Errorf("command %s is %s, not running%s: %w", id, rec.State, hint, errdefs.ErrConflict)
+	}
+	lv := s.getLive(rec.SandboxID)
+	if lv == nil {
+		return nil, rec, fmt.Errorf("the sandbox of command %s is not running: %w", id, errdefs.ErrConflict)
+	}
+	c, err := lv.command(rec)
+	if err != nil {
+		return nil, rec, err
+	}
+	c.mu.Lock()
+	proc := c.proc
+	c.mu.Unlock()
+	if proc == nil {
+		return nil, rec, fmt.Errorf("command %s has exited: %w", id, errdefs.ErrConflict)
+	}
+	return proc, rec, nil
+}
+
+// Stdin copies r to the command's stdin; eof then closes it.
+func (s *Service) Stdin(ctx context.Context, p Principal, id string, r io.Reader, eof bool) error {
+	proc, rec, err := s.runningProcess(ctx, p, id)
+	if err != nil {
+		return err
+	}
+	var req apiv1.CommandRequest
+	json.Unmarshal(rec.Request, &req)
+	if !req.Stdin {
+		return fmt.Errorf("command %s was created without stdin: create it with \"stdin\": true: %w", id, errdefs.ErrConflict)
+	}
+	buf := make([]byte, agentproto.ChunkSize)
+	for {
+		n, rerr := r.Read(buf)
+		if n > 0 {
+			if err := proc.WriteStdin(buf[:n]); err != nil {
+				return fmt.Errorf("write stdin of %s: %w", id, errdefs.ErrConflict)
+			}
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			return rerr
+		}
+	}
+	if eof {
+		if err := proc.CloseStdin(); err != nil {
+			return fmt.Errorf("close stdin of %s: %w", id, errdefs.ErrConflict)
+		}
+	}
+	return nil
+}
+
+// Signal sends a signal to the command's process group.
+func (s *Service) Signal(ctx context.Context, p Principal, id, sig string) error {
+	name := strings.ToUpper(strings.TrimPrefix(strings.ToUpper(sig), "SIG"))
+	if name == "" || unix.SignalNum("SIG"+name) == 0 {
+		return fmt.Errorf("signal %q is not a signal name such as TERM, KILL or INT: %w", truncate(sig, 20), errdefs.ErrInvalid)
+	}
+	proc, _, err := s.runningProcess(ctx, p, id)
+	if err != nil {
+		return err
+	}
+	return proc.Signal(ctx, name)
+}
+
+// Resize changes the terminal size of a command with a pty.
+func (s *Service) Resize(ctx context.Context, p Principal, id string, rows, cols int) error {
+	if rows < 1 || cols < 1 || rows > 10000 || cols > 10000 {
+		return fmt.Errorf("rows and cols must be 1 to 10000: %w", errdefs.ErrInvalid)
+	}
+	proc, rec, err := s.runningProcess(ctx, p, id)
+	if err != nil {
+		return err
+	}
+	var req apiv1.CommandRequest
+	json.Unmarshal(rec.Request, &req)
+	if req.PTY == nil {
+		return fmt.Errorf("command %s has no pty to resize: %w", id, errdefs.ErrInvalid)
+	}
+	return proc.Resize(ctx, uint16(rows), uint16(cols))
+}
+
+// capBuffer keeps the first max bytes written to it.
+type capBuffer struct {
+	max       int
+	b         []byte
+	truncated bool
+}
+
+func (c *capBuffer) Write(p []byte) (int, error) {
+	room := c.max - len(c.b)
+	if len(p) > room {
+		c.truncated = true
+		p = p[:max(room, 0)]
+	}
+	c.b = append(c.b, p...)
+	return len(p), nil
+}
+
+func (c *capBuffer) text() string { return strings.ToValidUTF8(string(c.b), string(utf8.RuneError)) }
+
+// Exec runs a command to its end and returns its output.
+func (s *Service) Exec(ctx context.Context, p Principal, sbxID string, req apiv1.CommandRequest) (apiv1.ExecResult, error) {
+	x, err := toExec(req)
+	if err != nil {
+		return apiv1.ExecResult{}, err
+	}
+	if x.Stdin {
+		return apiv1.ExecResult{}, fmt.Errorf("exec takes no stdin: create a command session for that: %w", errdefs.ErrInvalid)
+	}
+	lv, _, err := s.runningSandbox(ctx, p, sbxID)
+	if err != nil {
+		return apiv1.ExecResult{}, err
+	}
+	stdout, stderr := &capBuffer{max: execOutputCap}, &capBuffer{max: execOutputCap}
+	proc, err := lv.box.Exec(lv.ctx, x, agentclient.Stdio{Stdout: stdout, Stderr: stderr})
+	if err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return apiv1.ExecResult{ExitCode: 127, Stderr: agentMessage(err) + "\n"}, nil
+		}
+		return apiv1.ExecResult{}, err
+	}
+	s.m.commandStarted()
+	select {
+	case <-proc.Done():
+	case <-ctx.Done():
+		proc.Signal(context.Background(), "KILL")
+		<-proc.Done()
+	}
+	exit, err := lv.box.Wait(proc)
+	s.m.commandFinished(err == nil)
+	if err != nil {
+		return apiv1.ExecResult{}, err
+	}
+	s.m.streamed(len(stdout.b) + len(stderr.b))
+	res := apiv1.ExecResult{ExitCode: exit.ExitCode, TimedOut: exit.TimedOut,
+		Stdout: stdout.text(), Stderr: stderr.text(), Truncated: stdout.truncated || stderr.truncated}
+	if exit.Signal != "" {
+		sig := exit.Signal
+		res.Signal = &sig
+	}
+	return res, nil
+}

@@ -1,0 +1,202 @@
+package service
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strconv"
+
+	"github.com/airlockhq/airlock/internal/agentproto"
+	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/errdefs"
+)
+
+// Files are reached through the sandbox's agent; paths are absolute inside
+// the sandbox and checked here before anything is sent.
+
+func checkPath(what, p string) error {
+	if err := agentproto.CheckPath(p); err != nil {
+		return fmt.Errorf("%s: %v: %w", what, err, errdefs.ErrInvalid)
+	}
+	return nil
+}
+
+// ParseMode reads an octal permission such as "0644"; "" is 0644.
+func ParseMode(s string) (uint32, error) {
+	if s == "" {
+		return 0o644, nil
+	}
+	m, err := strconv.ParseUint(s, 8, 32)
+	if err != nil || m > 0o7777 {
+		return 0, fmt.Errorf("mode %q is not an octal permission such as 0644: %w", truncate(s, 20), errdefs.ErrInvalid)
+	}
+	return uint32(m), nil
+}
+
+func (s *Service) filesOf(ctx context.Context, p Principal, sbx, path string) (*live, error) {
+	if err := checkPath("path", path); err != nil {
+		// An unknown sandbox still answers 404 first.
+		if _, gerr := s.getOwned(ctx, p, sbx); gerr != nil {
+			return nil, gerr
+		}
+		return nil, err
+	}
+	lv, _, err := s.runningSandbox(ctx, p, sbx)
+	return lv, err
+}
+
+// WriteFile streams r into path, creating parent directories.
+func (s *Service) WriteFile(ctx context.Context, p Principal, sbx, path string, mode uint32, r io.Reader) error {
+	lv, err := s.filesOf(ctx, p, sbx, path)
+	if err != nil {
+		return err
+	}
+	cr := &countReader{r: r}
+	err = lv.box.Agent().WriteFile(ctx, path, mode, cr)
+	s.m.streamed(int(cr.n))
+	return err
+}
+
+type countReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// OpenFile checks that path is a regular file and returns its stat and a
+// function that streams it to w: the caller can answer an error before it
+// writes anything.
+func (s *Service) OpenFile(ctx context.Context, p Principal, sbx, path string) (apiv1.Stat, func(w io.Writer) error, error) {
+	lv, err := s.filesOf(ctx, p, sbx, path)
+	if err != nil {
+		return apiv1.Stat{}, nil, err
+	}
+	st, err := lv.box.Agent().Stat(ctx, path)
+	if err != nil {
+		return apiv1.Stat{}, nil, err
+	}
+	if st.Type == "dir" {
+		return apiv1.Stat{}, nil, fmt.Errorf("%s is a directory: use fs/list, or archive to download it: %w", path, errdefs.ErrInvalid)
+	}
+	return statView(st), func(w io.Writer) error {
+		_, err := lv.box.Agent().ReadFile(ctx, path, w)
+		s.m.streamed(int(st.SizeBytes))
+		return err
+	}, nil
+}
+
+func statView(st agentproto.Stat) apiv1.Stat {
+	return apiv1.Stat{Path: st.Path, Type: st.Type, SizeBytes: st.SizeBytes, Mode: st.Mode, ModifiedAt: st.ModifiedAt.UTC()}
+}
+
+// Stat describes path.
+func (s *Service) Stat(ctx context.Context, p Principal, sbx, path string) (apiv1.Stat, error) {
+	lv, err := s.filesOf(ctx, p, sbx, path)
+	if err != nil {
+		return apiv1.Stat{}, err
+	}
+	st, err := lv.box.Agent().Stat(ctx, path)
+	return statView(st), err
+}
+
+// MaxListDepth bounds fs/list's depth.
+const MaxListDepth = 16
+
+// List describes the entries under dir, depth levels deep.
+func (s *Service) List(ctx context.Context, p Principal, sbx, dir string, depth int) ([]apiv1.Stat, error) {
+	if depth < 1 || depth > MaxListDepth {
+		return nil, fmt.Errorf("depth %d is out of bounds: use 1 to %d: %w", depth, MaxListDepth, errdefs.ErrInvalid)
+	}
+	lv, err := s.filesOf(ctx, p, sbx, dir)
+	if err != nil {
+		return nil, err
+	}
+	sts, err := lv.box.Agent().List(ctx, dir, depth)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]apiv1.Stat, 0, len(sts))
+	for _, st := range sts {
+		out = append(out, statView(st))
+	}
+	return out, nil
+}
+
+// Mkdir creates dir and its parents.
+func (s *Service) Mkdir(ctx context.Context, p Principal, sbx, dir string) error {
+	lv, err := s.filesOf(ctx, p, sbx, dir)
+	if err != nil {
+		return err
+	}
+	return lv.box.Agent().Mkdir(ctx, dir)
+}
+
+// Move renames from to to.
+func (s *Service) Move(ctx context.Context, p Principal, sbx, from, to string) error {
+	if err := checkPath("to", to); err != nil {
+		return err
+	}
+	lv, err := s.filesOf(ctx, p, sbx, from)
+	if err != nil {
+		return err
+	}
+	return lv.box.Agent().Move(ctx, from, to)
+}
+
+// Remove deletes path; a non-empty directory only when recursive.
+func (s *Service) Remove(ctx context.Context, p Principal, sbx, path string, recursive bool) error {
+	if path == "/" {
+		return fmt.Errorf("refusing to remove / : %w", errdefs.ErrInvalid)
+	}
+	lv, err := s.filesOf(ctx, p, sbx, path)
+	if err != nil {
+		return err
+	}
+	return lv.box.Agent().Remove(ctx, path, recursive)
+}
+
+// OpenArchive checks that path exists and returns a function that streams
+// it as a tar archive.
+func (s *Service) OpenArchive(ctx context.Context, p Principal, sbx, path string) (func(w io.Writer) error, error) {
+	lv, err := s.filesOf(ctx, p, sbx, path)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := lv.box.Agent().Stat(ctx, path); err != nil {
+		return nil, err
+	}
+	return func(w io.Writer) error {
+		cw := &countWriter{w: w}
+		err := lv.box.Agent().TarOut(ctx, path, cw)
+		s.m.streamed(int(cw.n))
+		return err
+	}, nil
+}
+
+type countWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// ExtractArchive extracts the tar stream r into dir.
+func (s *Service) ExtractArchive(ctx context.Context, p Principal, sbx, dir string, r io.Reader) error {
+	lv, err := s.filesOf(ctx, p, sbx, dir)
+	if err != nil {
+		return err
+	}
+	cr := &countReader{r: r}
+	err = lv.box.Agent().TarIn(ctx, dir, cr)
+	s.m.streamed(int(cr.n))
+	return err
+}

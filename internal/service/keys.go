@@ -1,0 +1,131 @@
+package service
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/atomicfile"
+	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/store"
+)
+
+// An API key reads "alk_<key ID without its prefix>_<secret>"; only the
+// secret's sha256 is stored.
+const keyPrefix = "alk_"
+
+func formatKey(id, secret string) string { return keyPrefix + strings.TrimPrefix(id, "key") + "_" + secret }
+
+// Authenticate returns the principal of an API key.
+func (s *Service) Authenticate(ctx context.Context, token string) (Principal, error) {
+	bad := fmt.Errorf("the API key is not valid: send \"Authorization: Bearer <key>\" with a key from POST /v1/keys or the admin key file: %w", errdefs.ErrUnauthenticated)
+	rest, ok := strings.CutPrefix(token, keyPrefix)
+	idPart, secret, ok2 := strings.Cut(rest, "_")
+	if !ok || !ok2 || !idPattern.MatchString("key"+idPart) {
+		return Principal{}, bad
+	}
+	k, err := s.st.GetKey(ctx, "key"+idPart)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return Principal{}, bad
+	}
+	if err != nil {
+		return Principal{}, err
+	}
+	if subtle.ConstantTimeCompare(hashSecret(secret), k.Hash) != 1 {
+		return Principal{}, bad
+	}
+	return Principal{KeyID: k.ID, Role: k.Role}, nil
+}
+
+// CreateKey makes an API key; only an admin may. The key is returned once.
+func (s *Service) CreateKey(ctx context.Context, p Principal, req apiv1.CreateKey) (apiv1.KeyCreated, error) {
+	if !p.Admin() {
+		return apiv1.KeyCreated{}, fmt.Errorf("only an admin key may create keys: %w", errdefs.ErrPermission)
+	}
+	if req.Name == "" || len(req.Name) > 128 || strings.ContainsAny(req.Name, "\x00\n\r") {
+		return apiv1.KeyCreated{}, fmt.Errorf("name is required: one line of at most 128 bytes: %w", errdefs.ErrInvalid)
+	}
+	if req.Role == "" {
+		req.Role = apiv1.RoleUser
+	}
+	if req.Role != apiv1.RoleUser && req.Role != apiv1.RoleAdmin {
+		return apiv1.KeyCreated{}, fmt.Errorf("role %q is not \"admin\" or \"user\": %w", truncate(req.Role, 20), errdefs.ErrInvalid)
+	}
+	return s.newKey(ctx, req.Name, req.Role)
+}
+
+func (s *Service) newKey(ctx context.Context, name, role string) (apiv1.KeyCreated, error) {
+	id, secret := newID("key"), newID("")+newID("")
+	k := store.Key{ID: id, Name: name, Role: role, Hash: hashSecret(secret), CreatedAt: s.now()}
+	if err := s.st.InsertKey(ctx, k); err != nil {
+		return apiv1.KeyCreated{}, fmt.Errorf("record key: %w", err)
+	}
+	return apiv1.KeyCreated{ID: id, Name: name, Role: role, Key: formatKey(id, secret), CreatedAt: k.CreatedAt}, nil
+}
+
+// ListKeys lists the keys; a user key sees only itself.
+func (s *Service) ListKeys(ctx context.Context, p Principal) (apiv1.List[apiv1.Key], error) {
+	keys, err := s.st.ListKeys(ctx)
+	if err != nil {
+		return apiv1.List[apiv1.Key]{}, err
+	}
+	out := apiv1.List[apiv1.Key]{Items: []apiv1.Key{}}
+	for _, k := range keys {
+		if p.owns(k.ID) {
+			out.Items = append(out.Items, apiv1.Key{ID: k.ID, Name: k.Name, Role: k.Role, CreatedAt: k.CreatedAt})
+		}
+	}
+	return out, nil
+}
+
+// DeleteKey revokes a key. Only an admin may, and not the last admin key.
+func (s *Service) DeleteKey(ctx context.Context, p Principal, id string) error {
+	if !p.Admin() {
+		return fmt.Errorf("only an admin key may delete keys: %w", errdefs.ErrPermission)
+	}
+	if err := checkID("key", "key", id); err != nil {
+		return err
+	}
+	k, err := s.st.GetKey(ctx, id)
+	if err != nil {
+		return fmt.Errorf("key %s: %w", id, err)
+	}
+	if k.Role == apiv1.RoleAdmin {
+		n, err := s.st.CountKeys(ctx, apiv1.RoleAdmin)
+		if err != nil {
+			return err
+		}
+		if n <= 1 {
+			return fmt.Errorf("key %s is the last admin key: create another admin key first: %w", id, errdefs.ErrConflict)
+		}
+	}
+	return s.st.DeleteKey(ctx, id)
+}
+
+// EnsureAdminKey creates the first admin key when there is none, writes it
+// 0600 to path and returns it; with an admin key already there it returns "".
+func (s *Service) EnsureAdminKey(ctx context.Context, path string) (string, error) {
+	n, err := s.st.CountKeys(ctx, apiv1.RoleAdmin)
+	if err != nil {
+		return "", err
+	}
+	if n > 0 {
+		return "", nil
+	}
+	k, err := s.newKey(ctx, "admin", apiv1.RoleAdmin)
+	if err != nil {
+		return "", err
+	}
+	if err := atomicfile.WriteBytes(path, []byte(k.Key+"\n"), 0o600); err != nil {
+		s.st.DeleteKey(ctx, k.ID)
+		return "", fmt.Errorf("write admin key: %w", err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		return "", err
+	}
+	return k.Key, nil
+}

@@ -1,0 +1,123 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/sandbox"
+	"github.com/airlockhq/airlock/internal/store"
+)
+
+// recover brings the store and the host back in line after a restart:
+//   - an operation left in flight is finished (delete) or failed with the
+//     reason (create: its VM may be half made, so it is removed);
+//   - a running sandbox's VM is adopted and its running commands are
+//     re-attached; a VM that died while the server was down fails the
+//     sandbox with what its console said.
+func (s *Service) recover(ctx context.Context) error {
+	ops, err := s.st.ListOperations(ctx, apiv1.OpPending, apiv1.OpRunning)
+	if err != nil {
+		return err
+	}
+	for _, op := range ops {
+		if err := s.recoverOp(ctx, op); err != nil {
+			return err
+		}
+	}
+	var after string
+	for {
+		rows, err := s.st.ListSandboxes(ctx, store.SandboxFilter{After: after, Limit: 500})
+		if err != nil {
+			return err
+		}
+		for _, sb := range rows {
+			s.states[sb.State]++
+			if sb.State == apiv1.StateRunning {
+				s.recoverRunning(ctx, sb)
+			}
+		}
+		if len(rows) < 500 {
+			break
+		}
+		after = rows[len(rows)-1].ID
+	}
+	return nil
+}
+
+func (s *Service) recoverOp(ctx context.Context, op store.Operation) error {
+	now := s.now()
+	op.FinishedAt = &now
+	sb, err := s.st.GetSandbox(ctx, op.TargetID)
+	if err != nil {
+		op.Status = apiv1.OpFailed
+		op.Error = &store.Error{Code: apiv1.CodeInternal, Message: fmt.Sprintf("the server restarted and the target %s is gone", op.TargetID)}
+		return s.st.UpdateOperation(ctx, op)
+	}
+	switch op.Kind {
+	case apiv1.OpDelete:
+		if err := s.rt.Remove(ctx, sb.ID); err != nil {
+			op.Status, op.Error = apiv1.OpFailed, &store.Error{Code: apiv1.CodeInternal, Message: err.Error()}
+			sb.State, sb.LastError = apiv1.StateFailed, op.Error
+		} else {
+			op.Status, sb.State = apiv1.OpSucceeded, apiv1.StateDeleted
+		}
+		s.endCommands(sb.ID, "the sandbox was deleted")
+	default:
+		msg := fmt.Sprintf("the server restarted while this %s was in flight; the sandbox was removed: create it again", op.Kind)
+		op.Status = apiv1.OpFailed
+		op.Error = &store.Error{Code: apiv1.CodeUnavailable, Message: msg}
+		if err := s.rt.Remove(ctx, sb.ID); err != nil {
+			s.log.Warn("remove half-made sandbox", "sandbox", sb.ID, "err", err)
+		}
+		s.endCommands(sb.ID, "the server restarted")
+		sb.State, sb.LastError = apiv1.StateFailed, op.Error
+	}
+	sb.UpdatedAt = now
+	s.log.Info("finished an operation left by the last server", "operation", op.ID, "kind", op.Kind, "status", op.Status)
+	return s.st.TransitionSandbox(ctx, sb, op)
+}
+
+// recoverRunning adopts a running sandbox's VM, or fails the sandbox.
+func (s *Service) recoverRunning(ctx context.Context, sb store.Sandbox) {
+	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	box, err := s.rt.Adopt(actx, sb.ID, sandbox.Spec{
+		ID: sb.ID, Template: sb.TemplateDigest, VCPUs: sb.VCPUs, MemoryMiB: sb.MemoryMiB, DiskMiB: sb.DiskMiB, Env: sb.Env, Detach: true,
+	})
+	if err != nil {
+		msg := "the sandbox VM stopped while the server was down: " + err.Error()
+		if !errors.Is(err, sandbox.ErrVMExited) {
+			msg = "the sandbox VM could not be adopted after a server restart: " + err.Error()
+			s.rt.Remove(ctx, sb.ID)
+		}
+		s.log.Warn("sandbox lost while the server was down", "sandbox", sb.ID, "err", err)
+		s.endCommands(sb.ID, "the sandbox VM stopped while the server was down")
+		s.states[sb.State]--
+		sb.State = apiv1.StateFailed
+		sb.LastError = &store.Error{Code: apiv1.CodeUnavailable, Message: msg}
+		sb.UpdatedAt = s.now()
+		if err := s.st.UpdateSandbox(ctx, sb); err != nil {
+			s.log.Error("record failed sandbox", "sandbox", sb.ID, "err", err)
+		}
+		s.states[sb.State]++
+		return
+	}
+	lv := s.adoptLive(box, sb)
+	s.live[sb.ID] = lv
+	cmds, err := s.st.ListCommandsByState(ctx, apiv1.CommandRunning)
+	if err != nil {
+		s.log.Error("list running commands", "err", err)
+		return
+	}
+	n := 0
+	for _, c := range cmds {
+		if c.SandboxID == sb.ID {
+			lv.resume(c)
+			n++
+		}
+	}
+	s.log.Info("adopted sandbox", "sandbox", sb.ID, "commands", n)
+}

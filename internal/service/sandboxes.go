@@ -1,0 +1,636 @@
+package service
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/sandbox"
+	"github.com/airlockhq/airlock/internal/store"
+)
+
+// newID returns prefix and 20 random lowercase letters and digits.
+func newID(prefix string) string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+	b := make([]byte, 20)
+	rand.Read(b)
+	for i := range b {
+		b[i] = alphabet[int(b[i])%len(alphabet)]
+	}
+	return prefix + string(b)
+}
+
+var idPattern = regexp.MustCompile(`^[a-z]+[a-z0-9]{1,60}$`)
+
+// checkID refuses an ID that cannot be one of ours, with the same answer
+// as an unknown one.
+func checkID(kind, prefix, id string) error {
+	if !strings.HasPrefix(id, prefix) || !idPattern.MatchString(id) {
+		return fmt.Errorf("%s %q not found: %w", kind, truncate(id, 80), errdefs.ErrNotFound)
+	}
+	return nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// Bounds on labels and environment, to keep rows small.
+const (
+	maxMapEntries = 64
+	maxKeyLen     = 128
+	maxValueLen   = 4096
+)
+
+func checkMap(what string, m map[string]string, keyOK func(string) bool) error {
+	if len(m) > maxMapEntries {
+		return fmt.Errorf("%s has %d entries; at most %d are allowed: %w", what, len(m), maxMapEntries, errdefs.ErrInvalid)
+	}
+	for k, v := range m {
+		if k == "" || len(k) > maxKeyLen || !keyOK(k) {
+			return fmt.Errorf("%s key %q is not allowed: %w", what, truncate(k, 40), errdefs.ErrInvalid)
+		}
+		if len(v) > maxValueLen || strings.ContainsRune(v, 0) {
+			return fmt.Errorf("%s value of %q is longer than %d bytes or holds a NUL: %w", what, k, maxValueLen, errdefs.ErrInvalid)
+		}
+	}
+	return nil
+}
+
+var labelKey = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.\-/]*$`)
+
+func envKeyOK(k string) bool  { return !strings.ContainsAny(k, "=\x00") }
+func labelKeyOK(k string) bool { return labelKey.MatchString(k) }
+
+// checkNetwork accepts only what this server enforces: sandboxes have no
+// network device, which is the policy {"egress": "deny"}.
+func checkNetwork(raw json.RawMessage) (json.RawMessage, error) {
+	deny := json.RawMessage(`{"egress":"deny"}`)
+	if len(raw) == 0 || string(raw) == "null" {
+		return deny, nil
+	}
+	var p struct {
+		Egress      string            `json:"egress"`
+		Allow       []string          `json:"allow"`
+		Deny        []string          `json:"deny"`
+		Credentials []json.RawMessage `json:"credentials"`
+	}
+	if err := json.Unmarshal(raw, &p); err != nil {
+		return nil, fmt.Errorf("network is not a policy object: %v: %w", err, errdefs.ErrInvalid)
+	}
+	if p.Egress != "deny" && p.Egress != "" || len(p.Allow) > 0 || len(p.Credentials) > 0 {
+		return nil, fmt.Errorf("this server gives sandboxes no network yet: omit network or set {\"egress\": \"deny\"}: %w", errdefs.ErrInvalid)
+	}
+	return deny, nil
+}
+
+// CreateSandbox records a new sandbox and its create operation, and boots
+// it in the background.
+func (s *Service) CreateSandbox(ctx context.Context, p Principal, req apiv1.CreateSandbox) (apiv1.SandboxOperation, error) {
+	if req.Template == "" {
+		return apiv1.SandboxOperation{}, fmt.Errorf("template is required (for example \"base\"): %w", errdefs.ErrInvalid)
+	}
+	switch req.OnTimeout {
+	case "":
+		req.OnTimeout = "delete"
+	case "delete", "suspend":
+	default:
+		return apiv1.SandboxOperation{}, fmt.Errorf("on_timeout %q is not \"delete\" or \"suspend\": %w", truncate(req.OnTimeout, 40), errdefs.ErrInvalid)
+	}
+	timeout := 0
+	if req.TimeoutS != nil {
+		timeout = *req.TimeoutS
+		if timeout < 0 || timeout > 365*24*3600 {
+			return apiv1.SandboxOperation{}, fmt.Errorf("timeout_s %d is out of bounds: use 0 (no lease) to %d: %w", timeout, 365*24*3600, errdefs.ErrInvalid)
+		}
+	}
+	if err := checkMap("env", req.Env, envKeyOK); err != nil {
+		return apiv1.SandboxOperation{}, err
+	}
+	if err := checkMap("metadata", req.Metadata, labelKeyOK); err != nil {
+		return apiv1.SandboxOperation{}, err
+	}
+	network, err := checkNetwork(req.Network)
+	if err != nil {
+		return apiv1.SandboxOperation{}, err
+	}
+	spec, tpl, err := s.rt.Resolve(sandbox.Spec{Template: req.Template, VCPUs: req.VCPUs, MemoryMiB: req.MemoryMiB, DiskMiB: req.DiskMiB})
+	if err != nil {
+		return apiv1.SandboxOperation{}, err
+	}
+
+	now := s.now()
+	sb := store.Sandbox{
+		ID: newID("sbx"), Owner: p.KeyID, State: apiv1.StateCreating,
+		TemplateRef: tpl.Ref(), TemplateDigest: tpl.Digest,
+		VCPUs: spec.VCPUs, MemoryMiB: spec.MemoryMiB, DiskMiB: spec.DiskMiB,
+		TimeoutS: timeout, OnTimeout: req.OnTimeout,
+		Env: req.Env, Metadata: req.Metadata, Network: network,
+		CreatedAt: now, UpdatedAt: now,
+	}
+	if timeout > 0 {
+		exp := now.Add(time.Duration(timeout) * time.Second)
+		sb.ExpiresAt = &exp
+	}
+	op := store.Operation{ID: newID("op"), Kind: apiv1.OpCreate, TargetID: sb.ID, Owner: p.KeyID, Status: apiv1.OpPending, CreatedAt: now}
+
+	// Admission: the caps are checked and the slot taken under one lock.
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return apiv1.SandboxOperation{}, fmt.Errorf("the server is shutting down: retry shortly: %w", errdefs.ErrUnavailable)
+	}
+	if n := len(s.live) + len(s.creating); n >= s.cfg.MaxSandboxes {
+		s.mu.Unlock()
+		return apiv1.SandboxOperation{}, fmt.Errorf("this host already runs %d sandboxes, its limit (max_sandboxes=%d): delete one and retry: %w", n, s.cfg.MaxSandboxes, errdefs.ErrExhausted)
+	}
+	if n := len(s.creating); n >= s.cfg.MaxStarts+s.cfg.MaxQueuedStarts {
+		s.mu.Unlock()
+		return apiv1.SandboxOperation{}, fmt.Errorf("%d sandboxes are starting or waiting to start, the limit (max_starts=%d plus %d queued): retry shortly: %w", n, s.cfg.MaxStarts, s.cfg.MaxQueuedStarts, errdefs.ErrExhausted)
+	}
+	cctx, cancel := context.WithCancel(s.ctx)
+	c := &creation{cancel: cancel, done: make(chan struct{})}
+	s.creating[sb.ID] = c
+	s.work.Add(1)
+	s.mu.Unlock()
+
+	// Desired state first: the rows exist before any work starts.
+	if err := s.st.InsertSandbox(ctx, sb, op); err != nil {
+		s.mu.Lock()
+		delete(s.creating, sb.ID)
+		s.mu.Unlock()
+		cancel()
+		s.work.Done()
+		return apiv1.SandboxOperation{}, fmt.Errorf("record sandbox: %w", err)
+	}
+	s.countState("", sb.State)
+	s.m.opStarted(op.Kind)
+	go s.runCreate(cctx, c, sb, op, spec)
+	return apiv1.SandboxOperation{Sandbox: sandboxView(sb), Operation: opView(op)}, nil
+}
+
+// runCreate boots the sandbox: it waits for a start slot, then creates.
+func (s *Service) runCreate(ctx context.Context, c *creation, sb store.Sandbox, op store.Operation, spec sandbox.Spec) {
+	defer s.work.Done()
+	defer close(c.done)
+	defer c.cancel()
+	start := time.Now()
+	log := s.log.With("sandbox", sb.ID, "operation", op.ID)
+
+	err := func() error {
+		select {
+		case s.slots <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		defer func() { <-s.slots }()
+		op.Status = apiv1.OpRunning
+		if err := s.st.UpdateOperation(s.ctx, op); err != nil {
+			return err
+		}
+		spec.ID, spec.Env, spec.Detach = sb.ID, sb.Env, true
+		box, err := s.rt.Create(ctx, spec)
+		if err != nil {
+			return err
+		}
+		lv := s.adoptLive(box, sb)
+		s.mu.Lock()
+		s.live[sb.ID] = lv
+		delete(s.creating, sb.ID)
+		s.mu.Unlock()
+		return nil
+	}()
+
+	now := s.now()
+	op.FinishedAt = &now
+	if err != nil {
+		s.mu.Lock()
+		delete(s.creating, sb.ID)
+		s.mu.Unlock()
+		if ctx.Err() != nil && s.ctx.Err() == nil {
+			// Cancelled by a delete, which finishes the story.
+			op.Status = apiv1.OpFailed
+			op.Error = &store.Error{Code: apiv1.CodeConflict, Message: "the sandbox was deleted while it was being created"}
+			s.finishOp(op, time.Since(start))
+			return
+		}
+		if s.ctx.Err() != nil {
+			return // shutting down: the next start fails the operation with a reason
+		}
+		log.Warn("create failed", "err", err)
+		status := errorStatus(err)
+		op.Status, op.Error = apiv1.OpFailed, &status
+		s.rt.Remove(context.Background(), sb.ID)
+		cur, gerr := s.st.GetSandbox(s.ctx, sb.ID)
+		if gerr == nil && cur.State == apiv1.StateCreating {
+			cur.State, cur.LastError = apiv1.StateFailed, &status
+			s.transition(cur, &op, apiv1.StateCreating)
+		} else {
+			s.finishOp(op, time.Since(start))
+		}
+		s.m.opFinished(op.Kind, op.Status, time.Since(start))
+		return
+	}
+	op.Status = apiv1.OpSucceeded
+	cur, err := s.st.GetSandbox(s.ctx, sb.ID)
+	if err == nil {
+		cur.State = apiv1.StateRunning
+		s.transition(cur, &op, apiv1.StateCreating)
+	}
+	s.m.opFinished(op.Kind, op.Status, time.Since(start))
+	log.Info("sandbox created", "ms", time.Since(start).Milliseconds())
+}
+
+// errorStatus turns an internal error into what an operation reports.
+func errorStatus(err error) store.Error {
+	return store.Error{Code: Code(err), Message: err.Error()}
+}
+
+// Code is the API error code of err's class.
+func Code(err error) string {
+	switch {
+	case errors.Is(err, errdefs.ErrInvalid):
+		return apiv1.CodeInvalidArgument
+	case errors.Is(err, errdefs.ErrNotFound):
+		return apiv1.CodeNotFound
+	case errors.Is(err, errdefs.ErrConflict):
+		return apiv1.CodeConflict
+	case errors.Is(err, errdefs.ErrExhausted):
+		return apiv1.CodeResourceExhausted
+	case errors.Is(err, errdefs.ErrUnauthenticated):
+		return apiv1.CodeUnauthenticated
+	case errors.Is(err, errdefs.ErrPermission):
+		return apiv1.CodePermissionDenied
+	case errors.Is(err, errdefs.ErrTooLarge):
+		return apiv1.CodePayloadTooLarge
+	case errors.Is(err, errdefs.ErrUnavailable), errors.Is(err, errdefs.ErrPrecondition):
+		return apiv1.CodeUnavailable
+	default:
+		return apiv1.CodeInternal
+	}
+}
+
+// transition writes a sandbox's new state (and finishes or records op) in
+// one transaction, then tells watchers. from is the state it had.
+func (s *Service) transition(sb store.Sandbox, op *store.Operation, from string) {
+	sb.UpdatedAt = s.now()
+	var err error
+	if op != nil {
+		err = s.st.TransitionSandbox(context.Background(), sb, *op)
+	} else {
+		err = s.st.UpdateSandbox(context.Background(), sb)
+	}
+	if err != nil {
+		s.log.Error("record sandbox state", "sandbox", sb.ID, "state", sb.State, "err", err)
+		return
+	}
+	s.countState(from, sb.State)
+	if op != nil && (op.Status == apiv1.OpSucceeded || op.Status == apiv1.OpFailed) {
+		s.opFinished(op.ID)
+	}
+	s.publish(sb)
+}
+
+// finishOp records a finished operation on its own.
+func (s *Service) finishOp(op store.Operation, took time.Duration) {
+	if err := s.st.UpdateOperation(context.Background(), op); err != nil {
+		s.log.Error("record operation", "operation", op.ID, "err", err)
+	}
+	s.opFinished(op.ID)
+}
+
+func (s *Service) countState(from, to string) {
+	s.mu.Lock()
+	if from != "" {
+		s.states[from]--
+	}
+	if to != "" {
+		s.states[to]++
+	}
+	counts := s.statesCopy()
+	s.mu.Unlock()
+	s.m.setStates(counts)
+}
+
+func (s *Service) statesCopy() map[string]int {
+	c := make(map[string]int, len(s.states))
+	for k, v := range s.states {
+		c[k] = v
+	}
+	return c
+}
+
+func (s *Service) stateCounts() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.statesCopy()
+}
+
+// getOwned returns the sandbox if p may see it; others' are "not found".
+func (s *Service) getOwned(ctx context.Context, p Principal, id string) (store.Sandbox, error) {
+	if err := checkID("sandbox", "sbx", id); err != nil {
+		return store.Sandbox{}, err
+	}
+	sb, err := s.st.GetSandbox(ctx, id)
+	if errors.Is(err, errdefs.ErrNotFound) || err == nil && !p.owns(sb.Owner) {
+		return store.Sandbox{}, fmt.Errorf("sandbox %s not found: %w", id, errdefs.ErrNotFound)
+	}
+	return sb, err
+}
+
+// GetSandbox returns one sandbox.
+func (s *Service) GetSandbox(ctx context.Context, p Principal, id string) (apiv1.Sandbox, error) {
+	sb, err := s.getOwned(ctx, p, id)
+	if err != nil {
+		return apiv1.Sandbox{}, err
+	}
+	return sandboxView(sb), nil
+}
+
+// SandboxFilter selects sandboxes to list.
+type SandboxFilter struct {
+	State     string
+	Metadata  map[string]string
+	PageToken string
+	Limit     int
+}
+
+// ListSandboxes lists the sandboxes p may see. Deleted ones are listed only
+// when asked for by state.
+func (s *Service) ListSandboxes(ctx context.Context, p Principal, f SandboxFilter) (apiv1.List[apiv1.Sandbox], error) {
+	var out apiv1.List[apiv1.Sandbox]
+	limit, err := checkLimit(f.Limit)
+	if err != nil {
+		return out, err
+	}
+	sf := store.SandboxFilter{Metadata: f.Metadata, Limit: limit + 1}
+	if !p.Admin() {
+		sf.Owner = p.KeyID
+	}
+	if f.State != "" {
+		if !validState(f.State) {
+			return out, fmt.Errorf("state %q is not one of %s: %w", truncate(f.State, 40), strings.Join(apiv1.States, ", "), errdefs.ErrInvalid)
+		}
+		sf.States = []string{f.State}
+	} else {
+		for _, st := range apiv1.States {
+			if st != apiv1.StateDeleted {
+				sf.States = append(sf.States, st)
+			}
+		}
+	}
+	if f.PageToken != "" {
+		after, err := decodePageToken(f.PageToken, "sbx")
+		if err != nil {
+			return out, err
+		}
+		sf.After = after
+	}
+	rows, err := s.st.ListSandboxes(ctx, sf)
+	if err != nil {
+		return out, err
+	}
+	out.Items = []apiv1.Sandbox{}
+	for i, sb := range rows {
+		if i == limit {
+			out.NextPageToken = encodePageToken(rows[i-1].ID)
+			break
+		}
+		out.Items = append(out.Items, sandboxView(sb))
+	}
+	return out, nil
+}
+
+func validState(st string) bool {
+	for _, s := range apiv1.States {
+		if s == st {
+			return true
+		}
+	}
+	return false
+}
+
+// DeleteSandbox records the delete and carries it out in the background.
+func (s *Service) DeleteSandbox(ctx context.Context, p Principal, id string) (apiv1.SandboxOperation, error) {
+	sb, err := s.getOwned(ctx, p, id)
+	if err != nil {
+		return apiv1.SandboxOperation{}, err
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return apiv1.SandboxOperation{}, fmt.Errorf("the server is shutting down: retry shortly: %w", errdefs.ErrUnavailable)
+	}
+	// Re-read under the lock so that two deletes cannot both start.
+	sb, err = s.st.GetSandbox(ctx, id)
+	if err != nil {
+		s.mu.Unlock()
+		return apiv1.SandboxOperation{}, err
+	}
+	if sb.State == apiv1.StateDeleting || sb.State == apiv1.StateDeleted {
+		s.mu.Unlock()
+		return apiv1.SandboxOperation{}, fmt.Errorf("sandbox %s is %s already: %w", id, sb.State, errdefs.ErrConflict)
+	}
+	from := sb.State
+	now := s.now()
+	op := store.Operation{ID: newID("op"), Kind: apiv1.OpDelete, TargetID: id, Owner: p.KeyID, Status: apiv1.OpPending, CreatedAt: now}
+	sb.State = apiv1.StateDeleting
+	sb.UpdatedAt = now
+	if err := s.st.TransitionSandbox(ctx, sb, op); err != nil {
+		s.mu.Unlock()
+		return apiv1.SandboxOperation{}, fmt.Errorf("record delete: %w", err)
+	}
+	s.work.Add(1)
+	s.mu.Unlock()
+	s.countState(from, sb.State)
+	s.publish(sb)
+	s.m.opStarted(op.Kind)
+	go s.runDelete(sb, op)
+	return apiv1.SandboxOperation{Sandbox: sandboxView(sb), Operation: opView(op)}, nil
+}
+
+// runDelete stops whatever the sandbox has and removes its files.
+func (s *Service) runDelete(sb store.Sandbox, op store.Operation) {
+	defer s.work.Done()
+	start := time.Now()
+	op.Status = apiv1.OpRunning
+	s.st.UpdateOperation(context.Background(), op)
+
+	s.mu.Lock()
+	c := s.creating[sb.ID]
+	s.mu.Unlock()
+	if c != nil {
+		c.cancel()
+		<-c.done
+	}
+	s.mu.Lock()
+	lv := s.live[sb.ID]
+	delete(s.live, sb.ID)
+	s.mu.Unlock()
+	var err error
+	if lv != nil {
+		err = lv.destroy(context.Background())
+	} else {
+		err = s.rt.Remove(context.Background(), sb.ID)
+	}
+	s.endCommands(sb.ID, "the sandbox was deleted")
+	now := s.now()
+	op.FinishedAt = &now
+	if err != nil {
+		status := errorStatus(fmt.Errorf("delete sandbox %s: %w", sb.ID, err))
+		op.Status, op.Error = apiv1.OpFailed, &status
+		sb.State, sb.LastError = apiv1.StateFailed, &status
+	} else {
+		op.Status = apiv1.OpSucceeded
+		sb.State = apiv1.StateDeleted
+	}
+	s.transition(sb, &op, apiv1.StateDeleting)
+	s.m.opFinished(op.Kind, op.Status, time.Since(start))
+}
+
+// sandboxView is the API's view of a sandbox row.
+func sandboxView(sb store.Sandbox) apiv1.Sandbox {
+	v := apiv1.Sandbox{
+		ID: sb.ID, State: sb.State,
+		Template:  apiv1.TemplateRef{Ref: sb.TemplateRef, Digest: sb.TemplateDigest},
+		VCPUs:     sb.VCPUs, MemoryMiB: sb.MemoryMiB, DiskMiB: sb.DiskMiB,
+		CreatedAt: sb.CreatedAt, ExpiresAt: sb.ExpiresAt, OnTimeout: sb.OnTimeout,
+		Metadata: sb.Metadata, Network: sb.Network,
+	}
+	if v.Metadata == nil {
+		v.Metadata = map[string]string{}
+	}
+	if len(v.Network) == 0 {
+		v.Network = json.RawMessage(`{"egress":"deny"}`)
+	}
+	if sb.LastError != nil {
+		v.LastError = &apiv1.Status{Code: sb.LastError.Code, Message: sb.LastError.Message}
+	}
+	return v
+}
+
+func opView(op store.Operation) apiv1.Operation {
+	v := apiv1.Operation{ID: op.ID, Kind: op.Kind, TargetID: op.TargetID, Status: op.Status,
+		CreatedAt: op.CreatedAt, FinishedAt: op.FinishedAt}
+	if op.Error != nil {
+		v.Error = &apiv1.Status{Code: op.Error.Code, Message: op.Error.Message}
+	}
+	return v
+}
+
+// GetOperation returns an operation; with wait > 0 it first waits up to
+// that long for it to finish.
+func (s *Service) GetOperation(ctx context.Context, p Principal, id string, wait time.Duration) (apiv1.Operation, error) {
+	if err := checkID("operation", "op", id); err != nil {
+		return apiv1.Operation{}, err
+	}
+	get := func() (store.Operation, error) {
+		op, err := s.st.GetOperation(ctx, id)
+		if errors.Is(err, errdefs.ErrNotFound) || err == nil && !p.owns(op.Owner) {
+			return op, fmt.Errorf("operation %s not found: %w", id, errdefs.ErrNotFound)
+		}
+		return op, err
+	}
+	op, err := get()
+	if err != nil || wait <= 0 || op.Status == apiv1.OpSucceeded || op.Status == apiv1.OpFailed {
+		return opView(op), err
+	}
+	s.mu.Lock()
+	ch, ok := s.opWait[id]
+	if !ok {
+		ch = make(chan struct{})
+		s.opWait[id] = ch
+	}
+	s.mu.Unlock()
+	// The operation may have finished between the read and the wait.
+	if op, err = get(); err != nil || op.Status == apiv1.OpSucceeded || op.Status == apiv1.OpFailed {
+		return opView(op), err
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ch:
+	case <-t.C:
+	case <-ctx.Done():
+		return apiv1.Operation{}, ctx.Err()
+	case <-s.ctx.Done():
+	}
+	op, err = get()
+	return opView(op), err
+}
+
+func (s *Service) opFinished(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ch, ok := s.opWait[id]; ok {
+		close(ch)
+		delete(s.opWait, id)
+	}
+}
+
+// Watch streams the sandbox's state on every change until ctx ends or
+// the sandbox is deleted (its last event is the "deleted" state). The
+// channel is closed at the end.
+func (s *Service) Watch(ctx context.Context, p Principal, id string) (<-chan apiv1.Sandbox, error) {
+	if _, err := s.getOwned(ctx, p, id); err != nil {
+		return nil, err
+	}
+	ch := make(chan apiv1.Sandbox, 16)
+	s.mu.Lock()
+	if s.watchers[id] == nil {
+		s.watchers[id] = map[chan apiv1.Sandbox]struct{}{}
+	}
+	s.watchers[id][ch] = struct{}{}
+	s.mu.Unlock()
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-s.ctx.Done():
+		}
+		s.mu.Lock()
+		if _, ok := s.watchers[id][ch]; ok {
+			delete(s.watchers[id], ch)
+			close(ch)
+		}
+		if len(s.watchers[id]) == 0 {
+			delete(s.watchers, id)
+		}
+		s.mu.Unlock()
+	}()
+	return ch, nil
+}
+
+// publish sends a state change to the sandbox's watchers. A watcher too
+// slow to keep 16 changes queued loses the oldest.
+func (s *Service) publish(sb store.Sandbox) {
+	v := sandboxView(sb)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for ch := range s.watchers[sb.ID] {
+		select {
+		case ch <- v:
+		default:
+			select {
+			case <-ch:
+			default:
+			}
+			ch <- v
+		}
+		if sb.State == apiv1.StateDeleted {
+			close(ch) // nothing more will happen to it
+		}
+	}
+	if sb.State == apiv1.StateDeleted {
+		delete(s.watchers, sb.ID)
+	}
+}

@@ -1,0 +1,193 @@
+// Package service is airlock's control plane: it keeps the desired state of
+// sandboxes, operations, commands and keys in the store, drives the runtime
+// toward it in the background, and re-adopts what is running when the
+// server starts again. The HTTP layer (internal/api) calls it and maps its
+// errors; nothing here knows about HTTP.
+//
+// Lifetimes: a request never owns a VM. Lifecycle work runs under the
+// service's context, ended by Close; each live sandbox has its own context,
+// ended when it is deleted or the service closes. Close leaves VMs running
+// (they are started detached) so the next server re-adopts them.
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/datadir"
+	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/sandbox"
+	"github.com/airlockhq/airlock/internal/store"
+)
+
+// Config configures a Service.
+type Config struct {
+	// Dir is the data directory.
+	Dir datadir.Dir
+	// Runtime boots and adopts sandboxes.
+	Runtime *sandbox.Runtime
+	// Store keeps the desired state.
+	Store *store.Store
+	// Log receives the service's diagnostics.
+	Log *slog.Logger
+	// Metrics counts what the service does; nil counts nothing.
+	Metrics *Metrics
+	// MaxSandboxes caps the sandboxes that hold a VM (running or starting).
+	// Default 32.
+	MaxSandboxes int
+	// MaxStarts caps the sandboxes booting at once; further creates wait
+	// in line. Default twice the host's CPUs.
+	MaxStarts int
+	// MaxQueuedStarts caps the creates waiting for a start slot; past it a
+	// create is refused. Default 64.
+	MaxQueuedStarts int
+	// ShutdownGrace is how long Close waits for lifecycle work in flight.
+	// Default 10 s.
+	ShutdownGrace time.Duration
+}
+
+// Validate checks the configuration and fills in defaults.
+func (c *Config) Validate() error {
+	if c.Runtime == nil || c.Store == nil {
+		return errors.New("service needs a runtime and a store")
+	}
+	if c.Log == nil {
+		c.Log = slog.New(slog.DiscardHandler)
+	}
+	if c.MaxSandboxes == 0 {
+		c.MaxSandboxes = 32
+	}
+	if c.MaxStarts == 0 {
+		c.MaxStarts = 2 * runtime.NumCPU()
+	}
+	if c.MaxQueuedStarts == 0 {
+		c.MaxQueuedStarts = 64
+	}
+	if c.ShutdownGrace == 0 {
+		c.ShutdownGrace = 10 * time.Second
+	}
+	if c.MaxSandboxes < 1 || c.MaxStarts < 1 || c.MaxQueuedStarts < 0 {
+		return fmt.Errorf("limits must be positive (max sandboxes %d, max starts %d, queued starts %d): %w",
+			c.MaxSandboxes, c.MaxStarts, c.MaxQueuedStarts, errdefs.ErrInvalid)
+	}
+	return nil
+}
+
+// Service is the control plane.
+type Service struct {
+	cfg Config
+	log *slog.Logger
+	st  *store.Store
+	rt  *sandbox.Runtime
+	m   *Metrics
+
+	ctx    context.Context // lifecycle work; cancelled by Close
+	cancel context.CancelFunc
+	work   sync.WaitGroup // lifecycle goroutines
+	slots  chan struct{}  // start slots, MaxStarts of them
+
+	mu       sync.Mutex               // guards the fields below
+	live     map[string]*live         // sandboxes with a VM this server holds
+	creating map[string]*creation     // creates in flight
+	watchers map[string]map[chan apiv1.Sandbox]struct{}
+	opWait   map[string]chan struct{} // closed when the operation finishes
+	states   map[string]int           // sandboxes per state, for metrics
+	closed   bool
+}
+
+// creation is a create in flight.
+type creation struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// New starts the service: it recovers what an earlier server left (adopts
+// running VMs, ends operations that were in flight) before it returns.
+func New(ctx context.Context, cfg Config) (*Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	sctx, cancel := context.WithCancel(context.Background())
+	s := &Service{
+		cfg: cfg, log: cfg.Log, st: cfg.Store, rt: cfg.Runtime, m: cfg.Metrics,
+		ctx: sctx, cancel: cancel,
+		slots:    make(chan struct{}, cfg.MaxStarts),
+		live:     map[string]*live{},
+		creating: map[string]*creation{},
+		watchers: map[string]map[chan apiv1.Sandbox]struct{}{},
+		opWait:   map[string]chan struct{}{},
+		states:   map[string]int{},
+	}
+	if err := s.recover(ctx); err != nil {
+		cancel()
+		s.releaseAll()
+		return nil, fmt.Errorf("recover sandboxes: %w", err)
+	}
+	s.m.setStates(s.stateCounts())
+	return s, nil
+}
+
+// Close stops lifecycle work, waiting up to the shutdown grace for
+// operations in flight, and lets go of every sandbox without stopping it.
+func (s *Service) Close() {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.closed = true
+	s.mu.Unlock()
+	done := make(chan struct{})
+	go func() { s.work.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(s.cfg.ShutdownGrace):
+		s.log.Warn("lifecycle work still in flight at shutdown; the next start finishes or fails it")
+	}
+	s.cancel()
+	s.releaseAll()
+	<-done
+}
+
+func (s *Service) releaseAll() {
+	s.mu.Lock()
+	lives := make([]*live, 0, len(s.live))
+	for _, lv := range s.live {
+		lives = append(lives, lv)
+	}
+	s.mu.Unlock()
+	for _, lv := range lives {
+		lv.release()
+	}
+}
+
+// Principal is the caller of a request: the API key it authenticated with.
+type Principal struct {
+	KeyID string
+	Role  string
+}
+
+// Admin reports whether p may see and touch everything.
+func (p Principal) Admin() bool { return p.Role == apiv1.RoleAdmin }
+
+// owns reports whether p may see a resource owned by owner.
+func (p Principal) owns(owner string) bool { return p.Admin() || p.KeyID == owner }
+
+func (s *Service) now() time.Time { return time.Now().UTC().Truncate(time.Millisecond) }
+
+// dataFile is a path under the sandbox's directory.
+func (s *Service) sandboxDir(id string) string { return s.cfg.Dir.Sandbox(id) }
+
+func removeAll(path string) error {
+	if err := os.RemoveAll(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
