@@ -90,11 +90,28 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request, p service.Pri
 	return nil
 }
 
+// pageParams reads limit and page_token.
+func pageParams(r *http.Request, extra ...string) (url.Values, int, string, error) {
+	q, err := query(r, append([]string{"limit", "page_token"}, extra...)...)
+	if err != nil {
+		return nil, 0, "", err
+	}
+	limit, err := intParam(q, "limit", 0)
+	if err != nil {
+		return nil, 0, "", err
+	}
+	if limit == 0 && q.Has("limit") {
+		return nil, 0, "", fmt.Errorf("limit 0 is out of bounds: use 1 to %d: %w", service.MaxLimit, errdefs.ErrInvalid)
+	}
+	return q, limit, q.Get("page_token"), nil
+}
+
 func (s *Server) listKeys(w http.ResponseWriter, r *http.Request, p service.Principal) error {
-	if err := noQuery(r); err != nil {
+	_, limit, token, err := pageParams(r)
+	if err != nil {
 		return err
 	}
-	keys, err := s.svc.ListKeys(r.Context(), p)
+	keys, err := s.svc.ListKeys(r.Context(), p, limit, token)
 	if err != nil {
 		return err
 	}
@@ -151,17 +168,11 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p service
 }
 
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, p service.Principal) error {
-	q, err := query(r, "state", "limit", "page_token", "metadata.")
+	q, limit, token, err := pageParams(r, "state", "metadata.")
 	if err != nil {
 		return err
 	}
-	f := service.SandboxFilter{State: q.Get("state"), PageToken: q.Get("page_token")}
-	if f.Limit, err = intParam(q, "limit", 0); err != nil {
-		return err
-	}
-	if f.Limit == 0 && q.Has("limit") {
-		return fmt.Errorf("limit 0 is out of bounds: use 1 to %d: %w", service.MaxLimit, errdefs.ErrInvalid)
-	}
+	f := service.SandboxFilter{State: q.Get("state"), PageToken: token, Limit: limit}
 	for k, v := range q {
 		if name, ok := strings.CutPrefix(k, "metadata."); ok {
 			if name == "" || len(v) != 1 {
@@ -221,18 +232,11 @@ func (s *Server) createCommand(w http.ResponseWriter, r *http.Request, p service
 }
 
 func (s *Server) listCommands(w http.ResponseWriter, r *http.Request, p service.Principal) error {
-	q, err := query(r, "limit", "page_token")
+	_, limit, token, err := pageParams(r)
 	if err != nil {
 		return err
 	}
-	limit, err := intParam(q, "limit", 0)
-	if err != nil {
-		return err
-	}
-	if limit == 0 && q.Has("limit") {
-		return fmt.Errorf("limit 0 is out of bounds: use 1 to %d: %w", service.MaxLimit, errdefs.ErrInvalid)
-	}
-	list, err := s.svc.ListCommands(r.Context(), p, r.PathValue("id"), q.Get("page_token"), limit)
+	list, err := s.svc.ListCommands(r.Context(), p, r.PathValue("id"), token, limit)
 	if err != nil {
 		return err
 	}
@@ -487,10 +491,11 @@ func (s *Server) archiveIn(w http.ResponseWriter, r *http.Request, p service.Pri
 // Templates.
 
 func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request, p service.Principal) error {
-	if err := noQuery(r); err != nil {
+	_, limit, token, err := pageParams(r)
+	if err != nil {
 		return err
 	}
-	list, err := s.svc.ListTemplates(r.Context())
+	list, err := s.svc.ListTemplates(r.Context(), limit, token)
 	if err != nil {
 		return err
 	}

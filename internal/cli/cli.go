@@ -57,7 +57,8 @@ func ExitCode(err error) int {
 func Message(err error) string {
 	msg := err.Error()
 	for _, class := range []error{errdefs.ErrInvalid, errdefs.ErrNotFound, errdefs.ErrConflict,
-		errdefs.ErrExhausted, errdefs.ErrPrecondition, errdefs.ErrUnavailable} {
+		errdefs.ErrExhausted, errdefs.ErrPrecondition, errdefs.ErrUnavailable, errdefs.ErrUnauthenticated,
+		errdefs.ErrPermission, errdefs.ErrTooLarge} {
 		if errors.Is(err, class) {
 			msg = strings.TrimSuffix(msg, ": "+class.Error())
 		}
@@ -87,6 +88,11 @@ func commands() []command {
 		{"serve", "serve the HTTP API (see docs/api.md)", runServe},
 		{"run", "boot a sandbox, run one command in it, and remove it", runRun},
 		{"bench", "measure boot, exec and throughput against host baselines", runBench},
+		{"sandbox", "create, list, show and remove sandboxes on a server", runSandbox},
+		{"exec", "run a command in a sandbox on a server", runExec},
+		{"shell", "open an interactive shell in a sandbox on a server", runShell},
+		{"cp", "copy files between this machine and a sandbox on a server", runCp},
+		{"op", "show or wait for an operation on a server", runOp},
 		{"version", "print the version", runVersion},
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 	"time"
 
@@ -61,7 +60,7 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	if err := os.MkdirAll(env.Dir.Root, 0o755); err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
-	st, err := store.Open(filepath.Join(env.Dir.Root, "airlock.db"))
+	st, err := store.Open(env.Dir.Store())
 	if err != nil {
 		return fmt.Errorf("serve: open store: %w", err)
 	}
@@ -81,7 +80,7 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	}
 	defer svc.Close()
 
-	keyPath := filepath.Join(env.Dir.Root, "admin.key")
+	keyPath := env.Dir.AdminKey()
 	if key, err := svc.EnsureAdminKey(ctx, keyPath); err != nil {
 		return fmt.Errorf("serve: %w", err)
 	} else if key != "" {

@@ -14,6 +14,8 @@ import (
 //	cache/                downloaded packages and other reusable inputs
 //	sandboxes/<id>/       one directory per sandbox: overlay, sockets, console log
 //	accel.json            the cached verdict of the accelerator probe
+//	airlock.db            the server's store (with its -wal and -shm files)
+//	admin.key             the server's first admin key, mode 0600
 type Dir struct {
 	Root string
 }
@@ -54,6 +56,12 @@ func (d Dir) Sandboxes() string { return filepath.Join(d.Root, "sandboxes") }
 
 // Sandbox is the directory of one sandbox.
 func (d Dir) Sandbox(id string) string { return filepath.Join(d.Sandboxes(), id) }
+
+// Store is the server's SQLite database.
+func (d Dir) Store() string { return filepath.Join(d.Root, "airlock.db") }
+
+// AdminKey is the file the server writes its first admin key to (0600).
+func (d Dir) AdminKey() string { return filepath.Join(d.Root, "admin.key") }
 
 // AccelVerdict is the file caching which accelerator works on this host.
 func (d Dir) AccelVerdict() string { return filepath.Join(d.Root, "accel.json") }

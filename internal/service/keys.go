@@ -18,7 +18,9 @@ import (
 // secret's sha256 is stored.
 const keyPrefix = "alk_"
 
-func formatKey(id, secret string) string { return keyPrefix + strings.TrimPrefix(id, "key") + "_" + secret }
+func formatKey(id, secret string) string {
+	return keyPrefix + strings.TrimPrefix(id, "key") + "_" + secret
+}
 
 // Authenticate returns the principal of an API key.
 func (s *Service) Authenticate(ctx context.Context, token string) (Principal, error) {
@@ -67,19 +69,20 @@ func (s *Service) newKey(ctx context.Context, name, role string) (apiv1.KeyCreat
 	return apiv1.KeyCreated{ID: id, Name: name, Role: role, Key: formatKey(id, secret), CreatedAt: k.CreatedAt}, nil
 }
 
-// ListKeys lists the keys; a user key sees only itself.
-func (s *Service) ListKeys(ctx context.Context, p Principal) (apiv1.List[apiv1.Key], error) {
+// ListKeys lists the keys, a page at a time; a user key sees only itself.
+func (s *Service) ListKeys(ctx context.Context, p Principal, limit int, pageToken string) (apiv1.List[apiv1.Key], error) {
 	keys, err := s.st.ListKeys(ctx)
 	if err != nil {
 		return apiv1.List[apiv1.Key]{}, err
 	}
-	out := apiv1.List[apiv1.Key]{Items: []apiv1.Key{}}
+	all := []apiv1.Key{}
 	for _, k := range keys {
 		if p.owns(k.ID) {
-			out.Items = append(out.Items, apiv1.Key{ID: k.ID, Name: k.Name, Role: k.Role, CreatedAt: k.CreatedAt})
+			all = append(all, apiv1.Key{ID: k.ID, Name: k.Name, Role: k.Role, CreatedAt: k.CreatedAt})
 		}
 	}
-	return out, nil
+	items, next, err := page(all, func(k apiv1.Key) string { return k.ID }, limit, pageToken)
+	return apiv1.List[apiv1.Key]{Items: items, NextPageToken: next}, err
 }
 
 // DeleteKey revokes a key. Only an admin may, and not the last admin key.

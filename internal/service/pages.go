@@ -38,3 +38,32 @@ func decodePageToken(tok, prefix string) (string, error) {
 	}
 	return id, nil
 }
+
+// page cuts a page out of a whole list held in memory, after the item
+// whose key is the token's.
+func page[T any](items []T, key func(T) string, limit int, token string) ([]T, string, error) {
+	n, err := checkLimit(limit)
+	if err != nil {
+		return nil, "", err
+	}
+	start := 0
+	if token != "" {
+		b, err := base64.RawURLEncoding.DecodeString(token)
+		after, ok := strings.CutPrefix(string(b), "after:")
+		if err != nil || !ok {
+			return nil, "", fmt.Errorf("page_token is not one this server gave: start again without it: %w", errdefs.ErrInvalid)
+		}
+		start = len(items)
+		for i, it := range items {
+			if key(it) == after {
+				start = i + 1
+				break
+			}
+		}
+	}
+	items = items[start:]
+	if len(items) <= n {
+		return items, "", nil
+	}
+	return items[:n], base64.RawURLEncoding.EncodeToString([]byte("after:" + key(items[n-1]))), nil
+}

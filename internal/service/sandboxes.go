@@ -69,7 +69,7 @@ func checkMap(what string, m map[string]string, keyOK func(string) bool) error {
 
 var labelKey = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.\-/]*$`)
 
-func envKeyOK(k string) bool  { return !strings.ContainsAny(k, "=\x00") }
+func envKeyOK(k string) bool   { return !strings.ContainsAny(k, "=\x00") }
 func labelKeyOK(k string) bool { return labelKey.MatchString(k) }
 
 // checkNetwork accepts only what this server enforces: sandboxes have no
@@ -502,8 +502,8 @@ func (s *Service) runDelete(sb store.Sandbox, op store.Operation) {
 func sandboxView(sb store.Sandbox) apiv1.Sandbox {
 	v := apiv1.Sandbox{
 		ID: sb.ID, State: sb.State,
-		Template:  apiv1.TemplateRef{Ref: sb.TemplateRef, Digest: sb.TemplateDigest},
-		VCPUs:     sb.VCPUs, MemoryMiB: sb.MemoryMiB, DiskMiB: sb.DiskMiB,
+		Template: apiv1.TemplateRef{Ref: sb.TemplateRef, Digest: sb.TemplateDigest},
+		VCPUs:    sb.VCPUs, MemoryMiB: sb.MemoryMiB, DiskMiB: sb.DiskMiB,
 		CreatedAt: sb.CreatedAt, ExpiresAt: sb.ExpiresAt, OnTimeout: sb.OnTimeout,
 		Metadata: sb.Metadata, Network: sb.Network,
 	}

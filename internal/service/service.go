@@ -93,9 +93,9 @@ type Service struct {
 	work   sync.WaitGroup // lifecycle goroutines
 	slots  chan struct{}  // start slots, MaxStarts of them
 
-	mu       sync.Mutex               // guards the fields below
-	live     map[string]*live         // sandboxes with a VM this server holds
-	creating map[string]*creation     // creates in flight
+	mu       sync.Mutex           // guards the fields below
+	live     map[string]*live     // sandboxes with a VM this server holds
+	creating map[string]*creation // creates in flight
 	watchers map[string]map[chan apiv1.Sandbox]struct{}
 	opWait   map[string]chan struct{} // closed when the operation finishes
 	states   map[string]int           // sandboxes per state, for metrics

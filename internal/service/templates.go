@@ -12,17 +12,19 @@ func templateView(t template.Template) apiv1.Template {
 		DiskMiB: t.DiskMiB, SizeBytes: t.SizeBytes, CreatedAt: t.CreatedAt.UTC(), Status: "ready"}
 }
 
-// ListTemplates lists the templates sandboxes can start from.
-func (s *Service) ListTemplates(ctx context.Context) (apiv1.List[apiv1.Template], error) {
+// ListTemplates lists the templates sandboxes can start from, a page at a
+// time.
+func (s *Service) ListTemplates(ctx context.Context, limit int, pageToken string) (apiv1.List[apiv1.Template], error) {
 	ts, err := s.rt.Templates().List()
 	if err != nil {
 		return apiv1.List[apiv1.Template]{}, err
 	}
-	out := apiv1.List[apiv1.Template]{Items: []apiv1.Template{}}
+	all := []apiv1.Template{}
 	for _, t := range ts {
-		out.Items = append(out.Items, templateView(t))
+		all = append(all, templateView(t))
 	}
-	return out, nil
+	items, next, err := page(all, func(t apiv1.Template) string { return t.Name + ":" + t.Tag }, limit, pageToken)
+	return apiv1.List[apiv1.Template]{Items: items, NextPageToken: next}, err
 }
 
 // GetTemplate resolves a name[:tag] or digest.
