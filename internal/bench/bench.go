@@ -1,9 +1,11 @@
 // Package bench measures airlock against baselines taken in the same run on
 // the same machine: cold boot to agent ready against a plain QEMU boot, the
-// round trip of an exec against a host fork/exec, and stdout throughput
-// against the same command on the host. Absolute timings vary from host to
-// host (and from minute to minute under software emulation); the ratios to
-// the baselines are what compare across runs.
+// round trip of an exec against a host fork/exec, stdout throughput against
+// the same command on the host, and the HTTP API (create to first output,
+// exec round trip) against the same work through the runtime in-process.
+// Absolute timings vary from host to host (and from minute to minute under
+// software emulation); the ratios to the baselines are what compare across
+// runs.
 package bench
 
 import (
@@ -29,11 +31,13 @@ const (
 	ScenarioBoot       = "boot"
 	ScenarioExecRTT    = "exec_rtt"
 	ScenarioThroughput = "stdout_throughput"
+	ScenarioAPICreate  = "api_create_to_first_output"
+	ScenarioAPIExecRTT = "api_exec_rtt"
 )
 
 // Scenarios lists every scenario in the order Run runs them.
 func Scenarios() []string {
-	return []string{ScenarioBoot, ScenarioExecRTT, ScenarioThroughput}
+	return []string{ScenarioBoot, ScenarioExecRTT, ScenarioThroughput, ScenarioAPICreate, ScenarioAPIExecRTT}
 }
 
 // Defaults of the Config fields left zero.
@@ -42,6 +46,7 @@ const (
 	DefaultBootRuns      = 5
 	DefaultExecRuns      = 200
 	DefaultThroughputMiB = 200
+	DefaultAPIRuns       = 5
 	// DefaultBootTimeout is six times a boot under TCG (about 5 s), so a
 	// hung boot costs half a minute rather than the runtime's default
 	// minute.
@@ -67,11 +72,15 @@ type Config struct {
 	// BootRuns is how many cold boots each side of the boot scenario makes.
 	// Default 5.
 	BootRuns int
-	// ExecRuns is how many execs each side of exec_rtt makes. Default 200.
+	// ExecRuns is how many execs each side of exec_rtt and api_exec_rtt
+	// makes. Default 200.
 	ExecRuns int
 	// ThroughputMiB is how many MiB stdout_throughput streams, in MiB.
 	// Default 200.
 	ThroughputMiB int
+	// APIRuns is how many sandboxes each side of api_create_to_first_output
+	// creates, one sample each. Default 5.
+	APIRuns int
 	// Scenarios selects the scenarios to run by name; empty means all.
 	// They run in the order of Scenarios() whatever the order here.
 	Scenarios []string
@@ -100,7 +109,7 @@ func (c *Config) Validate() error {
 	for _, n := range []struct {
 		name string
 		v    int
-	}{{"boot runs", c.BootRuns}, {"exec runs", c.ExecRuns}, {"throughput MiB", c.ThroughputMiB}} {
+	}{{"boot runs", c.BootRuns}, {"exec runs", c.ExecRuns}, {"throughput MiB", c.ThroughputMiB}, {"api runs", c.APIRuns}} {
 		if n.v < 0 {
 			errs = append(errs, fmt.Errorf("%s must not be negative (got %d)", n.name, n.v))
 		}
@@ -139,6 +148,9 @@ func (c Config) withDefaults() Config {
 	if c.ThroughputMiB == 0 {
 		c.ThroughputMiB = DefaultThroughputMiB
 	}
+	if c.APIRuns == 0 {
+		c.APIRuns = DefaultAPIRuns
+	}
 	if c.BootTimeout == 0 {
 		c.BootTimeout = DefaultBootTimeout
 	}
@@ -165,6 +177,9 @@ type runner struct {
 	// sb is the sandbox the exec scenarios share, created on first use and
 	// destroyed by close. Only Run's goroutine touches it.
 	sb *sandbox.Sandbox
+	// api is the server the API scenarios share, started on first use and
+	// stopped by close. Only Run's goroutine touches it.
+	api *apiServer
 }
 
 // Run runs the selected scenarios one after another and reports them. Every
@@ -203,6 +218,8 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		{ScenarioBoot, r.boot},
 		{ScenarioExecRTT, r.execRTT},
 		{ScenarioThroughput, r.stdoutThroughput},
+		{ScenarioAPICreate, r.apiCreate},
+		{ScenarioAPIExecRTT, r.apiExecRTT},
 	}
 	for _, s := range scenarios {
 		if !cfg.selected(s.name) {
@@ -241,14 +258,19 @@ func (r *runner) sandbox(ctx context.Context) (*sandbox.Sandbox, error) {
 	return sb, nil
 }
 
-// close destroys the shared sandbox, if there is one.
+// close stops the API server and destroys the shared sandbox, whichever of
+// them there is.
 func (r *runner) close() error {
-	if r.sb == nil {
-		return nil
+	var errs []error
+	if r.api != nil {
+		errs = append(errs, r.api.close())
+		r.api = nil
 	}
-	sb := r.sb
-	r.sb = nil
-	return destroy(sb)
+	if r.sb != nil {
+		errs = append(errs, destroy(r.sb))
+		r.sb = nil
+	}
+	return errors.Join(errs...)
 }
 
 // destroyTimeout bounds the teardown of one sandbox. It does not depend on
@@ -307,24 +329,48 @@ func retrying(m measure, limit int, failures *int, onFail func(error)) measure {
 // not nil, is called after each pair with its number (from 1) and
 // durations. It stops at the first error or when ctx ends.
 func timePairs(ctx context.Context, n int, a, b measure, step func(i int, da, db time.Duration)) ([]time.Duration, []time.Duration, error) {
-	as := make([]time.Duration, 0, n)
-	bs := make([]time.Duration, 0, n)
+	ds, err := timeRounds(ctx, n, []side{{"run", a}, {"baseline run", b}}, func(i int, ds []time.Duration) {
+		if step != nil {
+			step(i, ds[0], ds[1])
+		}
+	})
+	return ds[0], ds[1], err
+}
+
+// side is one of the measures timeRounds takes turns with; label names its
+// runs in errors.
+type side struct {
+	label string
+	m     measure
+}
+
+// timeRounds runs each side in turn, n rounds, so that drift in the host's
+// speed affects all alike, and returns the durations of each side. step,
+// if not nil, is called after each round with its number (from 1) and the
+// round's durations. It stops at the first error or when ctx ends.
+func timeRounds(ctx context.Context, n int, sides []side, step func(i int, ds []time.Duration)) ([][]time.Duration, error) {
+	all := make([][]time.Duration, len(sides))
+	for j := range all {
+		all[j] = make([]time.Duration, 0, n)
+	}
+	round := make([]time.Duration, len(sides))
 	for i := 1; i <= n; i++ {
 		if err := ctx.Err(); err != nil {
-			return as, bs, err
+			return all, err
 		}
-		da, err := a(ctx)
-		if err != nil {
-			return as, bs, fmt.Errorf("run %d: %w", i, err)
+		for j, s := range sides {
+			d, err := s.m(ctx)
+			if err != nil {
+				return all, fmt.Errorf("%s %d: %w", s.label, i, err)
+			}
+			round[j] = d
 		}
-		db, err := b(ctx)
-		if err != nil {
-			return as, bs, fmt.Errorf("baseline run %d: %w", i, err)
+		for j, d := range round {
+			all[j] = append(all[j], d)
 		}
-		as, bs = append(as, da), append(bs, db)
 		if step != nil {
-			step(i, da, db)
+			step(i, round)
 		}
 	}
-	return as, bs, nil
+	return all, nil
 }

@@ -20,23 +20,32 @@ const benchAbout = `Measures airlock against baselines taken in the same run on 
 and reports each as a ratio airlock/baseline (absolute timings are noisy;
 the ratios compare across runs):
 
-  boot               sandbox create to agent ready vs a plain QEMU boot
-  exec_rtt           exec round trip of true vs fork/exec of /bin/true
-  stdout_throughput  N MiB of dd if=/dev/zero on stdout vs the same on the host
+  boot                        sandbox create to agent ready vs a plain QEMU boot
+  exec_rtt                    exec round trip of true vs fork/exec of /bin/true
+  stdout_throughput           N MiB of dd if=/dev/zero on stdout vs the same on the host
+  api_create_to_first_output  HTTP API create, command, attach to the first stdout
+                              of echo hi vs runtime create and exec in-process
+  api_exec_rtt                HTTP API exec of true (and a command session to its
+                              exit) vs exec of true through the runtime in-process
+
+The api_ scenarios serve the API in-process from a temporary data directory
+that shares this one's boot artifacts and templates.
 
 Prints JSON when --json is given or stdout is not a terminal, else a table.
 Progress goes to stderr.
 
   airlock bench
   airlock bench --only boot --runs 10
+  airlock bench --only api_create_to_first_output,api_exec_rtt --api-runs 3
   airlock bench --json -o bench.json`
 
 func runBench(ctx context.Context, env *Env, args []string) error {
 	fs := newFlagSet("bench", "airlock bench [FLAGS]", benchAbout, env)
 	tpl := fs.String("template", bench.DefaultTemplate, "template `ref` the sandboxes boot from")
 	runs := fs.Int("runs", bench.DefaultBootRuns, "cold boots per side in the boot scenario")
-	execRuns := fs.Int("exec-runs", bench.DefaultExecRuns, "execs per side in the exec_rtt scenario")
+	execRuns := fs.Int("exec-runs", bench.DefaultExecRuns, "execs per side in the exec_rtt and api_exec_rtt scenarios")
 	mib := fs.Int("throughput-mib", bench.DefaultThroughputMiB, "`MiB` of stdout per side in the stdout_throughput scenario")
+	apiRuns := fs.Int("api-runs", bench.DefaultAPIRuns, "sandboxes per side in the api_create_to_first_output scenario")
 	only := fs.String("only", "", "comma-separated `scenarios` to run (default: all): "+strings.Join(bench.Scenarios(), ", "))
 	accel := fs.String("accel", "auto", "accelerator: auto, kvm or tcg")
 	asJSON := fs.Bool("json", false, "print JSON even on a terminal")
@@ -52,14 +61,14 @@ func runBench(ctx context.Context, env *Env, args []string) error {
 	for _, f := range []struct {
 		name string
 		v    int
-	}{{"runs", *runs}, {"exec-runs", *execRuns}, {"throughput-mib", *mib}} {
+	}{{"runs", *runs}, {"exec-runs", *execRuns}, {"throughput-mib", *mib}, {"api-runs", *apiRuns}} {
 		if f.v < 1 {
 			return fmt.Errorf("bench: --%s must be at least 1 (got %d): %w", f.name, f.v, errdefs.ErrInvalid)
 		}
 	}
 	cfg := bench.Config{
 		Dir: env.Dir, Accel: *accel, Template: *tpl,
-		BootRuns: *runs, ExecRuns: *execRuns, ThroughputMiB: *mib,
+		BootRuns: *runs, ExecRuns: *execRuns, ThroughputMiB: *mib, APIRuns: *apiRuns,
 		Scenarios: splitScenarios(*only),
 		Progress:  env.Stderr, Log: env.Log,
 	}

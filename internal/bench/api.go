@@ -1,0 +1,560 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/airlockhq/airlock/internal/agentclient"
+	"github.com/airlockhq/airlock/internal/agentproto"
+	"github.com/airlockhq/airlock/internal/api"
+	"github.com/airlockhq/airlock/internal/apiclient"
+	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/datadir"
+	"github.com/airlockhq/airlock/internal/sandbox"
+	"github.com/airlockhq/airlock/internal/service"
+	"github.com/airlockhq/airlock/internal/store"
+)
+
+// firstOutputArgv is the command whose first stdout byte ends a sample of
+// api_create_to_first_output.
+var firstOutputArgv = []string{"echo", "hi"}
+
+// sharedHomeEntries are the parts of the real data directory the bench's
+// server links to: read-only for a server, and slow to make again.
+var sharedHomeEntries = []string{"boot", "templates", "accel.json"}
+
+// serverStopTimeout bounds the HTTP server's shutdown; event streams end
+// at once, so only a request stuck in flight can take it.
+const serverStopTimeout = 5 * time.Second
+
+// apiServer is an airlock server run inside the bench process: a temporary
+// data directory of its own that links the real one's boot artifacts,
+// templates and accelerator verdict, with its own store, service and HTTP
+// API on a loopback port, and a client holding its admin key. The
+// baselines of the API scenarios use its runtime, so that both sides boot
+// the same way into the same directory.
+type apiServer struct {
+	home   string // the temporary data directory; short, for unix sockets
+	rt     *sandbox.Runtime
+	st     *store.Store
+	svc    *service.Service
+	api    *api.Server
+	http   *http.Server
+	served chan error // Serve's result, sent once it returns
+	hc     *http.Client
+	client *apiclient.Client
+	url    string
+
+	// live holds the sandboxes made through the API that were not yet
+	// deleted; close deletes them. Only Run's goroutine touches it.
+	live map[string]bool
+}
+
+// apiServer returns the shared API server, starting it on first use.
+func (r *runner) apiServer(ctx context.Context) (*apiServer, error) {
+	if r.api != nil {
+		return r.api, nil
+	}
+	s, err := startAPIServer(ctx, r.cfg)
+	if err != nil {
+		return nil, fmt.Errorf("start an API server: %w", err)
+	}
+	r.api = s
+	r.progressf("serving the API on %s from a temporary data directory", s.url)
+	return s, nil
+}
+
+// startAPIServer starts an apiServer as `airlock serve` would, over a
+// temporary data directory. On failure, what it started is stopped again.
+func startAPIServer(ctx context.Context, cfg Config) (_ *apiServer, err error) {
+	s := &apiServer{live: map[string]bool{}}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, s.close())
+		}
+	}()
+	if s.home, err = newHome(cfg.Dir); err != nil {
+		return nil, err
+	}
+	dir := datadir.Dir{Root: s.home}
+	if s.st, err = store.Open(filepath.Join(s.home, "airlock.db")); err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	s.rt, err = sandbox.New(ctx, sandbox.Config{Dir: dir, Accel: cfg.Accel, BootTimeout: cfg.BootTimeout, Log: cfg.Log})
+	if err != nil {
+		return nil, err
+	}
+	if s.svc, err = service.New(ctx, service.Config{Dir: dir, Runtime: s.rt, Store: s.st, Log: cfg.Log}); err != nil {
+		return nil, err
+	}
+	key, err := s.svc.EnsureAdminKey(ctx, filepath.Join(s.home, "admin.key"))
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("listen on loopback: %w", err)
+	}
+	s.api = api.New(api.Config{Service: s.svc, Store: s.st, Log: cfg.Log})
+	s.http = &http.Server{Handler: s.api, ReadHeaderTimeout: 10 * time.Second}
+	s.served = make(chan error, 1)
+	go func() { s.served <- s.http.Serve(ln) }() // ends with close's Shutdown
+	s.url = "http://" + ln.Addr().String()
+	// A transport of its own, so that close can drop its connections.
+	s.hc = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+	s.client = apiclient.New(s.url, key, apiclient.WithHTTPClient(s.hc))
+	return s, nil
+}
+
+// newHome makes a temporary data directory that links the parts of real
+// that a server only reads. Its name is short: the sandboxes' unix sockets
+// live under it.
+func newHome(real datadir.Dir) (string, error) {
+	home, err := os.MkdirTemp("", "alb")
+	if err != nil {
+		return "", fmt.Errorf("create a temporary data directory: %w", err)
+	}
+	for _, name := range sharedHomeEntries {
+		if err := os.Symlink(filepath.Join(real.Root, name), filepath.Join(home, name)); err != nil {
+			return "", errors.Join(fmt.Errorf("link the data directory's %s: %w", name, err), os.RemoveAll(home))
+		}
+	}
+	return home, nil
+}
+
+// close deletes the sandboxes made through the API, stops the server and
+// the service, removes whatever sandbox is still left in the temporary
+// data directory (killing its VM) and then the directory. It does all of
+// that whatever fails on the way, and also for a server only partly
+// started.
+func (s *apiServer) close() error {
+	var errs []error
+	if s.client != nil {
+		for id := range s.live {
+			errs = append(errs, s.deleteSandbox(id))
+		}
+	}
+	if s.api != nil {
+		s.api.Shutdown() // ends event streams
+	}
+	if s.http != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), serverStopTimeout)
+		if err := s.http.Shutdown(ctx); err != nil {
+			s.http.Close()
+		}
+		cancel()
+		if err := <-s.served; err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errs = append(errs, fmt.Errorf("serve the API: %w", err))
+		}
+	}
+	if s.hc != nil {
+		s.hc.CloseIdleConnections()
+	}
+	if s.svc != nil {
+		s.svc.Close() // lets go of sandboxes without stopping them
+	}
+	if s.rt != nil {
+		errs = append(errs, s.removeLeftovers())
+	}
+	if s.st != nil {
+		if err := s.st.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close store: %w", err))
+		}
+	}
+	if s.home != "" {
+		if err := os.RemoveAll(s.home); err != nil {
+			errs = append(errs, fmt.Errorf("remove the temporary data directory: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// removeLeftovers removes every sandbox in the temporary data directory:
+// those whose delete failed, and any whose create the bench never heard
+// back from. The service must be closed, so that nothing owns them.
+func (s *apiServer) removeLeftovers() error {
+	entries, err := os.ReadDir(datadir.Dir{Root: s.home}.Sandboxes())
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("list leftover sandboxes: %w", err)
+	}
+	var errs []error
+	for _, e := range entries {
+		if !sandbox.ValidID(e.Name()) {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), destroyTimeout)
+		errs = append(errs, s.rt.Remove(ctx, e.Name()))
+		cancel()
+	}
+	return errors.Join(errs...)
+}
+
+// createSandbox creates a sandbox of template tpl through the API and
+// waits, by long polls, for its create operation. The sandbox is in s.live
+// from the moment the server named it, also when its create then fails.
+func (s *apiServer) createSandbox(ctx context.Context, tpl string) (string, error) {
+	created, err := s.client.CreateSandbox(ctx, apiv1.CreateSandbox{Template: tpl})
+	if err != nil {
+		return "", fmt.Errorf("create a sandbox over the API: %w", err)
+	}
+	id := created.Sandbox.ID
+	s.live[id] = true
+	op, err := s.client.WaitOperation(ctx, created.Operation.ID)
+	if err != nil {
+		return id, fmt.Errorf("wait for the create of sandbox %s: %w", id, err)
+	}
+	if op.Status != apiv1.OpSucceeded {
+		return id, fmt.Errorf("create sandbox %s: %s", id, opFailure(op))
+	}
+	return id, nil
+}
+
+// deleteSandbox deletes sandbox id through the API and waits for the
+// delete to finish. It does not depend on the run's context, so that a
+// cancelled run still cleans up.
+func (s *apiServer) deleteSandbox(id string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), destroyTimeout)
+	defer cancel()
+	op, err := s.client.DeleteSandbox(ctx, id)
+	if err != nil {
+		return fmt.Errorf("delete sandbox %s over the API: %w", id, err)
+	}
+	if op, err = s.client.WaitOperation(ctx, op.ID); err != nil {
+		return fmt.Errorf("wait for the delete of sandbox %s: %w", id, err)
+	}
+	if op.Status != apiv1.OpSucceeded {
+		return fmt.Errorf("delete sandbox %s: %s", id, opFailure(op))
+	}
+	delete(s.live, id)
+	return nil
+}
+
+// opFailure says why an operation did not succeed.
+func opFailure(op apiv1.Operation) string {
+	if op.Error != nil {
+		return fmt.Sprintf("operation %s %s: %s", op.ID, op.Status, op.Error.Message)
+	}
+	return fmt.Sprintf("operation %s %s", op.ID, op.Status)
+}
+
+// apiCreate measures, over the HTTP API, a sandbox create to the first
+// stdout byte of a command in it against the same through the runtime in
+// the same process.
+func (r *runner) apiCreate(ctx context.Context) (Result, error) {
+	s, err := r.apiServer(ctx)
+	if err != nil {
+		return Result{}, err
+	}
+	n := r.cfg.APIRuns
+	i := 1 // the pair being measured, for progress lines
+	var failA, failB int
+	onFail := func(side string, failures *int) func(error) {
+		return func(err error) {
+			r.progressf("%s %d/%d: %s run failed, retrying (%d of %d failures allowed): %s",
+				ScenarioAPICreate, i, n, side, *failures, maxBootFailures-1, firstLine(err.Error()))
+		}
+	}
+	viaAPI, inProcess, err := timePairs(ctx, n,
+		retrying(func(ctx context.Context) (time.Duration, error) { return r.apiFirstOutput(ctx, s) },
+			maxBootFailures, &failA, onFail("api", &failA)),
+		retrying(func(ctx context.Context) (time.Duration, error) { return r.runtimeFirstOutput(ctx, s.rt) },
+			maxBootFailures, &failB, onFail("runtime", &failB)),
+		func(done int, da, db time.Duration) {
+			r.progressf("%s %d/%d: api %.0f ms, runtime %.0f ms", ScenarioAPICreate, done, n, ms(da), ms(db))
+			i = done + 1
+		})
+	if err != nil {
+		return Result{}, err
+	}
+	a, b := summarize(viaAPI), summarize(inProcess)
+	a.Failures, b.Failures = failA, failB
+	notes := fmt.Sprintf("airlock: POST /v1/sandboxes (template %s), long polls of its create operation, "+
+		"POST /v1/sandboxes/{id}/commands of argv %v, attach, until the first stdout event was read, "+
+		"from a server in the same process on loopback; baseline: sandbox.Runtime.Create of the same template and "+
+		"Exec of the same argv until its first stdout byte, in-process; %d samples each, alternating, each "+
+		"sandbox deleted after its sample, untimed; ratio of p50s; p50 difference %+.0f ms",
+		r.tpl.Ref(), firstOutputArgv, n, a.P50-b.P50)
+	if failA+failB > 0 {
+		notes += fmt.Sprintf("; %d API and %d baseline samples failed and were retried", failA, failB)
+	}
+	return Result{
+		Name:     ScenarioAPICreate,
+		Unit:     "ms",
+		Airlock:  a,
+		Baseline: b,
+		Ratio:    ratio(a.P50, b.P50),
+		Notes:    notes,
+	}, nil
+}
+
+// firstOutputTimeout bounds one sample of api_create_to_first_output: a
+// boot and an exec.
+func (r *runner) firstOutputTimeout() time.Duration {
+	return r.cfg.BootTimeout + execTimeout
+}
+
+// apiFirstOutput times, over the API, a create to the first stdout event
+// of a command session in the new sandbox. The command's exit (status 0)
+// and the sandbox's delete follow, untimed.
+func (r *runner) apiFirstOutput(ctx context.Context, s *apiServer) (_ time.Duration, err error) {
+	ctx, cancel := context.WithTimeout(ctx, r.firstOutputTimeout())
+	defer cancel()
+	start := time.Now()
+	id, err := s.createSandbox(ctx, r.cfg.Template)
+	if id != "" {
+		defer func() {
+			if derr := s.deleteSandbox(id); derr != nil {
+				err = errors.Join(err, derr)
+			}
+		}()
+	}
+	if err != nil {
+		return 0, err
+	}
+	sess, err := s.client.CreateCommand(ctx, id, apiv1.CommandRequest{Argv: firstOutputArgv})
+	if err != nil {
+		return 0, fmt.Errorf("create a command in sandbox %s: %w", id, err)
+	}
+	st, err := s.client.Attach(ctx, sess.ID)
+	if err != nil {
+		return 0, fmt.Errorf("attach to command %s: %w", sess.ID, err)
+	}
+	defer st.Close()
+	if err := untilStdout(st); err != nil {
+		return 0, fmt.Errorf("command %s: %w", sess.ID, err)
+	}
+	d := time.Since(start)
+	if err := untilExit(st); err != nil {
+		return 0, fmt.Errorf("command %s: %w", sess.ID, err)
+	}
+	return d, nil
+}
+
+// runtimeFirstOutput times rt.Create and an Exec in the new sandbox up to
+// the first byte of its stdout. The command's exit (status 0) and the
+// sandbox's destruction follow, untimed.
+func (r *runner) runtimeFirstOutput(ctx context.Context, rt *sandbox.Runtime) (_ time.Duration, err error) {
+	ctx, cancel := context.WithTimeout(ctx, r.firstOutputTimeout())
+	defer cancel()
+	start := time.Now()
+	sb, err := rt.Create(ctx, sandbox.Spec{Template: r.cfg.Template})
+	if err != nil {
+		return 0, err
+	}
+	defer func() {
+		if derr := destroy(sb); derr != nil {
+			err = errors.Join(err, derr)
+		}
+	}()
+	first := newFirstWrite()
+	var stderr bytes.Buffer
+	p, err := sb.Exec(ctx, agentproto.ExecRequest{Argv: firstOutputArgv}, agentclient.Stdio{Stdout: first, Stderr: &stderr})
+	if err != nil {
+		return 0, fmt.Errorf("exec %s in the sandbox: %w", firstOutputArgv[0], err)
+	}
+	select {
+	case <-first.seen:
+	case <-p.Done():
+	case <-ctx.Done():
+		return 0, fmt.Errorf("wait for the output of %s in the sandbox: %w", firstOutputArgv[0], ctx.Err())
+	}
+	d := time.Since(start)
+	exit, err := sb.Wait(p)
+	if err != nil {
+		return 0, fmt.Errorf("wait for %s in the sandbox: %w", firstOutputArgv[0], err)
+	}
+	if exit.ExitCode != 0 {
+		return 0, fmt.Errorf("%s in the sandbox exited with status %d: %s", firstOutputArgv[0], exit.ExitCode, clip(stderr.String()))
+	}
+	select {
+	case <-first.seen:
+	default:
+		return 0, fmt.Errorf("%s in the sandbox exited without writing to stdout", firstOutputArgv[0])
+	}
+	return d, nil
+}
+
+// firstWrite is a writer that closes seen at the first write of a byte or
+// more, and drops what it is given.
+type firstWrite struct {
+	seen chan struct{}
+	once sync.Once
+}
+
+func newFirstWrite() *firstWrite { return &firstWrite{seen: make(chan struct{})} }
+
+func (f *firstWrite) Write(p []byte) (int, error) {
+	if len(p) > 0 {
+		f.once.Do(func() { close(f.seen) })
+	}
+	return len(p), nil
+}
+
+// untilStdout reads events up to the first stdout event that carries
+// data. A command that exits first is an error.
+func untilStdout(st *apiclient.EventStream) error {
+	for {
+		ev, err := st.Next()
+		if err != nil {
+			return fmt.Errorf("read its event stream before any output: %w", err)
+		}
+		switch ev.Name {
+		case apiv1.EventStdout:
+			var out apiv1.DataEvent
+			if err := json.Unmarshal(ev.Data, &out); err != nil {
+				return fmt.Errorf("decode a stdout event: %w", err)
+			}
+			if len(out.Data) > 0 {
+				return nil
+			}
+		case apiv1.EventExit:
+			return fmt.Errorf("exited without writing to stdout: %s", ev.Data)
+		}
+	}
+}
+
+// untilExit reads events up to the exit event and fails unless the
+// command exited with status 0; then it quotes the command's stderr.
+func untilExit(st *apiclient.EventStream) error {
+	var stderr bytes.Buffer
+	for {
+		ev, err := st.Next()
+		if err != nil {
+			return fmt.Errorf("read its event stream before its exit: %w", err)
+		}
+		switch ev.Name {
+		case apiv1.EventStderr:
+			var out apiv1.DataEvent
+			if json.Unmarshal(ev.Data, &out) == nil && stderr.Len() < stderrLimit {
+				stderr.Write(out.Data)
+			}
+		case apiv1.EventExit:
+			var exit apiv1.ExitEvent
+			if err := json.Unmarshal(ev.Data, &exit); err != nil {
+				return fmt.Errorf("decode its exit event: %w", err)
+			}
+			if exit.ExitCode != 0 || exit.Signal != nil || exit.TimedOut {
+				return fmt.Errorf("exited with %s: %s", ev.Data, clip(stderr.String()))
+			}
+			return nil
+		}
+	}
+}
+
+// apiExecRTT measures the round trip of `true` over the API's exec
+// against the same through the runtime in-process, and, as a variant, a
+// command session with an attach to its exit.
+func (r *runner) apiExecRTT(ctx context.Context) (_ Result, err error) {
+	s, err := r.apiServer(ctx)
+	if err != nil {
+		return Result{}, err
+	}
+	r.progressf("booting a %s sandbox over the API", r.tpl.Ref())
+	id, err := s.createSandbox(ctx, r.cfg.Template)
+	if id != "" {
+		defer func() {
+			if derr := s.deleteSandbox(id); derr != nil {
+				err = errors.Join(err, derr)
+			}
+		}()
+	}
+	if err != nil {
+		return Result{}, err
+	}
+	local, err := r.sandbox(ctx)
+	if err != nil {
+		return Result{}, err
+	}
+	argv := []string{"true"}
+	viaExec := timed(func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, execTimeout)
+		defer cancel()
+		return apiExec(ctx, s.client, id, argv)
+	})
+	viaSession := timed(func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, execTimeout)
+		defer cancel()
+		return apiSession(ctx, s.client, id, argv)
+	})
+	inProcess := timed(func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, execTimeout)
+		defer cancel()
+		return runInSandbox(ctx, local, argv, nil)
+	})
+	sides := []side{{"api exec run", viaExec}, {"command session run", viaSession}, {"baseline run", inProcess}}
+	if _, err := timeRounds(ctx, execWarmup, sides, nil); err != nil {
+		return Result{}, fmt.Errorf("warm up: %w", err)
+	}
+	n := r.cfg.ExecRuns
+	every := max(1, n/10)
+	ds, err := timeRounds(ctx, n, sides, func(i int, _ []time.Duration) {
+		if i%every == 0 || i == n {
+			r.progressf("%s %d/%d", ScenarioAPIExecRTT, i, n)
+		}
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	return apiExecResult(summarize(ds[0]), summarize(ds[1]), summarize(ds[2]),
+		fmt.Sprintf("airlock: POST /v1/sandboxes/{id}/exec of argv %v until its answer; session: "+
+			"POST /v1/sandboxes/{id}/commands of the same argv, then attach until the exit event; both over "+
+			"loopback to a server in the same process, on one running %s sandbox; baseline: Sandbox.Exec and "+
+			"Wait of the same argv in-process, on another running sandbox of the same template; %d runs each "+
+			"after %d untimed, interleaved; ratios of p50s", argv, r.tpl.Ref(), n, execWarmup)), nil
+}
+
+// apiExecResult assembles the api_exec_rtt result from its three sides.
+func apiExecResult(viaExec, viaSession, inProcess Measurement, notes string) Result {
+	return Result{
+		Name:     ScenarioAPIExecRTT,
+		Unit:     "ms",
+		Airlock:  viaExec,
+		Baseline: inProcess,
+		Ratio:    ratio(viaExec.P50, inProcess.P50),
+		Variants: []Variant{{Name: "session", Measurement: viaSession, Ratio: ratio(viaSession.P50, inProcess.P50)}},
+		Notes:    notes,
+	}
+}
+
+// apiExec runs argv in sandbox id with POST .../exec and fails unless it
+// exits 0.
+func apiExec(ctx context.Context, c *apiclient.Client, id string, argv []string) error {
+	res, err := c.Exec(ctx, id, apiv1.CommandRequest{Argv: argv})
+	if err != nil {
+		return fmt.Errorf("exec %s over the API: %w", argv[0], err)
+	}
+	if res.ExitCode != 0 || res.Signal != nil || res.TimedOut {
+		return fmt.Errorf("%s over the API exited with status %d: %s", argv[0], res.ExitCode, clip(res.Stderr))
+	}
+	return nil
+}
+
+// apiSession runs argv in sandbox id as a command session, attached until
+// its exit event, and fails unless it exits 0.
+func apiSession(ctx context.Context, c *apiclient.Client, id string, argv []string) error {
+	sess, err := c.CreateCommand(ctx, id, apiv1.CommandRequest{Argv: argv})
+	if err != nil {
+		return fmt.Errorf("create a command over the API: %w", err)
+	}
+	st, err := c.Attach(ctx, sess.ID)
+	if err != nil {
+		return fmt.Errorf("attach to command %s: %w", sess.ID, err)
+	}
+	defer st.Close()
+	if err := untilExit(st); err != nil {
+		return fmt.Errorf("command %s: %w", sess.ID, err)
+	}
+	return nil
+}
