@@ -42,7 +42,13 @@ func dataDir() datadir.Dir { return datadir.Default() }
 // the checks for leftovers see only this session's.
 func TestMain(m *testing.M) {
 	sandbox.Sweep(dataDir(), slog.New(slog.DiscardHandler))
-	os.Exit(m.Run())
+	code := m.Run()
+	serversMu.Lock()
+	for _, s := range allServers {
+		s.cleanup()
+	}
+	serversMu.Unlock()
+	os.Exit(code)
 }
 
 // runtime returns the runtime shared by all tests.

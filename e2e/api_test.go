@@ -1,0 +1,564 @@
+package e2e
+
+import (
+	"archive/tar"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/airlockhq/airlock/internal/apiv1"
+)
+
+// TestAPIFlow drives one sandbox through the whole API: create, commands
+// with their streams, exec, files, archives, events, delete.
+func TestAPIFlow(t *testing.T) {
+	s := sharedServer(t)
+	key := s.key
+	sb := s.createSandbox(t, key, apiv1.CreateSandbox{
+		Env: map[string]string{"GREETING": "hello"}, Metadata: map[string]string{"test": "flow"},
+	})
+	if sb.Template.Ref != "tiny:latest" || !strings.HasPrefix(sb.Template.Digest, "sha256:") || sb.VCPUs < 1 {
+		t.Errorf("sandbox as created: %+v", sb)
+	}
+
+	// Listed, and found by its label.
+	var list apiv1.List[apiv1.Sandbox]
+	s.must(t, 200, "GET", "/v1/sandboxes?metadata.test=flow", key, nil, &list)
+	if len(list.Items) != 1 || list.Items[0].ID != sb.ID {
+		t.Errorf("list by label: %+v", list.Items)
+	}
+	s.must(t, 200, "GET", "/v1/sandboxes?metadata.test=other", key, nil, &list)
+	if len(list.Items) != 0 {
+		t.Errorf("list by another label found %d", len(list.Items))
+	}
+
+	t.Run("command stream", func(t *testing.T) {
+		o := s.run(t, key, sb.ID, apiv1.CommandRequest{Cmd: "echo $GREETING from $(hostname); echo oops >&2; exit 3"})
+		if o.stdout != "hello from "+sb.ID+"\n" || o.stderr != "oops\n" || o.exit.ExitCode != 3 {
+			t.Errorf("stream: %+v", o)
+		}
+		if o.names[0] != "start" || o.names[len(o.names)-1] != "exit" {
+			t.Errorf("events %v do not start with start and end with exit", o.names)
+		}
+	})
+
+	t.Run("command state", func(t *testing.T) {
+		var sess apiv1.CommandSession
+		s.must(t, 201, "POST", "/v1/sandboxes/"+sb.ID+"/commands", key, apiv1.CommandRequest{Argv: []string{"sh", "-c", "exit 7"}}, &sess)
+		var c apiv1.Command
+		s.must(t, 200, "GET", "/v1/commands/"+sess.ID, key, nil, &c)
+		if c.State != "created" || c.PID != nil {
+			t.Errorf("before attach: %+v", c)
+		}
+		resp, r := s.attach(t, sess.ID, key, 0)
+		o := readToExit(t, r)
+		resp.Body.Close()
+		s.must(t, 200, "GET", "/v1/commands/"+sess.ID, key, nil, &c)
+		if c.State != "exited" || c.ExitCode == nil || *c.ExitCode != 7 || o.exit.ExitCode != 7 || c.PID == nil || c.FinishedAt == nil {
+			t.Errorf("after exit: %+v", c)
+		}
+		var cl apiv1.List[apiv1.Command]
+		s.must(t, 200, "GET", "/v1/sandboxes/"+sb.ID+"/commands", key, nil, &cl)
+		found := false
+		for _, x := range cl.Items {
+			found = found || x.ID == sess.ID
+		}
+		if !found {
+			t.Errorf("command %s not in the sandbox's list", sess.ID)
+		}
+	})
+
+	t.Run("stdin and signal", func(t *testing.T) {
+		var sess apiv1.CommandSession
+		s.must(t, 201, "POST", "/v1/sandboxes/"+sb.ID+"/commands", key, apiv1.CommandRequest{
+			Cmd: "trap 'echo got TERM; exit 9' TERM; read line; echo \"read $line\"; while :; do sleep 0.1; done", Stdin: true}, &sess)
+		resp, r := s.attach(t, sess.ID, key, 0)
+		defer resp.Body.Close()
+		s.must(t, 204, "POST", "/v1/commands/"+sess.ID+"/stdin", key, "typed\n", nil)
+		var got string
+		for !strings.Contains(got, "read typed") {
+			ev, err := r.next()
+			if err != nil {
+				t.Fatalf("stream ended: %v", err)
+			}
+			if ev.name == "stdout" {
+				var d apiv1.DataEvent
+				json.Unmarshal([]byte(ev.data), &d)
+				got += string(d.Data)
+			}
+		}
+		s.must(t, 204, "POST", "/v1/commands/"+sess.ID+"/signal", key, apiv1.Signal{Signal: "TERM"}, nil)
+		o := readToExit(t, r)
+		if o.exit.ExitCode != 9 || !strings.Contains(o.stdout, "got TERM") {
+			t.Errorf("after TERM: %+v", o)
+		}
+	})
+
+	t.Run("pty and resize", func(t *testing.T) {
+		var sess apiv1.CommandSession
+		s.must(t, 201, "POST", "/v1/sandboxes/"+sb.ID+"/commands", key, apiv1.CommandRequest{
+			Cmd: "stty size; read x; stty size", Stdin: true, PTY: &apiv1.PTY{Rows: 24, Cols: 80}}, &sess)
+		resp, r := s.attach(t, sess.ID, key, 0)
+		defer resp.Body.Close()
+		var got string
+		for !strings.Contains(got, "24 80") {
+			ev, err := r.next()
+			if err != nil {
+				t.Fatalf("stream ended: %v (%q)", err, got)
+			}
+			if ev.name == "stdout" {
+				var d apiv1.DataEvent
+				json.Unmarshal([]byte(ev.data), &d)
+				got += string(d.Data)
+			}
+		}
+		s.must(t, 204, "POST", "/v1/commands/"+sess.ID+"/resize", key, map[string]int{"rows": 40, "cols": 120}, nil)
+		s.must(t, 204, "POST", "/v1/commands/"+sess.ID+"/stdin", key, "\n", nil)
+		o := readToExit(t, r)
+		if !strings.Contains(o.stdout, "40 120") || o.exit.ExitCode != 0 {
+			t.Errorf("after resize: %q exit %d", o.stdout, o.exit.ExitCode)
+		}
+	})
+
+	t.Run("exec", func(t *testing.T) {
+		var res apiv1.ExecResult
+		s.must(t, 200, "POST", "/v1/sandboxes/"+sb.ID+"/exec", key, apiv1.CommandRequest{Cmd: "printf 'a\\377b'; echo e >&2; exit 4"}, &res)
+		if res.ExitCode != 4 || res.Stdout != "a\uFFFDb" || res.Stderr != "e\n" || res.Truncated {
+			t.Errorf("exec: %+v", res)
+		}
+		s.must(t, 200, "POST", "/v1/sandboxes/"+sb.ID+"/exec", key, apiv1.CommandRequest{Argv: []string{"no-such-program"}}, &res)
+		if res.ExitCode != 127 {
+			t.Errorf("exec of a missing program: %+v", res)
+		}
+		s.must(t, 200, "POST", "/v1/sandboxes/"+sb.ID+"/exec", key, apiv1.CommandRequest{Cmd: "sleep 30", TimeoutS: 1}, &res)
+		if !res.TimedOut || res.Signal == nil || *res.Signal != "KILL" {
+			t.Errorf("exec past its timeout: %+v", res)
+		}
+	})
+
+	t.Run("files", func(t *testing.T) {
+		content := bytes.Repeat([]byte("airlock\x00\xff"), 300000) // 2.7 MB, binary
+		s.must(t, 204, "PUT", "/v1/sandboxes/"+sb.ID+"/files?path=/root/a/b/data.bin&mode=0600", key, content, nil)
+		status, got := s.call(t, "GET", "/v1/sandboxes/"+sb.ID+"/files?path=/root/a/b/data.bin", key, nil)
+		if status != 200 || !bytes.Equal(got, content) {
+			t.Fatalf("read back: status %d, %d bytes, equal %v", status, len(got), bytes.Equal(got, content))
+		}
+		var st apiv1.Stat
+		s.must(t, 200, "GET", "/v1/sandboxes/"+sb.ID+"/fs/stat?path=/root/a/b/data.bin", key, nil, &st)
+		if st.Type != "file" || st.SizeBytes != int64(len(content)) || st.Mode != "0600" {
+			t.Errorf("stat: %+v", st)
+		}
+		s.must(t, 204, "POST", "/v1/sandboxes/"+sb.ID+"/fs/mkdir", key, apiv1.Path{Path: "/root/c"}, nil)
+		s.must(t, 204, "POST", "/v1/sandboxes/"+sb.ID+"/fs/move", key, apiv1.Move{From: "/root/a/b/data.bin", To: "/root/c/moved.bin"}, nil)
+		var ls struct{ Items []apiv1.Stat }
+		s.must(t, 200, "GET", "/v1/sandboxes/"+sb.ID+"/fs/list?path=/root&depth=2", key, nil, &ls)
+		var names []string
+		for _, it := range ls.Items {
+			names = append(names, it.Path)
+		}
+		if !strings.Contains(strings.Join(names, ","), "/root/c/moved.bin") {
+			t.Errorf("list after move: %v", names)
+		}
+		s.must(t, 404, "GET", "/v1/sandboxes/"+sb.ID+"/files?path=/root/a/b/data.bin", key, nil, nil)
+		s.must(t, 400, "GET", "/v1/sandboxes/"+sb.ID+"/files?path=/root/c", key, nil, nil)
+		s.must(t, 400, "DELETE", "/v1/sandboxes/"+sb.ID+"/files?path=/root/c", key, nil, nil)
+		s.must(t, 204, "DELETE", "/v1/sandboxes/"+sb.ID+"/files?path=/root/c&recursive=true", key, nil, nil)
+		s.must(t, 404, "GET", "/v1/sandboxes/"+sb.ID+"/fs/stat?path=/root/c", key, nil, nil)
+	})
+
+	t.Run("archive", func(t *testing.T) {
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		files := map[string]string{"one.txt": "1", "sub/two.txt": "22"}
+		for name, body := range files {
+			tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(body)), Typeflag: tar.TypeReg})
+			tw.Write([]byte(body))
+		}
+		tw.Close()
+		s.must(t, 204, "PUT", "/v1/sandboxes/"+sb.ID+"/archive?path=/srv/tree", key, buf.Bytes(), nil)
+		status, out := s.call(t, "GET", "/v1/sandboxes/"+sb.ID+"/archive?path=/srv/tree", key, nil)
+		if status != 200 {
+			t.Fatalf("archive out: %d %s", status, out)
+		}
+		tr := tar.NewReader(bytes.NewReader(out))
+		got := map[string]string{}
+		for {
+			h, err := tr.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if h.Typeflag == tar.TypeReg {
+				b, _ := io.ReadAll(tr)
+				got[strings.TrimPrefix(h.Name, "./")] = string(b)
+			}
+		}
+		for name, body := range files {
+			if got[name] != body {
+				t.Errorf("archive round trip: %s = %q, want %q (all: %v)", name, got[name], body, got)
+			}
+		}
+	})
+
+	t.Run("templates", func(t *testing.T) {
+		var tl apiv1.List[apiv1.Template]
+		s.must(t, 200, "GET", "/v1/templates", key, nil, &tl)
+		var tpl apiv1.Template
+		s.must(t, 200, "GET", "/v1/templates/tiny", key, nil, &tpl)
+		if tpl.Digest != sb.Template.Digest || tpl.Status != "ready" || len(tl.Items) < 1 {
+			t.Errorf("template tiny: %+v of %d", tpl, len(tl.Items))
+		}
+		s.must(t, 200, "GET", "/v1/templates/"+tpl.Digest, key, nil, &tpl)
+	})
+}
+
+// TestAPIEventsAndDelete watches a sandbox's events while it is deleted.
+func TestAPIEventsAndDelete(t *testing.T) {
+	s := sharedServer(t)
+	sb := s.createSandbox(t, s.key, apiv1.CreateSandbox{})
+	req, _ := http.NewRequest("GET", s.url+"/v1/sandboxes/"+sb.ID+"/events", nil)
+	req.Header.Set("Authorization", "Bearer "+s.key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("events: %v %v", err, resp)
+	}
+	defer resp.Body.Close()
+	r := newSSEReader(resp.Body)
+	var res apiv1.SandboxOperation
+	s.must(t, 202, "DELETE", "/v1/sandboxes/"+sb.ID, s.key, nil, &res)
+	if res.Sandbox.State != "deleting" || res.Operation.Kind != "delete" {
+		t.Errorf("delete answer: %+v", res)
+	}
+	var states []string
+	for len(states) == 0 || states[len(states)-1] != "deleted" {
+		ev, err := r.next()
+		if err != nil {
+			t.Fatalf("events ended after %v: %v", states, err)
+		}
+		var v apiv1.Sandbox
+		if ev.name != "state" || json.Unmarshal([]byte(ev.data), &v) != nil || v.ID != sb.ID {
+			t.Fatalf("event %+v", ev)
+		}
+		states = append(states, v.State)
+	}
+	if strings.Join(states, ",") != "deleting,deleted" {
+		t.Errorf("states seen: %v", states)
+	}
+	op := s.waitOp(t, s.key, res.Operation.ID)
+	if op.Status != "succeeded" || op.FinishedAt == nil {
+		t.Errorf("delete operation: %+v", op)
+	}
+	var got apiv1.Sandbox
+	s.must(t, 200, "GET", "/v1/sandboxes/"+sb.ID, s.key, nil, &got)
+	if got.State != "deleted" {
+		t.Errorf("after delete: %s", got.State)
+	}
+	var list apiv1.List[apiv1.Sandbox]
+	s.must(t, 200, "GET", "/v1/sandboxes", s.key, nil, &list)
+	for _, x := range list.Items {
+		if x.ID == sb.ID {
+			t.Errorf("deleted sandbox listed without ?state=deleted")
+		}
+	}
+	s.must(t, 200, "GET", "/v1/sandboxes?state=deleted", s.key, nil, &list)
+	found := false
+	for _, x := range list.Items {
+		found = found || x.ID == sb.ID
+	}
+	if !found {
+		t.Errorf("deleted sandbox not listed with ?state=deleted")
+	}
+	if _, err := os.Stat(filepath.Join(s.home, "sandboxes", sb.ID)); !os.IsNotExist(err) {
+		t.Errorf("sandbox directory left: %v", err)
+	}
+}
+
+// counterScript prints numbered lines: "line N" for N = 1..n, sleeping
+// between them, so every byte of output can be checked.
+func counterScript(n int, sleep string) string {
+	return fmt.Sprintf("i=1; while [ $i -le %d ]; do echo line $i; i=$((i+1)); sleep %s; done", n, sleep)
+}
+
+func checkCounter(t *testing.T, out string, n int) {
+	t.Helper()
+	var want strings.Builder
+	for i := 1; i <= n; i++ {
+		fmt.Fprintf(&want, "line %d\n", i)
+	}
+	if out != want.String() {
+		t.Errorf("output is not lines 1..%d in order:\n%s", n, out)
+	}
+}
+
+// TestAPIReplayAfterDisconnect drops an attach stream halfway and
+// reconnects with Last-Event-ID: every event after it comes again, in
+// order, and pings arrive while the stream is idle.
+func TestAPIReplayAfterDisconnect(t *testing.T) {
+	s := sharedServer(t)
+	sb := s.createSandbox(t, s.key, apiv1.CreateSandbox{})
+	var sess apiv1.CommandSession
+	s.must(t, 201, "POST", "/v1/sandboxes/"+sb.ID+"/commands", s.key, apiv1.CommandRequest{Cmd: counterScript(20, "0.1") + "; sleep 2.5; echo done"}, &sess)
+
+	resp, r := s.attach(t, sess.ID, sess.Attach.Token, 0)
+	var first string
+	var lastID int64
+	for strings.Count(first, "\n") < 5 {
+		ev, err := r.next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		lastID = ev.id
+		if ev.name == "stdout" {
+			var d apiv1.DataEvent
+			json.Unmarshal([]byte(ev.data), &d)
+			first += string(d.Data)
+		}
+	}
+	resp.Body.Close() // the client goes away; the command goes on
+
+	time.Sleep(500 * time.Millisecond)
+	resp, r = s.attach(t, sess.ID, sess.Attach.Token, lastID)
+	defer resp.Body.Close()
+	rest := readToExit(t, r)
+	if rest.exit.ExitCode != 0 {
+		t.Errorf("exit %+v", rest.exit)
+	}
+	all := strings.TrimSuffix(first+rest.stdout, "done\n")
+	checkCounter(t, all, 20)
+	if r.pings == 0 {
+		t.Errorf("no ': ping' during 2.5 s of silence with a 1 s ping interval")
+	}
+	// A full replay from the start gives the same bytes.
+	resp2, r2 := s.attach(t, sess.ID, s.key, 0)
+	defer resp2.Body.Close()
+	again := readToExit(t, r2)
+	if again.stdout != first+rest.stdout || again.names[0] != "start" {
+		t.Errorf("full replay differs: %q", again.stdout)
+	}
+}
+
+// TestAPIServerRestart restarts the server while a command runs: the VM is
+// adopted, the command keeps running, and a client that re-attaches with
+// Last-Event-ID misses nothing. A VM killed while the server is down fails
+// its sandbox with the reason, and a create cut short fails its operation.
+func TestAPIServerRestart(t *testing.T) {
+	s := newServer(t)
+	keep := s.createSandbox(t, s.key, apiv1.CreateSandbox{})
+	doomed := s.createSandbox(t, s.key, apiv1.CreateSandbox{})
+
+	var sess apiv1.CommandSession
+	s.must(t, 201, "POST", "/v1/sandboxes/"+keep.ID+"/commands", s.key, apiv1.CommandRequest{Cmd: counterScript(40, "0.1")}, &sess)
+	resp, r := s.attach(t, sess.ID, s.key, 0)
+	var seen string
+	var lastID int64
+	for strings.Count(seen, "\n") < 3 {
+		ev, err := r.next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		lastID = ev.id
+		if ev.name == "stdout" {
+			var d apiv1.DataEvent
+			json.Unmarshal([]byte(ev.data), &d)
+			seen += string(d.Data)
+		}
+	}
+
+	s.stop(syscall.SIGTERM)
+	resp.Body.Close()
+	if !strings.Contains(s.output(), "sandboxes keep running") {
+		t.Errorf("no graceful shutdown line in the server's output:\n%s", s.output())
+	}
+	// While the server is down: kill one VM.
+	b, err := os.ReadFile(filepath.Join(s.home, "sandboxes", doomed.ID, "qemu.pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	fmt.Sscan(string(b), &pid)
+	syscall.Kill(pid, syscall.SIGKILL)
+	time.Sleep(time.Second) // the command writes on meanwhile
+
+	if err := s.start(); err != nil {
+		t.Fatal(err)
+	}
+	resp, r = s.attach(t, sess.ID, s.key, lastID)
+	defer resp.Body.Close()
+	rest := readToExit(t, r)
+	checkCounter(t, seen+rest.stdout, 40)
+	if rest.exit.ExitCode != 0 {
+		t.Errorf("exit after restart: %+v", rest.exit)
+	}
+
+	var got apiv1.Sandbox
+	s.must(t, 200, "GET", "/v1/sandboxes/"+doomed.ID, s.key, nil, &got)
+	if got.State != "failed" || got.LastError == nil || !strings.Contains(got.LastError.Message, "while the server was down") {
+		t.Errorf("sandbox whose VM died while the server was down: %+v %+v", got.State, got.LastError)
+	}
+	s.must(t, 200, "GET", "/v1/sandboxes/"+keep.ID, s.key, nil, &got)
+	if got.State != "running" {
+		t.Errorf("adopted sandbox is %s", got.State)
+	}
+	var res apiv1.ExecResult
+	s.must(t, 200, "POST", "/v1/sandboxes/"+keep.ID+"/exec", s.key, apiv1.CommandRequest{Cmd: "echo still here"}, &res)
+	if res.Stdout != "still here\n" {
+		t.Errorf("exec in the adopted sandbox: %+v", res)
+	}
+
+	// A create in flight when the server dies hard is failed, with the
+	// reason, by the next start; nothing of it is left.
+	var cr apiv1.SandboxOperation
+	s.must(t, 202, "POST", "/v1/sandboxes", s.key, apiv1.CreateSandbox{Template: "tiny"}, &cr)
+	time.Sleep(300 * time.Millisecond)
+	s.stop(syscall.SIGKILL)
+	if err := s.start(); err != nil {
+		t.Fatal(err)
+	}
+	op := s.waitOp(t, s.key, cr.Operation.ID)
+	if op.Status != "failed" || op.Error == nil || !strings.Contains(op.Error.Message, "restarted") {
+		t.Errorf("create cut short by a crash: %+v %+v", op.Status, op.Error)
+	}
+	s.must(t, 200, "GET", "/v1/sandboxes/"+cr.Sandbox.ID, s.key, nil, &got)
+	if got.State != "failed" {
+		t.Errorf("its sandbox is %s", got.State)
+	}
+	s.deleteSandbox(t, s.key, cr.Sandbox.ID)
+}
+
+// TestAPIConcurrentClients runs 20 clients at once on a few sandboxes:
+// each runs commands and writes and reads its own files, and checks that
+// it got back exactly its own.
+func TestAPIConcurrentClients(t *testing.T) {
+	s := sharedServer(t)
+	boxes := []apiv1.Sandbox{s.createSandbox(t, s.key, apiv1.CreateSandbox{}), s.createSandbox(t, s.key, apiv1.CreateSandbox{})}
+	var wg sync.WaitGroup
+	errs := make(chan error, 100)
+	for c := 0; c < 20; c++ {
+		wg.Add(1)
+		go func(c int) {
+			defer wg.Done()
+			sb := boxes[c%len(boxes)]
+			for i := 0; i < 3; i++ {
+				want := fmt.Sprintf("client %d round %d", c, i)
+				body, _ := json.Marshal(apiv1.CommandRequest{Cmd: "echo " + want})
+				req, _ := http.NewRequest("POST", s.url+"/v1/sandboxes/"+sb.ID+"/exec", bytes.NewReader(body))
+				req.Header.Set("Authorization", "Bearer "+s.key)
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					errs <- err
+					return
+				}
+				var res apiv1.ExecResult
+				json.NewDecoder(resp.Body).Decode(&res)
+				resp.Body.Close()
+				if resp.StatusCode != 200 || res.Stdout != want+"\n" {
+					errs <- fmt.Errorf("client %d: exec %d %+v", c, resp.StatusCode, res)
+				}
+				path := fmt.Sprintf("/tmp/client%d-%d", c, i)
+				req, _ = http.NewRequest("PUT", s.url+"/v1/sandboxes/"+sb.ID+"/files?path="+path, strings.NewReader(want))
+				req.Header.Set("Authorization", "Bearer "+s.key)
+				resp, err = http.DefaultClient.Do(req)
+				if err != nil || resp.StatusCode != 204 {
+					errs <- fmt.Errorf("client %d: put %v %v", c, err, resp)
+					return
+				}
+				resp.Body.Close()
+				req, _ = http.NewRequest("GET", s.url+"/v1/sandboxes/"+sb.ID+"/files?path="+path, nil)
+				req.Header.Set("Authorization", "Bearer "+s.key)
+				resp, err = http.DefaultClient.Do(req)
+				if err != nil {
+					errs <- err
+					return
+				}
+				got, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if string(got) != want {
+					errs <- fmt.Errorf("client %d: read %q, want %q", c, got, want)
+				}
+			}
+		}(c)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+// TestAPILimits fills a server capped at one sandbox: the next create is
+// refused with 429 naming the limit, and nothing is recorded for it.
+func TestAPILimits(t *testing.T) {
+	s := newServer(t, "--max-sandboxes", "1")
+	s.createSandbox(t, s.key, apiv1.CreateSandbox{})
+	status, body := s.call(t, "POST", "/v1/sandboxes", s.key, apiv1.CreateSandbox{Template: "tiny"})
+	var e apiv1.ErrorBody
+	json.Unmarshal(body, &e)
+	if status != 429 || e.Error.Code != "resource_exhausted" || !strings.Contains(e.Error.Message, "max_sandboxes=1") {
+		t.Errorf("past the cap: %d %s", status, body)
+	}
+	var list apiv1.List[apiv1.Sandbox]
+	s.must(t, 200, "GET", "/v1/sandboxes", s.key, nil, &list)
+	if len(list.Items) != 1 {
+		t.Errorf("%d sandboxes recorded, want 1", len(list.Items))
+	}
+	status, body = s.call(t, "POST", "/v1/sandboxes", s.key, apiv1.CreateSandbox{Template: "tiny", MemoryMiB: 1 << 30})
+	if status != 400 || !strings.Contains(string(body), "memory") {
+		t.Errorf("memory past the per-sandbox bound: %d %s", status, body)
+	}
+}
+
+// TestAPIMetrics checks that the counters move with the work done.
+func TestAPIMetrics(t *testing.T) {
+	s := sharedServer(t)
+	sb := s.createSandbox(t, s.key, apiv1.CreateSandbox{})
+	s.run(t, s.key, sb.ID, apiv1.CommandRequest{Cmd: "echo metrics"})
+	status, body := s.call(t, "GET", "/metrics", "", nil)
+	if status != 200 {
+		t.Fatalf("metrics: %d", status)
+	}
+	text := string(body)
+	for _, want := range []string{
+		`airlock_sandboxes{state="running"}`,
+		`airlock_operations_total{kind="create",result="succeeded"}`,
+		`airlock_operation_duration_seconds_bucket{kind="create",result="succeeded"`,
+		`airlock_commands_total{result="exited"}`,
+		`airlock_streamed_bytes_total`,
+		`airlock_http_requests_total{method="POST",route="/v1/sandboxes",status="202"}`,
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	if strings.Contains(text, `airlock_sandboxes{state="running"} 0`) {
+		t.Errorf("running sandboxes gauge is 0 with a sandbox running")
+	}
+}
+
+// TestPythonExample runs examples/python/first_sandbox.py against a real
+// server.
+func TestPythonExample(t *testing.T) {
+	python, err := exec.LookPath("python3")
+	if err != nil {
+		t.Fatal("python3 is needed for the example (airlock setup installs it)")
+	}
+	s := sharedServer(t)
+	cmd := exec.Command(python, "../examples/python/first_sandbox.py")
+	cmd.Env = append(os.Environ(), "AIRLOCK_URL="+s.url, "AIRLOCK_API_KEY="+s.key, "AIRLOCK_TEMPLATE=tiny")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("example failed: %v\n%s", err, out)
+	}
+	t.Logf("%s", out)
+}

@@ -1,0 +1,466 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/airlockhq/airlock/internal/apiv1"
+)
+
+// server is a real `airlock serve` process with a data directory of its
+// own: boot artifacts and templates are linked from the set-up one, while
+// its store, keys and sandboxes are its own.
+type server struct {
+	home string
+	addr string
+	url  string
+	key  string // the admin key
+	args []string
+
+	mu  sync.Mutex // guards cmd and out
+	cmd *exec.Cmd
+	out *bytes.Buffer
+}
+
+var (
+	sharedOnce sync.Once
+	sharedSrv  *server
+	sharedErr  error
+	allServers []*server // stopped and cleaned up by TestMain
+	serversMu  sync.Mutex
+)
+
+// sharedServer is the server most API tests share; each test makes its
+// own sandboxes on it.
+func sharedServer(t *testing.T) *server {
+	t.Helper()
+	sharedOnce.Do(func() {
+		sharedSrv, sharedErr = launchServer("--ping-interval", "1s")
+	})
+	if sharedErr != nil {
+		t.Fatalf("start airlock serve: %v", sharedErr)
+	}
+	return sharedSrv
+}
+
+// newServer starts a server for one test, stopped when it ends.
+func newServer(t *testing.T, args ...string) *server {
+	t.Helper()
+	s, err := launchServer(args...)
+	if err != nil {
+		t.Fatalf("start airlock serve: %v", err)
+	}
+	t.Cleanup(func() { s.cleanup() })
+	return s
+}
+
+// newHome makes a data directory sharing the set-up one's read-only parts.
+func newHome() (string, error) {
+	home, err := os.MkdirTemp("", "alh")
+	if err != nil {
+		return "", err
+	}
+	src := dataDir()
+	for _, name := range []string{"boot", "templates", "accel.json"} {
+		if err := os.Symlink(filepath.Join(src.Root, name), filepath.Join(home, name)); err != nil {
+			return "", err
+		}
+	}
+	return home, nil
+}
+
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+func launchServer(args ...string) (*server, error) {
+	home, err := newHome()
+	if err != nil {
+		return nil, err
+	}
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	s := &server{home: home, addr: addr, url: "http://" + addr, args: args}
+	serversMu.Lock()
+	allServers = append(allServers, s)
+	serversMu.Unlock()
+	if err := s.start(); err != nil {
+		return s, err
+	}
+	b, err := os.ReadFile(filepath.Join(home, "admin.key"))
+	if err != nil {
+		return s, fmt.Errorf("admin key: %w", err)
+	}
+	s.key = strings.TrimSpace(string(b))
+	return s, nil
+}
+
+func binPath() string {
+	dir := os.Getenv("AIRLOCK_BIN")
+	if dir == "" {
+		dir = "../bin"
+	}
+	p, _ := filepath.Abs(filepath.Join(dir, "airlock"))
+	return p
+}
+
+// start runs the server and waits for its "serving" line.
+func (s *server) start() error {
+	cmd := exec.Command(binPath(), append([]string{"serve", "--listen", s.addr}, s.args...)...)
+	cmd.Env = append(os.Environ(), "AIRLOCK_HOME="+s.home)
+	out := &bytes.Buffer{}
+	pr, pw := io.Pipe()
+	cmd.Stdout = pw
+	cmd.Stderr = &lockedWriter{mu: &s.mu, w: out}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	ready := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(pr)
+		once := sync.Once{}
+		for sc.Scan() {
+			s.mu.Lock()
+			out.WriteString(sc.Text() + "\n")
+			s.mu.Unlock()
+			if strings.HasPrefix(sc.Text(), "airlock serving on") {
+				once.Do(func() { close(ready) })
+			}
+		}
+	}()
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait(); pw.Close() }()
+	s.mu.Lock()
+	s.cmd, s.out = cmd, out
+	s.mu.Unlock()
+	select {
+	case <-ready:
+		return nil
+	case err := <-exited:
+		return fmt.Errorf("server exited (%v): %s", err, s.output())
+	case <-time.After(2 * time.Minute):
+		cmd.Process.Kill()
+		return fmt.Errorf("server not ready in 2 minutes: %s", s.output())
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+func (s *server) output() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.out == nil {
+		return ""
+	}
+	return s.out.String()
+}
+
+// stop ends the server with sig and waits for it.
+func (s *server) stop(sig syscall.Signal) {
+	s.mu.Lock()
+	cmd := s.cmd
+	s.cmd = nil
+	s.mu.Unlock()
+	if cmd == nil || cmd.Process == nil {
+		return
+	}
+	cmd.Process.Signal(sig)
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) && processAlive(cmd.Process.Pid) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if processAlive(cmd.Process.Pid) {
+		cmd.Process.Kill()
+	}
+}
+
+// cleanup stops the server, then kills what its sandboxes left running
+// (VMs outlive the server by design) and removes its data directory.
+func (s *server) cleanup() {
+	s.stop(syscall.SIGTERM)
+	entries, _ := os.ReadDir(filepath.Join(s.home, "sandboxes"))
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(s.home, "sandboxes", e.Name(), "qemu.pid"))
+		if err != nil {
+			continue
+		}
+		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && pid > 0 {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	os.RemoveAll(s.home)
+}
+
+// call sends a request with the key (none when key is "") and returns the
+// status and body. A body that is not an io.Reader or []byte is sent as
+// JSON.
+func (s *server) call(t *testing.T, method, path, key string, body any, headers ...string) (int, []byte) {
+	t.Helper()
+	var r io.Reader
+	switch b := body.(type) {
+	case nil:
+	case io.Reader:
+		r = b
+	case []byte:
+		r = bytes.NewReader(b)
+	case string:
+		r = strings.NewReader(b)
+	default:
+		j, err := json.Marshal(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r = bytes.NewReader(j)
+	}
+	req, err := http.NewRequest(method, s.url+path, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	out, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("%s %s: read body: %v", method, path, err)
+	}
+	return resp.StatusCode, out
+}
+
+// must sends a request that must answer want, and decodes the body into
+// out when it is not nil.
+func (s *server) must(t *testing.T, want int, method, path, key string, body, out any) {
+	t.Helper()
+	status, b := s.call(t, method, path, key, body)
+	if status != want {
+		t.Fatalf("%s %s: status %d, want %d: %s", method, path, status, want, b)
+	}
+	if out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			t.Fatalf("%s %s: decode %s: %v", method, path, b, err)
+		}
+	}
+}
+
+// waitOp long-polls an operation until it finishes.
+func (s *server) waitOp(t *testing.T, key, id string) apiv1.Operation {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	for time.Now().Before(deadline) {
+		var op apiv1.Operation
+		s.must(t, 200, "GET", "/v1/operations/"+id+"?wait_s=30", key, nil, &op)
+		if op.Done() {
+			return op
+		}
+	}
+	t.Fatalf("operation %s did not finish in 3 minutes", id)
+	return apiv1.Operation{}
+}
+
+// createSandbox creates a sandbox with key and waits until it runs; the
+// test's end deletes it and checks that nothing of it is left.
+func (s *server) createSandbox(t *testing.T, key string, req apiv1.CreateSandbox) apiv1.Sandbox {
+	t.Helper()
+	if req.Template == "" {
+		req.Template = "tiny"
+	}
+	var res apiv1.SandboxOperation
+	s.must(t, 202, "POST", "/v1/sandboxes", key, req, &res)
+	if op := s.waitOp(t, key, res.Operation.ID); op.Status != apiv1.OpSucceeded {
+		t.Fatalf("create failed: %+v", op.Error)
+	}
+	t.Cleanup(func() { s.deleteSandbox(t, key, res.Sandbox.ID) })
+	var sb apiv1.Sandbox
+	s.must(t, 200, "GET", "/v1/sandboxes/"+res.Sandbox.ID, key, nil, &sb)
+	if sb.State != apiv1.StateRunning {
+		t.Fatalf("sandbox %s is %s after its create succeeded", sb.ID, sb.State)
+	}
+	return sb
+}
+
+// deleteSandbox deletes a sandbox (unless it is gone already) and checks
+// that its directory and VM are gone.
+func (s *server) deleteSandbox(t *testing.T, key, id string) {
+	t.Helper()
+	dir := filepath.Join(s.home, "sandboxes", id)
+	pid := 0
+	if b, err := os.ReadFile(filepath.Join(dir, "qemu.pid")); err == nil {
+		pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+	}
+	status, body := s.call(t, "DELETE", "/v1/sandboxes/"+id, key, nil)
+	switch status {
+	case 202:
+		var res apiv1.SandboxOperation
+		json.Unmarshal(body, &res)
+		if op := s.waitOp(t, key, res.Operation.ID); op.Status != apiv1.OpSucceeded {
+			t.Errorf("delete %s failed: %+v", id, op.Error)
+		}
+	case 409: // deleted already
+	default:
+		t.Errorf("delete %s: %d %s", id, status, body)
+	}
+	checkGone(t, dir, pid)
+}
+
+// sseEvent is one event of a stream.
+type sseEvent struct {
+	id   int64
+	name string
+	data string
+}
+
+// sseReader reads a text/event-stream.
+type sseReader struct {
+	sc    *bufio.Scanner
+	pings int
+}
+
+func newSSEReader(r io.Reader) *sseReader {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	return &sseReader{sc: sc}
+}
+
+// next returns the next event; comments are counted as pings.
+func (r *sseReader) next() (sseEvent, error) {
+	var ev sseEvent
+	var data []string
+	seen := false
+	for r.sc.Scan() {
+		line := r.sc.Text()
+		switch {
+		case line == "":
+			if seen {
+				ev.data = strings.Join(data, "\n")
+				return ev, nil
+			}
+		case strings.HasPrefix(line, ":"):
+			r.pings++
+		default:
+			seen = true
+			field, value, _ := strings.Cut(line, ":")
+			value = strings.TrimPrefix(value, " ")
+			switch field {
+			case "id":
+				ev.id, _ = strconv.ParseInt(value, 10, 64)
+			case "event":
+				ev.name = value
+			case "data":
+				data = append(data, value)
+			}
+		}
+	}
+	if err := r.sc.Err(); err != nil {
+		return ev, err
+	}
+	return ev, io.EOF
+}
+
+// attach opens a command's stream with key (an API key or attach token),
+// after the event lastID.
+func (s *server) attach(t *testing.T, cmdID, key string, lastID int64) (*http.Response, *sseReader) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", s.url+"/v1/commands/"+cmdID+"/attach", nil)
+	req.Header.Set("Authorization", "Bearer "+key)
+	if lastID > 0 {
+		req.Header.Set("Last-Event-ID", strconv.FormatInt(lastID, 10))
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("attach %s: %v", cmdID, err)
+	}
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		t.Fatalf("attach %s: status %d: %s", cmdID, resp.StatusCode, b)
+	}
+	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
+		t.Errorf("attach content type %q", ct)
+	}
+	return resp, newSSEReader(resp.Body)
+}
+
+// output collects a command's stream to its exit.
+type output struct {
+	stdout, stderr string
+	exit           apiv1.ExitEvent
+	lastID         int64
+	names          []string
+}
+
+func readToExit(t *testing.T, r *sseReader) output {
+	t.Helper()
+	var o output
+	for {
+		ev, err := r.next()
+		if err != nil {
+			t.Fatalf("stream ended before exit (%v) after %v", err, o.names)
+		}
+		o.names = append(o.names, ev.name)
+		o.lastID = ev.id
+		switch ev.name {
+		case "stdout", "stderr":
+			var d apiv1.DataEvent
+			if err := json.Unmarshal([]byte(ev.data), &d); err != nil {
+				t.Fatalf("event %s data %q: %v", ev.name, ev.data, err)
+			}
+			if ev.name == "stdout" {
+				o.stdout += string(d.Data)
+			} else {
+				o.stderr += string(d.Data)
+			}
+		case "exit":
+			if err := json.Unmarshal([]byte(ev.data), &o.exit); err != nil {
+				t.Fatal(err)
+			}
+			return o
+		}
+	}
+}
+
+// run runs a command through a session and its attach stream.
+func (s *server) run(t *testing.T, key, sbx string, req apiv1.CommandRequest) output {
+	t.Helper()
+	var sess apiv1.CommandSession
+	s.must(t, 201, "POST", "/v1/sandboxes/"+sbx+"/commands", key, req, &sess)
+	resp, r := s.attach(t, sess.ID, sess.Attach.Token, 0)
+	defer resp.Body.Close()
+	return readToExit(t, r)
+}
