@@ -562,3 +562,47 @@ func TestPythonExample(t *testing.T) {
 	}
 	t.Logf("%s", out)
 }
+
+// TestAPIVMDies kills a sandbox's QEMU under a running server: the
+// sandbox fails with the reason, its running command ends, and a delete
+// still removes everything.
+func TestAPIVMDies(t *testing.T) {
+	s := sharedServer(t)
+	sb := s.createSandbox(t, s.key, apiv1.CreateSandbox{})
+	var sess apiv1.CommandSession
+	s.must(t, 201, "POST", "/v1/sandboxes/"+sb.ID+"/commands", s.key, apiv1.CommandRequest{Cmd: "echo up; sleep 600"}, &sess)
+	resp, r := s.attach(t, sess.ID, s.key, 0)
+	defer resp.Body.Close()
+	if ev, err := r.next(); err != nil || ev.name != "start" {
+		t.Fatalf("first event %+v %v", ev, err)
+	}
+	b, err := os.ReadFile(filepath.Join(s.home, "sandboxes", sb.ID, "qemu.pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	fmt.Sscan(string(b), &pid)
+	syscall.Kill(pid, syscall.SIGKILL)
+
+	o := readToExit(t, r)
+	if o.exit.ExitCode != -1 || !strings.Contains(o.stderr, "VM exited") {
+		t.Errorf("the command's end: %+v", o)
+	}
+	var got apiv1.Sandbox
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		s.must(t, 200, "GET", "/v1/sandboxes/"+sb.ID, s.key, nil, &got)
+		if got.State == "failed" {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if got.State != "failed" || got.LastError == nil || !strings.Contains(got.LastError.Message, "exited") {
+		t.Errorf("after its VM was killed: %s %+v", got.State, got.LastError)
+	}
+	status, body := s.call(t, "POST", "/v1/sandboxes/"+sb.ID+"/exec", s.key, apiv1.CommandRequest{Cmd: "true"})
+	if status != 409 || !strings.Contains(string(body), "failed") {
+		t.Errorf("exec in a failed sandbox: %d %s", status, body)
+	}
+	// The cleanup deletes it and checks nothing is left.
+}

@@ -406,17 +406,21 @@ func tarIn(st net.Conn, root string) error {
 		io.Copy(io.Discard, in)
 		return err
 	}
-	if err := os.MkdirAll(root, 0o755); err != nil {
-		return fail(err)
-	}
 	tr := tar.NewReader(in)
-	for {
+	for first := true; ; first = false {
 		hdr, err := tr.Next()
+		if err != nil && err != io.EOF {
+			return fail(&agentproto.Error{Code: agentproto.CodeInvalid, Message: fmt.Sprintf("read tar: %v", err)})
+		}
+		// The target is made once the stream has shown it is a tar, so
+		// a body that is not one changes nothing.
+		if first {
+			if err := os.MkdirAll(root, 0o755); err != nil {
+				return fail(err)
+			}
+		}
 		if err == io.EOF {
 			break
-		}
-		if err != nil {
-			return fail(&agentproto.Error{Code: agentproto.CodeInvalid, Message: fmt.Sprintf("read tar: %v", err)})
 		}
 		name := filepath.Clean("/" + hdr.Name)
 		if hdr.Name == "" || strings.Contains(hdr.Name, "\x00") || hasDotDot(hdr.Name) {

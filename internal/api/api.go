@@ -12,6 +12,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"path"
 	"strconv"
 	"strings"
 	"sync"
@@ -78,47 +79,52 @@ const (
 type route struct {
 	method, path string
 	auth         auth
-	handle       func(w http.ResponseWriter, r *http.Request, p service.Principal) error
+	// params are the query parameters the route takes (a name ending in
+	// "." takes any parameter with that prefix); others are refused.
+	params []string
+	handle func(w http.ResponseWriter, r *http.Request, p service.Principal) error
 }
 
 func (s *Server) routes() []route {
+	page := []string{"limit", "page_token"}
+	path := []string{"path"}
 	return []route{
-		{"GET", "/healthz", authNone, s.health},
-		{"GET", "/metrics", authMetrics, s.metrics},
+		{"GET", "/healthz", authNone, nil, s.health},
+		{"GET", "/metrics", authMetrics, nil, s.metrics},
 
-		{"POST", "/v1/keys", authKey, s.createKey},
-		{"GET", "/v1/keys", authKey, s.listKeys},
-		{"DELETE", "/v1/keys/{id}", authKey, s.deleteKey},
+		{"POST", "/v1/keys", authKey, nil, s.createKey},
+		{"GET", "/v1/keys", authKey, page, s.listKeys},
+		{"DELETE", "/v1/keys/{id}", authKey, nil, s.deleteKey},
 
-		{"GET", "/v1/operations/{id}", authKey, s.getOperation},
+		{"GET", "/v1/operations/{id}", authKey, []string{"wait_s"}, s.getOperation},
 
-		{"POST", "/v1/sandboxes", authKey, s.createSandbox},
-		{"GET", "/v1/sandboxes", authKey, s.listSandboxes},
-		{"GET", "/v1/sandboxes/{id}", authKey, s.getSandbox},
-		{"DELETE", "/v1/sandboxes/{id}", authKey, s.deleteSandbox},
-		{"GET", "/v1/sandboxes/{id}/events", authKey, s.sandboxEvents},
+		{"POST", "/v1/sandboxes", authKey, nil, s.createSandbox},
+		{"GET", "/v1/sandboxes", authKey, append([]string{"state", "metadata."}, page...), s.listSandboxes},
+		{"GET", "/v1/sandboxes/{id}", authKey, nil, s.getSandbox},
+		{"DELETE", "/v1/sandboxes/{id}", authKey, nil, s.deleteSandbox},
+		{"GET", "/v1/sandboxes/{id}/events", authKey, nil, s.sandboxEvents},
 
-		{"POST", "/v1/sandboxes/{id}/commands", authKey, s.createCommand},
-		{"GET", "/v1/sandboxes/{id}/commands", authKey, s.listCommands},
-		{"POST", "/v1/sandboxes/{id}/exec", authKey, s.exec},
-		{"GET", "/v1/commands/{id}", authKey, s.getCommand},
-		{"GET", "/v1/commands/{id}/attach", authAttach, s.attach},
-		{"POST", "/v1/commands/{id}/stdin", authKey, s.stdin},
-		{"POST", "/v1/commands/{id}/signal", authKey, s.signal},
-		{"POST", "/v1/commands/{id}/resize", authKey, s.resize},
+		{"POST", "/v1/sandboxes/{id}/commands", authKey, nil, s.createCommand},
+		{"GET", "/v1/sandboxes/{id}/commands", authKey, page, s.listCommands},
+		{"POST", "/v1/sandboxes/{id}/exec", authKey, nil, s.exec},
+		{"GET", "/v1/commands/{id}", authKey, nil, s.getCommand},
+		{"GET", "/v1/commands/{id}/attach", authAttach, nil, s.attach},
+		{"POST", "/v1/commands/{id}/stdin", authKey, []string{"eof"}, s.stdin},
+		{"POST", "/v1/commands/{id}/signal", authKey, nil, s.signal},
+		{"POST", "/v1/commands/{id}/resize", authKey, nil, s.resize},
 
-		{"PUT", "/v1/sandboxes/{id}/files", authKey, s.writeFile},
-		{"GET", "/v1/sandboxes/{id}/files", authKey, s.readFile},
-		{"DELETE", "/v1/sandboxes/{id}/files", authKey, s.removeFile},
-		{"GET", "/v1/sandboxes/{id}/fs/stat", authKey, s.stat},
-		{"GET", "/v1/sandboxes/{id}/fs/list", authKey, s.list},
-		{"POST", "/v1/sandboxes/{id}/fs/mkdir", authKey, s.mkdir},
-		{"POST", "/v1/sandboxes/{id}/fs/move", authKey, s.move},
-		{"GET", "/v1/sandboxes/{id}/archive", authKey, s.archiveOut},
-		{"PUT", "/v1/sandboxes/{id}/archive", authKey, s.archiveIn},
+		{"PUT", "/v1/sandboxes/{id}/files", authKey, []string{"path", "mode"}, s.writeFile},
+		{"GET", "/v1/sandboxes/{id}/files", authKey, path, s.readFile},
+		{"DELETE", "/v1/sandboxes/{id}/files", authKey, []string{"path", "recursive"}, s.removeFile},
+		{"GET", "/v1/sandboxes/{id}/fs/stat", authKey, path, s.stat},
+		{"GET", "/v1/sandboxes/{id}/fs/list", authKey, []string{"path", "depth"}, s.list},
+		{"POST", "/v1/sandboxes/{id}/fs/mkdir", authKey, nil, s.mkdir},
+		{"POST", "/v1/sandboxes/{id}/fs/move", authKey, nil, s.move},
+		{"GET", "/v1/sandboxes/{id}/archive", authKey, path, s.archiveOut},
+		{"PUT", "/v1/sandboxes/{id}/archive", authKey, path, s.archiveIn},
 
-		{"GET", "/v1/templates", authKey, s.listTemplates},
-		{"GET", "/v1/templates/{ref}", authKey, s.getTemplate},
+		{"GET", "/v1/templates", authKey, page, s.listTemplates},
+		{"GET", "/v1/templates/{ref}", authKey, nil, s.getTemplate},
 	}
 }
 
@@ -163,8 +169,17 @@ func New(cfg Config) *Server {
 	return s
 }
 
-// ServeHTTP serves the API.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+// ServeHTTP serves the API. A path that is not clean (with "..", "." or
+// "//" in it) names nothing: it answers 404 rather than the mux's
+// redirect to its cleaned form.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if p := r.URL.Path; p == "" || p[0] != '/' || path.Clean(p) != p && path.Clean(p)+"/" != p {
+		s.requests.WithLabelValues(r.Method, "unmatched", "404").Inc()
+		writeError(w, fmt.Errorf("no route %s %s: see docs/api.md: %w", r.Method, truncate(r.URL.Path, 100), errdefs.ErrNotFound))
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
 
 // Shutdown ends the server's event streams; the http.Server's own
 // Shutdown waits for them to return.
@@ -243,6 +258,11 @@ func (s *Server) serve(w *statusWriter, r *http.Request, rt route) error {
 		}
 		if rt.auth == authMetrics && !p.Admin() {
 			return fmt.Errorf("metrics need an admin key: %w", errdefs.ErrPermission)
+		}
+	}
+	if rt.path != "/metrics" {
+		if _, err := query(r, rt.params...); err != nil {
+			return err
 		}
 	}
 	if key := r.Header.Get("Idempotency-Key"); key != "" && r.Method != http.MethodGet {

@@ -141,7 +141,6 @@ func (s *Server) streamCommand(w http.ResponseWriter, r *http.Request, auth serv
 	if err != nil {
 		return err
 	}
-	defer st.Close()
 	out := startSSE(w)
 
 	// Events come from a goroutine so that pings go out while it waits.
@@ -150,6 +149,13 @@ func (s *Server) streamCommand(w http.ResponseWriter, r *http.Request, auth serv
 		err error
 	}
 	events := make(chan next)
+	// The reader goroutine ends with ctx; the stream is closed after it.
+	defer func() {
+		cancel()
+		for range events {
+		}
+		st.Close()
+	}()
 	go func() {
 		defer close(events)
 		for {

@@ -280,11 +280,21 @@ func CommandIDFromToken(token string) (string, bool) {
 // Attach starts the command if this is its first attachment, and returns
 // its events after the one numbered after.
 func (s *Service) Attach(ctx context.Context, auth AttachAuth, id string, after int64) (*Stream, error) {
+	if auth.Principal == nil {
+		// A token answers the same for a command that does not exist as
+		// for one it is not valid for, so it cannot probe IDs.
+		if tid, ok := CommandIDFromToken(auth.Token); !ok || tid != id {
+			return nil, fmt.Errorf("the attach token is not valid for command %s: use the token from the session or an API key: %w", truncate(id, 40), errdefs.ErrUnauthenticated)
+		}
+	}
 	if err := checkID("command", "cmd", id); err != nil {
 		return nil, err
 	}
 	rec, err := s.st.GetCommand(ctx, id)
 	if errors.Is(err, errdefs.ErrNotFound) {
+		if auth.Principal == nil {
+			return nil, fmt.Errorf("the attach token is not valid for command %s: use the token from the session or an API key: %w", id, errdefs.ErrUnauthenticated)
+		}
 		return nil, fmt.Errorf("command %s not found: %w", id, errdefs.ErrNotFound)
 	}
 	if err != nil {
@@ -299,6 +309,9 @@ func (s *Service) Attach(ctx context.Context, auth AttachAuth, id string, after 
 	}
 	if after < 0 {
 		return nil, fmt.Errorf("Last-Event-ID %d is negative: %w", after, errdefs.ErrInvalid)
+	}
+	if rec.State == apiv1.CommandCreated && after > 0 {
+		return nil, fmt.Errorf("Last-Event-ID %d is past the last event: command %s has not started: %w", after, id, errdefs.ErrInvalid)
 	}
 	lv := s.getLive(rec.SandboxID)
 	if lv == nil {
@@ -502,19 +515,24 @@ func (lv *live) waitCommand(c *command, proc *agentclient.Process, rec store.Com
 	lv.s.m.commandFinished(true)
 }
 
-// endCommand ends a command whose process can no longer be followed: the
-// stream gets an exit with code -1 after a note on stderr.
+// endCommand ends a command whose process can no longer be followed.
 func (lv *live) endCommand(c *command, rec store.Command, reason string) {
+	c.end(reason)
+	lv.s.markEnded(rec.ID)
+}
+
+// end closes the stream of a started command that has no exit yet with a
+// note on stderr and an exit with code -1.
+func (c *command) end(reason string) {
 	c.mu.Lock()
-	if c.log.Last().Type != evExit {
+	defer c.mu.Unlock()
+	if last := c.log.Last(); last.Seq > 0 && last.Type != evExit {
 		c.log.Append(evStderr, c.cursor, []byte("airlock: "+reason+"\n"))
 		data, _ := json.Marshal(apiv1.ExitEvent{ExitCode: -1})
 		c.log.Append(evExit, c.cursor, data)
 	}
 	c.log.Finish()
 	c.proc = nil
-	c.mu.Unlock()
-	lv.s.markEnded(rec.ID)
 }
 
 // markEnded records a command that ended without an exit status.
@@ -564,13 +582,14 @@ func (s *Service) appendEnd(rec store.Command, reason string) {
 	if log.Last().Type == evExit {
 		return
 	}
+	if log.Last().Seq == 0 {
+		return
+	}
 	cur := log.Last().Cursor
 	log.Append(evStderr, cur, []byte("airlock: "+reason+"\n"))
-	data, _ := json.Marshal(apiv1.ExitEvent{ExitCode: -1, Signal: ptr("KILL")})
+	data, _ := json.Marshal(apiv1.ExitEvent{ExitCode: -1})
 	log.Append(evExit, cur, data)
 }
-
-func ptr[T any](v T) *T { return &v }
 
 // resume re-attaches to a command that was running when the server
 // stopped: output the agent kept since is logged and the stream goes on.

@@ -62,6 +62,8 @@ func (lv *live) watch() {
 	s.log.Warn("sandbox VM exited", "sandbox", lv.id, "reason", msg)
 	lv.cancel()
 	lv.pumps.Wait()
+	lv.endAll("the sandbox VM exited")
+	lv.box.Release() // its directory stays, for the console log, until deleted
 	s.endCommands(lv.id, "the sandbox VM exited")
 	sb, err := s.st.GetSandbox(context.Background(), lv.id)
 	if err != nil || sb.State == apiv1.StateDeleting || sb.State == apiv1.StateDeleted {
@@ -84,6 +86,7 @@ func (lv *live) release() {
 // destroy stops the VM and removes the sandbox's files.
 func (lv *live) destroy(ctx context.Context) error {
 	lv.cancel()
+	lv.endAll("the sandbox was deleted")
 	err := lv.box.Destroy(ctx)
 	lv.waitPumps(5 * time.Second)
 	lv.closeLogs()
@@ -97,6 +100,20 @@ func (lv *live) waitPumps(d time.Duration) {
 	case <-done:
 	case <-time.After(d):
 		lv.s.log.Warn("command output pumps did not end", "sandbox", lv.id)
+	}
+}
+
+// endAll ends the stream of every command whose process can no longer be
+// followed, so that its readers get an exit.
+func (lv *live) endAll(reason string) {
+	lv.mu.Lock()
+	cmds := make([]*command, 0, len(lv.cmds))
+	for _, c := range lv.cmds {
+		cmds = append(cmds, c)
+	}
+	lv.mu.Unlock()
+	for _, c := range cmds {
+		c.end(reason)
 	}
 }
 

@@ -73,23 +73,30 @@ func envKeyOK(k string) bool   { return !strings.ContainsAny(k, "=\x00") }
 func labelKeyOK(k string) bool { return labelKey.MatchString(k) }
 
 // checkNetwork accepts only what this server enforces: sandboxes have no
-// network device, which is the policy {"egress": "deny"}.
+// network device, which is the policy {"egress": "deny"} with no rules.
 func checkNetwork(raw json.RawMessage) (json.RawMessage, error) {
 	deny := json.RawMessage(`{"egress":"deny"}`)
 	if len(raw) == 0 || string(raw) == "null" {
 		return deny, nil
 	}
-	var p struct {
-		Egress      string            `json:"egress"`
-		Allow       []string          `json:"allow"`
-		Deny        []string          `json:"deny"`
-		Credentials []json.RawMessage `json:"credentials"`
-	}
+	refuse := fmt.Errorf("this server gives sandboxes no network yet: omit network or set it to {\"egress\": \"deny\"}: %w", errdefs.ErrInvalid)
+	var p map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &p); err != nil {
-		return nil, fmt.Errorf("network is not a policy object: %v: %w", err, errdefs.ErrInvalid)
+		return nil, refuse
 	}
-	if p.Egress != "deny" && p.Egress != "" || len(p.Allow) > 0 || len(p.Credentials) > 0 {
-		return nil, fmt.Errorf("this server gives sandboxes no network yet: omit network or set {\"egress\": \"deny\"}: %w", errdefs.ErrInvalid)
+	for k, v := range p {
+		switch k {
+		case "egress":
+		case "allow", "deny", "credentials":
+			if string(v) != "null" && string(v) != "[]" {
+				return nil, refuse
+			}
+		default:
+			return nil, refuse
+		}
+	}
+	if e, ok := p["egress"]; !ok || string(e) != `"deny"` {
+		return nil, refuse
 	}
 	return deny, nil
 }

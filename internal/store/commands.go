@@ -93,14 +93,14 @@ func (s *Store) GetCommand(ctx context.Context, id string) (Command, error) {
 }
 
 // UpdateCommand replaces the record of the command with c's ID by c. Its
-// sandbox, owner, request and creation time are fixed at insert and are not
-// changed.
+// sandbox, owner, request, creation time and attach token are fixed at
+// insert and are not changed; SpendCommandToken alone spends the token.
 func (s *Store) UpdateCommand(ctx context.Context, c Command) error {
 	res, err := s.db.ExecContext(ctx, "UPDATE commands SET state = ?, agent_id = ?, pid = ?, exit_code = ?, signal = ?,"+
-		" timed_out = ?, token_hash = ?, token_expires_at = ?, token_spent = ?, started_at = ?, finished_at = ?"+
+		" timed_out = ?, started_at = ?, finished_at = ?"+
 		" WHERE id = ?",
-		c.State, c.AgentID, c.PID, nullInt(c.ExitCode), nullString(c.Signal), c.TimedOut, nonNil(c.TokenHash),
-		nanos(c.TokenExpiresAt), c.TokenSpent, nullNanos(c.StartedAt), nullNanos(c.FinishedAt), c.ID)
+		c.State, c.AgentID, c.PID, nullInt(c.ExitCode), nullString(c.Signal), c.TimedOut,
+		nullNanos(c.StartedAt), nullNanos(c.FinishedAt), c.ID)
 	if err != nil {
 		return fmt.Errorf("update command %s: %w", c.ID, classify(err))
 	}

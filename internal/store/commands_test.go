@@ -117,6 +117,9 @@ func TestUpdateCommand(t *testing.T) {
 	}
 	want := upd
 	want.SandboxID, want.Owner, want.Request, want.CreatedAt = orig.SandboxID, orig.Owner, orig.Request, orig.CreatedAt
+	// The token is fixed at insert too; only SpendCommandToken spends it,
+	// so an update racing with a spend cannot undo it.
+	want.TokenHash, want.TokenExpiresAt, want.TokenSpent = orig.TokenHash, orig.TokenExpiresAt, orig.TokenSpent
 	got, err := s.GetCommand(ctx, "cmd1")
 	if err != nil {
 		t.Fatal(err)
