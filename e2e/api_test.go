@@ -85,18 +85,7 @@ func TestAPIFlow(t *testing.T) {
 		resp, r := s.attach(t, sess.ID, key, 0)
 		defer resp.Body.Close()
 		s.must(t, 204, "POST", "/v1/commands/"+sess.ID+"/stdin", key, "typed\n", nil)
-		var got string
-		for !strings.Contains(got, "read typed") {
-			ev, err := r.next()
-			if err != nil {
-				t.Fatalf("stream ended: %v", err)
-			}
-			if ev.name == "stdout" {
-				var d apiv1.DataEvent
-				json.Unmarshal([]byte(ev.data), &d)
-				got += string(d.Data)
-			}
-		}
+		readUntil(t, r, contains("read typed"))
 		s.must(t, 204, "POST", "/v1/commands/"+sess.ID+"/signal", key, apiv1.Signal{Signal: "TERM"}, nil)
 		o := readToExit(t, r)
 		if o.exit.ExitCode != 9 || !strings.Contains(o.stdout, "got TERM") {
@@ -110,18 +99,7 @@ func TestAPIFlow(t *testing.T) {
 			Cmd: "stty size; read x; stty size", Stdin: true, PTY: &apiv1.PTY{Rows: 24, Cols: 80}}, &sess)
 		resp, r := s.attach(t, sess.ID, key, 0)
 		defer resp.Body.Close()
-		var got string
-		for !strings.Contains(got, "24 80") {
-			ev, err := r.next()
-			if err != nil {
-				t.Fatalf("stream ended: %v (%q)", err, got)
-			}
-			if ev.name == "stdout" {
-				var d apiv1.DataEvent
-				json.Unmarshal([]byte(ev.data), &d)
-				got += string(d.Data)
-			}
-		}
+		readUntil(t, r, contains("24 80"))
 		s.must(t, 204, "POST", "/v1/commands/"+sess.ID+"/resize", key, map[string]int{"rows": 40, "cols": 120}, nil)
 		s.must(t, 204, "POST", "/v1/commands/"+sess.ID+"/stdin", key, "\n", nil)
 		o := readToExit(t, r)
@@ -312,20 +290,7 @@ func TestAPIReplayAfterDisconnect(t *testing.T) {
 	s.must(t, 201, "POST", "/v1/sandboxes/"+sb.ID+"/commands", s.key, apiv1.CommandRequest{Cmd: counterScript(20, "0.1") + "; sleep 2.5; echo done"}, &sess)
 
 	resp, r := s.attach(t, sess.ID, sess.Attach.Token, 0)
-	var first string
-	var lastID int64
-	for strings.Count(first, "\n") < 5 {
-		ev, err := r.next()
-		if err != nil {
-			t.Fatal(err)
-		}
-		lastID = ev.id
-		if ev.name == "stdout" {
-			var d apiv1.DataEvent
-			json.Unmarshal([]byte(ev.data), &d)
-			first += string(d.Data)
-		}
-	}
+	first, lastID := readUntil(t, r, lines(5))
 	resp.Body.Close() // the client goes away; the command goes on
 
 	time.Sleep(500 * time.Millisecond)
@@ -361,20 +326,7 @@ func TestAPIServerRestart(t *testing.T) {
 	var sess apiv1.CommandSession
 	s.must(t, 201, "POST", "/v1/sandboxes/"+keep.ID+"/commands", s.key, apiv1.CommandRequest{Cmd: counterScript(40, "0.1")}, &sess)
 	resp, r := s.attach(t, sess.ID, s.key, 0)
-	var seen string
-	var lastID int64
-	for strings.Count(seen, "\n") < 3 {
-		ev, err := r.next()
-		if err != nil {
-			t.Fatal(err)
-		}
-		lastID = ev.id
-		if ev.name == "stdout" {
-			var d apiv1.DataEvent
-			json.Unmarshal([]byte(ev.data), &d)
-			seen += string(d.Data)
-		}
-	}
+	seen, lastID := readUntil(t, r, lines(3))
 
 	s.stop(syscall.SIGTERM)
 	resp.Body.Close()

@@ -31,9 +31,9 @@ type server struct {
 	key  string // the admin key
 	args []string
 
-	mu  sync.Mutex // guards cmd and out
+	mu  sync.Mutex // guards cmd
 	cmd *exec.Cmd
-	out *bytes.Buffer
+	out safeBuffer // the server's output, across restarts
 }
 
 var (
@@ -129,10 +129,9 @@ func binPath() string {
 func (s *server) start() error {
 	cmd := exec.Command(binPath(), append([]string{"serve", "--listen", s.addr}, s.args...)...)
 	cmd.Env = append(os.Environ(), "AIRLOCK_HOME="+s.home)
-	out := &bytes.Buffer{}
 	pr, pw := io.Pipe()
 	cmd.Stdout = pw
-	cmd.Stderr = &lockedWriter{mu: &s.mu, w: out}
+	cmd.Stderr = &s.out
 	if err := cmd.Start(); err != nil {
 		return err
 	}
@@ -141,9 +140,7 @@ func (s *server) start() error {
 		sc := bufio.NewScanner(pr)
 		once := sync.Once{}
 		for sc.Scan() {
-			s.mu.Lock()
-			out.WriteString(sc.Text() + "\n")
-			s.mu.Unlock()
+			s.out.Write([]byte(sc.Text() + "\n"))
 			if strings.HasPrefix(sc.Text(), "airlock serving on") {
 				once.Do(func() { close(ready) })
 			}
@@ -152,7 +149,7 @@ func (s *server) start() error {
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait(); pw.Close() }()
 	s.mu.Lock()
-	s.cmd, s.out = cmd, out
+	s.cmd = cmd
 	s.mu.Unlock()
 	select {
 	case <-ready:
@@ -165,25 +162,7 @@ func (s *server) start() error {
 	}
 }
 
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  io.Writer
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
-}
-
-func (s *server) output() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.out == nil {
-		return ""
-	}
-	return s.out.String()
-}
+func (s *server) output() string { return s.out.String() }
 
 // stop ends the server with sig and waits for it.
 func (s *server) stop(sig syscall.Signal) {
@@ -463,4 +442,35 @@ func (s *server) run(t *testing.T, key, sbx string, req apiv1.CommandRequest) ou
 	resp, r := s.attach(t, sess.ID, sess.Attach.Token, 0)
 	defer resp.Body.Close()
 	return readToExit(t, r)
+}
+
+// readUntil reads a command's events until the stdout seen so far
+// satisfies done, and returns that stdout and the last event's ID.
+func readUntil(t *testing.T, r *sseReader, done func(stdout string) bool) (string, int64) {
+	t.Helper()
+	var out string
+	var lastID int64
+	for !done(out) {
+		ev, err := r.next()
+		if err != nil {
+			t.Fatalf("stream ended (%v) with stdout %q", err, out)
+		}
+		lastID = ev.id
+		if ev.name == "stdout" {
+			var d apiv1.DataEvent
+			if err := json.Unmarshal([]byte(ev.data), &d); err != nil {
+				t.Fatal(err)
+			}
+			out += string(d.Data)
+		}
+	}
+	return out, lastID
+}
+
+func lines(n int) func(string) bool {
+	return func(out string) bool { return strings.Count(out, "\n") >= n }
+}
+
+func contains(sub string) func(string) bool {
+	return func(out string) bool { return strings.Contains(out, sub) }
 }

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
@@ -25,6 +26,34 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request, _ service.Princi
 func (s *Server) metrics(w http.ResponseWriter, r *http.Request, _ service.Principal) error {
 	promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{}).ServeHTTP(w, r)
 	return nil
+}
+
+// jsonCall is a handler that decodes a JSON body, calls f with the path's
+// {id} (if any) and answers status with f's result.
+func jsonCall[Req, Res any](status int, f func(ctx context.Context, p service.Principal, id string, req Req) (Res, error)) func(http.ResponseWriter, *http.Request, service.Principal) error {
+	return func(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+		var req Req
+		if err := decode(w, r, &req); err != nil {
+			return err
+		}
+		res, err := f(r.Context(), p, r.PathValue("id"), req)
+		if err != nil {
+			return err
+		}
+		if status == http.StatusNoContent {
+			w.WriteHeader(status)
+			return nil
+		}
+		writeJSON(w, status, res)
+		return nil
+	}
+}
+
+// jsonAction is jsonCall for calls that answer 204 without a body.
+func jsonAction[Req any](f func(ctx context.Context, p service.Principal, id string, req Req) error) func(http.ResponseWriter, *http.Request, service.Principal) error {
+	return jsonCall(http.StatusNoContent, func(ctx context.Context, p service.Principal, id string, req Req) (*struct{}, error) {
+		return nil, f(ctx, p, id, req)
+	})
 }
 
 // query checks a query string against the parameters a route knows, so
@@ -70,32 +99,15 @@ func boolParam(q url.Values, name string) (bool, error) {
 	return false, fmt.Errorf("%s must be true or false: %w", name, errdefs.ErrInvalid)
 }
 
-func noQuery(r *http.Request) error {
-	_, err := query(r)
-	return err
-}
-
 // Keys.
 
-func (s *Server) createKey(w http.ResponseWriter, r *http.Request, p service.Principal) error {
-	var req apiv1.CreateKey
-	if err := decode(w, r, &req); err != nil {
-		return err
-	}
-	k, err := s.svc.CreateKey(r.Context(), p, req)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusCreated, k)
-	return nil
+func (s *Server) createKey(ctx context.Context, p service.Principal, _ string, req apiv1.CreateKey) (apiv1.KeyCreated, error) {
+	return s.svc.CreateKey(ctx, p, req)
 }
 
 // pageParams reads limit and page_token.
-func pageParams(r *http.Request, extra ...string) (url.Values, int, string, error) {
-	q, err := query(r, append([]string{"limit", "page_token"}, extra...)...)
-	if err != nil {
-		return nil, 0, "", err
-	}
+func pageParams(r *http.Request) (url.Values, int, string, error) {
+	q := r.URL.Query()
 	limit, err := intParam(q, "limit", 0)
 	if err != nil {
 		return nil, 0, "", err
@@ -133,10 +145,7 @@ func (s *Server) deleteKey(w http.ResponseWriter, r *http.Request, p service.Pri
 const MaxWait = 60
 
 func (s *Server) getOperation(w http.ResponseWriter, r *http.Request, p service.Principal) error {
-	q, err := query(r, "wait_s")
-	if err != nil {
-		return err
-	}
+	q := r.URL.Query()
 	wait, err := intParam(q, "wait_s", 0)
 	if err != nil {
 		return err
@@ -154,21 +163,12 @@ func (s *Server) getOperation(w http.ResponseWriter, r *http.Request, p service.
 
 // Sandboxes.
 
-func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p service.Principal) error {
-	var req apiv1.CreateSandbox
-	if err := decode(w, r, &req); err != nil {
-		return err
-	}
-	res, err := s.svc.CreateSandbox(r.Context(), p, req)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusAccepted, res)
-	return nil
+func (s *Server) createSandbox(ctx context.Context, p service.Principal, _ string, req apiv1.CreateSandbox) (apiv1.SandboxOperation, error) {
+	return s.svc.CreateSandbox(ctx, p, req)
 }
 
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, p service.Principal) error {
-	q, limit, token, err := pageParams(r, "state", "metadata.")
+	q, limit, token, err := pageParams(r)
 	if err != nil {
 		return err
 	}
@@ -193,9 +193,6 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, p service
 }
 
 func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, p service.Principal) error {
-	if err := noQuery(r); err != nil {
-		return err
-	}
 	sb, err := s.svc.GetSandbox(r.Context(), p, r.PathValue("id"))
 	if err != nil {
 		return err
@@ -205,9 +202,6 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, p service.Pr
 }
 
 func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request, p service.Principal) error {
-	if err := noQuery(r); err != nil {
-		return err
-	}
 	res, err := s.svc.DeleteSandbox(r.Context(), p, r.PathValue("id"))
 	if err != nil {
 		return err
@@ -218,17 +212,18 @@ func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request, p service
 
 // Commands.
 
-func (s *Server) createCommand(w http.ResponseWriter, r *http.Request, p service.Principal) error {
-	var req apiv1.CommandRequest
-	if err := decode(w, r, &req); err != nil {
-		return err
-	}
-	c, err := s.svc.CreateCommand(r.Context(), p, r.PathValue("id"), req)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusCreated, c)
-	return nil
+func (s *Server) signal(ctx context.Context, p service.Principal, id string, req apiv1.Signal) error {
+	return s.svc.Signal(ctx, p, id, req.Signal)
+}
+
+// resizeReq is the body of POST /v1/commands/{id}/resize.
+type resizeReq struct {
+	Rows int `json:"rows"`
+	Cols int `json:"cols"`
+}
+
+func (s *Server) resize(ctx context.Context, p service.Principal, id string, req resizeReq) error {
+	return s.svc.Resize(ctx, p, id, req.Rows, req.Cols)
 }
 
 func (s *Server) listCommands(w http.ResponseWriter, r *http.Request, p service.Principal) error {
@@ -241,19 +236,6 @@ func (s *Server) listCommands(w http.ResponseWriter, r *http.Request, p service.
 		return err
 	}
 	writeJSON(w, http.StatusOK, list)
-	return nil
-}
-
-func (s *Server) exec(w http.ResponseWriter, r *http.Request, p service.Principal) error {
-	var req apiv1.CommandRequest
-	if err := decode(w, r, &req); err != nil {
-		return err
-	}
-	res, err := s.svc.Exec(r.Context(), p, r.PathValue("id"), req)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, res)
 	return nil
 }
 
@@ -270,10 +252,7 @@ func (s *Server) getCommand(w http.ResponseWriter, r *http.Request, p service.Pr
 const MaxStdinBody = 16 << 20
 
 func (s *Server) stdin(w http.ResponseWriter, r *http.Request, p service.Principal) error {
-	q, err := query(r, "eof")
-	if err != nil {
-		return err
-	}
+	q := r.URL.Query()
 	eof, err := boolParam(q, "eof")
 	if err != nil {
 		return err
@@ -293,34 +272,15 @@ func (s *Server) stdin(w http.ResponseWriter, r *http.Request, p service.Princip
 	return nil
 }
 
-func (s *Server) signal(w http.ResponseWriter, r *http.Request, p service.Principal) error {
-	var req apiv1.Signal
-	if err := decode(w, r, &req); err != nil {
-		return err
-	}
-	if err := s.svc.Signal(r.Context(), p, r.PathValue("id"), req.Signal); err != nil {
-		return err
-	}
-	w.WriteHeader(http.StatusNoContent)
-	return nil
-}
-
-func (s *Server) resize(w http.ResponseWriter, r *http.Request, p service.Principal) error {
-	var req struct {
-		Rows int `json:"rows"`
-		Cols int `json:"cols"`
-	}
-	if err := decode(w, r, &req); err != nil {
-		return err
-	}
-	if err := s.svc.Resize(r.Context(), p, r.PathValue("id"), req.Rows, req.Cols); err != nil {
-		return err
-	}
-	w.WriteHeader(http.StatusNoContent)
-	return nil
-}
-
 // Files.
+
+func (s *Server) mkdir(ctx context.Context, p service.Principal, id string, req apiv1.Path) error {
+	return s.svc.Mkdir(ctx, p, id, req.Path)
+}
+
+func (s *Server) move(ctx context.Context, p service.Principal, id string, req apiv1.Move) error {
+	return s.svc.Move(ctx, p, id, req.From, req.To)
+}
 
 func pathParam(q url.Values) (string, error) {
 	if len(q["path"]) != 1 {
@@ -330,10 +290,7 @@ func pathParam(q url.Values) (string, error) {
 }
 
 func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, p service.Principal) error {
-	q, err := query(r, "path", "mode")
-	if err != nil {
-		return err
-	}
+	q := r.URL.Query()
 	path, err := pathParam(q)
 	if err != nil {
 		return err
@@ -350,10 +307,7 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, p service.Pri
 }
 
 func (s *Server) readFile(w http.ResponseWriter, r *http.Request, p service.Principal) error {
-	q, err := query(r, "path")
-	if err != nil {
-		return err
-	}
+	q := r.URL.Query()
 	path, err := pathParam(q)
 	if err != nil {
 		return err
@@ -371,10 +325,7 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, p service.Prin
 }
 
 func (s *Server) removeFile(w http.ResponseWriter, r *http.Request, p service.Principal) error {
-	q, err := query(r, "path", "recursive")
-	if err != nil {
-		return err
-	}
+	q := r.URL.Query()
 	path, err := pathParam(q)
 	if err != nil {
 		return err
@@ -391,10 +342,7 @@ func (s *Server) removeFile(w http.ResponseWriter, r *http.Request, p service.Pr
 }
 
 func (s *Server) stat(w http.ResponseWriter, r *http.Request, p service.Principal) error {
-	q, err := query(r, "path")
-	if err != nil {
-		return err
-	}
+	q := r.URL.Query()
 	path, err := pathParam(q)
 	if err != nil {
 		return err
@@ -408,10 +356,7 @@ func (s *Server) stat(w http.ResponseWriter, r *http.Request, p service.Principa
 }
 
 func (s *Server) list(w http.ResponseWriter, r *http.Request, p service.Principal) error {
-	q, err := query(r, "path", "depth")
-	if err != nil {
-		return err
-	}
+	q := r.URL.Query()
 	path, err := pathParam(q)
 	if err != nil {
 		return err
@@ -430,35 +375,8 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request, p service.Principa
 	return nil
 }
 
-func (s *Server) mkdir(w http.ResponseWriter, r *http.Request, p service.Principal) error {
-	var req apiv1.Path
-	if err := decode(w, r, &req); err != nil {
-		return err
-	}
-	if err := s.svc.Mkdir(r.Context(), p, r.PathValue("id"), req.Path); err != nil {
-		return err
-	}
-	w.WriteHeader(http.StatusNoContent)
-	return nil
-}
-
-func (s *Server) move(w http.ResponseWriter, r *http.Request, p service.Principal) error {
-	var req apiv1.Move
-	if err := decode(w, r, &req); err != nil {
-		return err
-	}
-	if err := s.svc.Move(r.Context(), p, r.PathValue("id"), req.From, req.To); err != nil {
-		return err
-	}
-	w.WriteHeader(http.StatusNoContent)
-	return nil
-}
-
 func (s *Server) archiveOut(w http.ResponseWriter, r *http.Request, p service.Principal) error {
-	q, err := query(r, "path")
-	if err != nil {
-		return err
-	}
+	q := r.URL.Query()
 	path, err := pathParam(q)
 	if err != nil {
 		return err
@@ -473,10 +391,7 @@ func (s *Server) archiveOut(w http.ResponseWriter, r *http.Request, p service.Pr
 }
 
 func (s *Server) archiveIn(w http.ResponseWriter, r *http.Request, p service.Principal) error {
-	q, err := query(r, "path")
-	if err != nil {
-		return err
-	}
+	q := r.URL.Query()
 	path, err := pathParam(q)
 	if err != nil {
 		return err
