@@ -111,6 +111,9 @@ CREATE TABLE idempotency (
 ) STRICT;
 CREATE INDEX idempotency_created ON idempotency (created_at);
 `},
+	{2, "index sandboxes by lease expiry", `
+CREATE INDEX sandboxes_expires ON sandboxes (expires_at) WHERE expires_at IS NOT NULL;
+`},
 }
 
 // schemaVersion reads the version of the schema from PRAGMA user_version.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	sqlite3 "modernc.org/sqlite/lib"
@@ -24,6 +25,47 @@ type migrationTest struct {
 // shape. Adding a migration means adding its case here.
 var migrationTests = []migrationTest{
 	{version: 1, after: checkSchema1},
+	{version: 2, before: fillSchema1, after: checkSchema2},
+}
+
+// fillSchema1 writes sandboxes with and without a lease in the version 1
+// shape.
+func fillSchema1(t *testing.T, db *sql.DB) {
+	for i, exp := range []string{"NULL", "5", "10"} {
+		q := fmt.Sprintf("INSERT INTO sandboxes (id, owner, state, template_ref, template_digest, vcpus, memory_mib, disk_mib,"+
+			" timeout_s, on_timeout, env, metadata, created_at, updated_at, expires_at)"+
+			" VALUES ('sbx%d', 'key1', 'running', 'base', 'sha256:a', 1, 512, 2048, 0, 'delete', '{}', '{}', 1, 1, %s)", i, exp)
+		if _, err := db.Exec(q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+}
+
+// checkSchema2: the rows are kept, and lease queries use the new index.
+func checkSchema2(t *testing.T, db *sql.DB) {
+	var n int
+	if err := db.QueryRow("SELECT count(*) FROM sandboxes").Scan(&n); err != nil || n != 3 {
+		t.Fatalf("%d sandboxes after the migration, %v; want 3", n, err)
+	}
+	var plan string
+	rows, err := db.Query("EXPLAIN QUERY PLAN SELECT id FROM sandboxes WHERE expires_at IS NOT NULL AND expires_at <= 7 ORDER BY expires_at")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id, parent, notused int
+		var detail string
+		rows.Scan(&id, &parent, &notused, &detail)
+		plan += detail + "\n"
+	}
+	if !strings.Contains(plan, "sandboxes_expires") {
+		t.Errorf("the lease query does not use the index:\n%s", plan)
+	}
+	var id string
+	if err := db.QueryRow("SELECT id FROM sandboxes WHERE expires_at IS NOT NULL AND expires_at <= 7 ORDER BY expires_at").Scan(&id); err != nil || id != "sbx1" {
+		t.Errorf("expired sandbox %q, %v; want sbx1", id, err)
+	}
 }
 
 func TestMigrations(t *testing.T) {

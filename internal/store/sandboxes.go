@@ -299,3 +299,32 @@ func seqOf(ctx context.Context, q queryer, table, id, sandboxID string) (int64, 
 	}
 	return seq, nil
 }
+
+// ListExpired returns the sandboxes in one of states whose lease ended at
+// or before now, soonest first, at most limit of them.
+func (s *Store) ListExpired(ctx context.Context, now time.Time, states []string, limit int) ([]Sandbox, error) {
+	if limit <= 0 || len(states) == 0 {
+		return nil, fmt.Errorf("list expired sandboxes: need states and a positive limit: %w", errdefs.ErrInvalid)
+	}
+	args := []any{nanos(now)}
+	for _, st := range states {
+		args = append(args, st)
+	}
+	args = append(args, limit)
+	rows, err := s.db.QueryContext(ctx, "SELECT "+sandboxColumns+" FROM sandboxes"+
+		" WHERE expires_at IS NOT NULL AND expires_at <= ? AND state IN ("+placeholders(len(states))+")"+
+		" ORDER BY expires_at LIMIT ?", args...)
+	if err != nil {
+		return nil, fmt.Errorf("list expired sandboxes: %w", classify(err))
+	}
+	defer rows.Close()
+	list := []Sandbox{}
+	for rows.Next() {
+		sb, err := scanSandbox(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list expired sandboxes: %w", err)
+		}
+		list = append(list, sb)
+	}
+	return list, rows.Err()
+}

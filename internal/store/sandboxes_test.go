@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -377,5 +378,50 @@ func TestListSandboxesPagination(t *testing.T) {
 	}
 	if !reflect.DeepEqual(order[:total], ids) {
 		t.Error("the first sandboxes are not listed first")
+	}
+}
+
+func TestListExpired(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	leases := []struct {
+		id    string
+		state string
+		in    time.Duration // lease end after t0; 0: no lease
+	}{
+		{"sbxa", "running", 3 * time.Minute},
+		{"sbxb", "running", time.Minute},
+		{"sbxc", "suspended", 2 * time.Minute},
+		{"sbxd", "running", 0},
+		{"sbxe", "running", time.Hour},
+		{"sbxf", "deleted", time.Minute},
+	}
+	for _, l := range leases {
+		sb := testSandbox(l.id, "key1")
+		sb.State, sb.ExpiresAt = l.state, nil
+		if l.in > 0 {
+			exp := t0.Add(l.in)
+			sb.ExpiresAt = &exp
+		}
+		if err := s.InsertSandbox(ctx, sb, createOp("op"+l.id, l.id, "key1")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := s.ListExpired(ctx, t0.Add(5*time.Minute), []string{"running", "suspended"}, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, sb := range got {
+		ids = append(ids, sb.ID)
+	}
+	if strings.Join(ids, ",") != "sbxb,sbxc,sbxa" {
+		t.Errorf("expired: %v, want sbxb,sbxc,sbxa (soonest first; none without a lease, not yet due or deleted)", ids)
+	}
+	if got, _ := s.ListExpired(ctx, t0.Add(5*time.Minute), []string{"running"}, 1); len(got) != 1 || got[0].ID != "sbxb" {
+		t.Errorf("limit 1: %+v", got)
+	}
+	if _, err := s.ListExpired(ctx, t0, nil, 10); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Errorf("no states: %v", err)
 	}
 }
