@@ -243,6 +243,8 @@ func (a *Agent) handle(st net.Conn) {
 		a.handleResize(st, req.Resize)
 	case agentproto.OpAttach:
 		a.handleAttach(st, req.Attach)
+	case agentproto.OpRefresh:
+		a.handleRefresh(st, req.Refresh)
 	case agentproto.OpRead, agentproto.OpWrite, agentproto.OpStat, agentproto.OpList,
 		agentproto.OpMkdir, agentproto.OpMove, agentproto.OpRemove, agentproto.OpTarOut, agentproto.OpTarIn:
 		if !a.initialized.Load() {

@@ -52,10 +52,8 @@ func systemInit(req *agentproto.InitRequest, res *agentproto.InitResult) error {
 			return fmt.Errorf("set clock: %w", err)
 		}
 	}
-	if len(req.Entropy) > 0 {
-		if err := addEntropy(req.Entropy); err != nil {
-			return fmt.Errorf("add entropy: %w", err)
-		}
+	if err := mixEntropy(req.Entropy); err != nil {
+		return err
 	}
 	if req.Hostname != "" {
 		if err := unix.Sethostname([]byte(req.Hostname)); err != nil {
@@ -158,24 +156,71 @@ func growFS(dev, dir string) (int64, error) {
 	return int64(size), nil
 }
 
-// addEntropy mixes b into the kernel's random pool and credits it, so that
-// clones of one snapshot diverge.
-func addEntropy(b []byte) error {
+// mixEntropy mixes b, when there is any, into the kernel's random pool,
+// credits it, and reseeds the CRNG from the pool at once, so that clones
+// of one snapshot diverge: the kernel would otherwise reseed only about a
+// minute later, and until then two restores of one state read the same
+// random bytes.
+func mixEntropy(b []byte) error {
+	if len(b) == 0 {
+		return nil
+	}
 	f, err := os.OpenFile("/dev/urandom", os.O_WRONLY, 0)
 	if err != nil {
-		return err
+		return fmt.Errorf("add entropy: %w", err)
 	}
 	defer f.Close()
-	// struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }
+	buf := randPoolInfo(b)
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.RNDADDENTROPY, uintptr(unsafe.Pointer(&buf[0]))); e != 0 {
+		return fmt.Errorf("add entropy: %w", e)
+	}
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.RNDRESEEDCRNG, 0); e != 0 {
+		return fmt.Errorf("reseed the kernel's random generator: %w", e)
+	}
+	return nil
+}
+
+// randPoolInfo lays out RNDADDENTROPY's argument for b, credited in full:
+// struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }
+// in the machine's byte order.
+func randPoolInfo(b []byte) []byte {
 	n := (len(b) + 3) / 4 * 4
 	buf := make([]byte, 8+n)
 	*(*int32)(unsafe.Pointer(&buf[0])) = int32(len(b) * 8)
 	*(*int32)(unsafe.Pointer(&buf[4])) = int32(len(b))
 	copy(buf[8:], b)
-	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.RNDADDENTROPY, uintptr(unsafe.Pointer(&buf[0]))); e != 0 {
-		return e
+	return buf
+}
+
+func (a *Agent) handleRefresh(st net.Conn, req *agentproto.RefreshRequest) {
+	if req == nil {
+		replyErr(st, agentproto.CodeInvalid, "refresh request without parameters")
+		return
 	}
-	return nil
+	if !a.initialized.Load() {
+		replyErr(st, agentproto.CodeState, "the sandbox is not initialised yet")
+		return
+	}
+	if a.cfg.System {
+		if err := refresh(req); err != nil {
+			a.log.Error("refresh", "err", err)
+			replyErr(st, agentproto.CodeInternal, err.Error())
+			return
+		}
+	}
+	reply(st, agentproto.Result{})
+}
+
+// refresh sets the clock and reseeds the kernel's random generator of a
+// guest that was paused or restored.
+func refresh(req *agentproto.RefreshRequest) error {
+	if req.TimeUnixNano > 0 {
+		ts := unix.NsecToTimespec(req.TimeUnixNano)
+		if err := unix.ClockSettime(unix.CLOCK_REALTIME, &ts); err != nil {
+			return fmt.Errorf("set clock: %w", err)
+		}
+	}
+	return mixEntropy(req.Entropy)
 }
 
 // writeHostname makes /etc/hosts resolve the hostname, as tools expect.

@@ -223,6 +223,15 @@ func (c *Client) Init(ctx context.Context, req agentproto.InitRequest) (agentpro
 	return *res.Init, nil
 }
 
+// Refresh brings an initialised guest up to date after a pause or a
+// restore: its clock, and its kernel's random state.
+func (c *Client) Refresh(ctx context.Context, req agentproto.RefreshRequest) error {
+	if _, err := c.call(ctx, agentproto.Request{Op: agentproto.OpRefresh, Refresh: &req}); err != nil {
+		return fmt.Errorf("refresh guest: %w", err)
+	}
+	return nil
+}
+
 func isFileOp(op string) bool {
 	switch op {
 	case agentproto.OpRead, agentproto.OpWrite, agentproto.OpStat, agentproto.OpList, agentproto.OpMkdir,

@@ -28,6 +28,11 @@ const (
 	OpRemove = "remove"
 	OpTarOut = "tar_out"
 	OpTarIn  = "tar_in"
+	// OpRefresh brings an initialised guest up to date after it was paused
+	// or restored from a saved state: its clock, and fresh entropy that
+	// makes its random numbers diverge from any other restore of the same
+	// state.
+	OpRefresh = "refresh"
 )
 
 // Request opens every stream. Op selects which of the other fields apply.
@@ -38,6 +43,8 @@ type Request struct {
 	Signal *SignalReq   `json:"signal,omitempty"`
 	Resize *ResizeReq   `json:"resize,omitempty"`
 	Attach *AttachReq   `json:"attach,omitempty"`
+	// Refresh is the refresh operation's parameters.
+	Refresh *RefreshRequest `json:"refresh,omitempty"`
 	// Path is the file operations' subject, absolute inside the sandbox.
 	Path string `json:"path,omitempty"`
 	// To is the destination of a move.
@@ -62,6 +69,17 @@ type InitRequest struct {
 	Env map[string]string `json:"env,omitempty"`
 	// RootDevice is the block device holding the root filesystem.
 	RootDevice string `json:"root_device"`
+}
+
+// RefreshRequest sets a running guest's clock and reseeds its random
+// number generator.
+type RefreshRequest struct {
+	// TimeUnixNano is the host's clock when the request was sent; 0 leaves
+	// the guest's clock alone.
+	TimeUnixNano int64 `json:"time_unix_nano"`
+	// Entropy is mixed into the guest kernel's random pool, which is then
+	// reseeded.
+	Entropy []byte `json:"entropy"`
 }
 
 // InitResult describes the guest after init.

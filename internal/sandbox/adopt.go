@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/airlockhq/airlock/internal/errdefs"
@@ -29,12 +30,23 @@ func invalidID(id string) error {
 // if the template still exists. Sandbox.Init is left empty: the guest was
 // initialised by its creator.
 //
+// A VM found paused is adopted paused (Sandbox.Paused): the agent of a
+// paused guest cannot answer, so the session with it is opened by
+// Sandbox.Resume, and Sandbox.Agent is nil until then.
+//
 // If another live process owns the sandbox, the error is
 // errdefs.ErrConflict. If its VM is gone (or its directory is), the error
 // wraps vm.ErrNotRunning and ErrVMExited and its message quotes the VM's
-// console; the directory is left for the caller to Remove. A VM that runs
-// but whose agent does not answer, or whose guest was never initialised,
-// is a plain error and is left running.
+// console; the directory is left for the caller to Remove, or, when it
+// holds a saved state (SuspendedState), to Wake. A VM that runs but whose
+// agent does not answer, or whose guest was never initialised, is a plain
+// error and is left running.
+//
+// A VM that outlived the writing of a saved state (its suspend was
+// interrupted) is adopted, paused, and the state, which holds nothing the
+// VM does not, is removed. A VM still waiting for a restore (its wake was
+// interrupted) holds nothing: it is killed, and the error wraps
+// ErrVMExited.
 func (r *Runtime) Adopt(ctx context.Context, id string, spec Spec) (*Sandbox, error) {
 	if !ValidID(id) {
 		return nil, invalidID(id)
@@ -53,17 +65,55 @@ func (r *Runtime) Adopt(ctx context.Context, id string, spec Spec) (*Sandbox, er
 	if err != nil {
 		lock.Close()
 		if errors.Is(err, vm.ErrNotRunning) {
+			if SuspendedState(dir) {
+				return nil, fmt.Errorf("adopt sandbox %s: %w: it is suspended (its state is saved): wake it: %w", id, ErrVMExited, err)
+			}
 			return nil, fmt.Errorf("adopt sandbox %s: %w: %w", id, ErrVMExited, err)
 		}
 		return nil, fmt.Errorf("adopt sandbox %s: %w", id, err)
 	}
 	sb.vm, sb.owner = m, lock
+	st, err := m.Status(ctx)
+	if err != nil {
+		// Without QMP the agent decides, as before pause existed.
+		sb.log.Warn("cannot ask the adopted VM for its status", "err", err)
+	}
+	switch st {
+	case vm.StatusInMigrate:
+		m.Kill()
+		select {
+		case <-m.Done():
+		case <-time.After(5 * time.Second):
+		}
+		m.Release()
+		lock.Close()
+		why := "its VM was waiting for a restore that never finished, and was killed"
+		if SuspendedState(dir) {
+			why += "; its saved state remains: wake it"
+		}
+		return nil, fmt.Errorf("adopt sandbox %s: %s: %w: %w", id, why, ErrVMExited, vm.ErrNotRunning)
+	case vm.StatusPaused, vm.StatusPostMigrate:
+		sb.paused = true
+	}
+	if SuspendedState(dir) {
+		sb.log.Warn("the sandbox's VM outlived the saving of its state: keeping the VM, removing the state")
+		if err := os.Remove(filepath.Join(dir, StateName)); err != nil {
+			m.Release()
+			lock.Close()
+			return nil, fmt.Errorf("adopt sandbox %s: remove its stale saved state: %w", id, err)
+		}
+	}
 	if spec.Template != "" {
 		if tpl, err := r.templates.Resolve(spec.Template); err != nil {
 			sb.log.Warn("the adopted sandbox's template is gone", "template", spec.Template, "err", err)
 		} else {
 			sb.Template = tpl
 		}
+	}
+	if sb.paused {
+		go sb.watch()
+		sb.log.Info("sandbox adopted paused", "pid", m.PID(), "status", st)
+		return sb, nil
 	}
 	if err := sb.connect(ctx); err != nil {
 		failure := sb.Failure() // read before Release, which stops watching the VM
@@ -79,8 +129,8 @@ func (r *Runtime) Adopt(ctx context.Context, id string, spec Spec) (*Sandbox, er
 	return sb, nil
 }
 
-// connect opens the adopted sandbox's session with its agent and checks
-// that the guest is one its creator initialised.
+// connect opens the adopted (or resumed) sandbox's session with its agent
+// and checks that the guest is one its creator initialised.
 func (s *Sandbox) connect(ctx context.Context) error {
 	c, err := ConnectAgent(ctx, s.vm, adoptTimeout)
 	if err != nil {
@@ -94,7 +144,9 @@ func (s *Sandbox) connect(ctx context.Context) error {
 		c.Close()
 		return fmt.Errorf("agent: %w", err)
 	}
+	s.mu.Lock()
 	s.agent = c
+	s.mu.Unlock()
 	return nil
 }
 

@@ -18,8 +18,16 @@
 //     gave up on, killing its QEMU if that still runs.
 //   - Sweep, which New runs, is for what nobody knows about: it removes
 //     directories that have no owner and whose QEMU is not running, and
-//     never touches one whose QEMU is alive or whose lock is held. So
-//     detached VMs wait, untouched, for Adopt or Remove.
+//     never touches one whose QEMU is alive, whose lock is held or that
+//     holds a saved state. So detached VMs wait, untouched, for Adopt or
+//     Remove, and suspended sandboxes for Wake or Remove.
+//
+// A sandbox can be paused (Sandbox.Pause: its vCPUs stop, its memory
+// stays) and resumed, or suspended (Sandbox.Suspend: its state is saved in
+// its directory and its QEMU ends) and woken (Runtime.Wake, in this
+// process or a later one). Create records the VM's configuration in the
+// directory (RecordName) so that Wake can start the same VM to restore
+// into.
 package sandbox
 
 import (
@@ -110,15 +118,15 @@ func (r *Runtime) Templates() *template.Store { return r.templates }
 type Spec struct {
 	// ID names the sandbox; empty means a fresh NewID. It must satisfy
 	// ValidID and not be in use.
-	ID        string
-	Template  string
-	VCPUs     int
-	MemoryMiB int
-	DiskMiB   int
+	ID        string `json:"id"`
+	Template  string `json:"template"`
+	VCPUs     int    `json:"vcpus"`
+	MemoryMiB int    `json:"memory_mib"`
+	DiskMiB   int    `json:"disk_mib"`
 	// Env is the default environment of every command.
-	Env map[string]string
+	Env map[string]string `json:"env,omitempty"`
 	// Detach lets the VM outlive this process.
-	Detach bool
+	Detach bool `json:"detach,omitempty"`
 }
 
 // Limits bound what one sandbox may ask for, to protect the host.
@@ -192,7 +200,8 @@ func (r *Runtime) Resolve(spec Spec) (Spec, template.Template, error) {
 	return spec, tpl, nil
 }
 
-// Sandbox is a running sandbox.
+// Sandbox is a sandbox whose VM runs (or is paused) and that this process
+// owns.
 type Sandbox struct {
 	ID       string
 	Dir      string
@@ -203,8 +212,16 @@ type Sandbox struct {
 	log *slog.Logger
 	vm  *vm.Machine
 
-	mu    sync.Mutex // guards agent, which Reconnect replaces
-	agent *agentclient.Client
+	// life serialises Pause, Resume, Suspend and Reconnect.
+	life sync.Mutex
+
+	mu sync.Mutex // guards the fields below
+	// agent is the session with the agent, which Reconnect and Resume
+	// replace; nil while the sandbox is paused after an Adopt, which
+	// cannot reach the agent of a paused guest.
+	agent     *agentclient.Client
+	paused    bool // the vCPUs are stopped (Pause, or found so by Adopt)
+	suspended bool // Suspend saved the sandbox and ended its VM
 
 	owner *os.File // holds the directory's owner lock while this process owns it
 
@@ -282,6 +299,17 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (*Sandbox, error) {
 	sb := newSandbox(id, r.cfg.Dir.Sandbox(id), spec, r.log)
 	sb.Template = tpl
 	overlay := sb.Dir + "/disk.qcow2"
+	cfg := vm.Config{
+		Kernel: r.cfg.Dir.Kernel(), Initramfs: r.cfg.Dir.Initramfs(), Accel: r.accel, CPU: r.cpu,
+		VCPUs: spec.VCPUs, MemoryMiB: spec.MemoryMiB, Disk: overlay, Dir: sb.Dir, Detach: spec.Detach,
+	}
+	if r.accel == vm.AccelTCG {
+		cfg.TSCKHz = vm.HostTSCKHz()
+	}
+	recSpec := spec
+	if tpl.Digest != "" {
+		recSpec.Template = tpl.Digest
+	}
 	steps := []step{
 		{"create sandbox directory", func(context.Context) error {
 			if err := os.MkdirAll(r.cfg.Dir.Sandboxes(), 0o755); err != nil {
@@ -304,11 +332,11 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (*Sandbox, error) {
 		{"create disk", func(ctx context.Context) error {
 			return createOverlay(ctx, tpl.Image, overlay, spec.DiskMiB)
 		}, nil},
+		{"record vm config", func(context.Context) error {
+			return writeRecord(sb.Dir, record{Spec: recSpec, VM: cfg})
+		}, nil},
 		{"boot vm", func(ctx context.Context) error {
-			m, err := vm.Start(ctx, vm.Config{
-				Kernel: r.cfg.Dir.Kernel(), Initramfs: r.cfg.Dir.Initramfs(), Accel: r.accel, CPU: r.cpu,
-				VCPUs: spec.VCPUs, MemoryMiB: spec.MemoryMiB, Disk: overlay, Dir: sb.Dir, Detach: spec.Detach,
-			}, sb.log)
+			m, err := vm.Start(ctx, cfg, sb.log)
 			if err != nil {
 				return err
 			}
@@ -393,16 +421,23 @@ func newSandbox(id, dir string, spec Spec, log *slog.Logger) *Sandbox {
 
 // watch notices a VM that ends on its own and ends the agent session, so
 // nothing waits on a link whose other end is gone. It returns then, or
-// when the sandbox is released.
+// when the sandbox is released or suspended.
 func (s *Sandbox) watch() {
 	select {
 	case <-s.vm.Done():
 	case <-s.released:
 		return
 	}
+	s.closeAgent()
+}
+
+// closeAgent ends the session with the agent, if there is one.
+func (s *Sandbox) closeAgent() {
 	s.mu.Lock()
-	s.agent.Close()
-	s.mu.Unlock()
+	defer s.mu.Unlock()
+	if s.agent != nil {
+		s.agent.Close()
+	}
 }
 
 // explain turns an error from the agent link into one that says why the
@@ -437,20 +472,45 @@ func (s *Sandbox) Failure() error {
 // ErrVMExited marks operations that failed because the VM is gone.
 var ErrVMExited = errors.New("vm exited")
 
-// Agent is the session with the sandbox's agent.
+// Agent is the session with the sandbox's agent. It is nil while a
+// sandbox that Adopt found paused has not been resumed: the agent of a
+// paused guest cannot answer, so the session is opened by Resume. While
+// the sandbox is paused, requests on the session wait until it resumes
+// (or their context ends).
 func (s *Sandbox) Agent() *agentclient.Client {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.agent
 }
 
+// session returns the agent session for a request, or a conflict while
+// the sandbox is paused or suspended.
+func (s *Sandbox) session() (*agentclient.Client, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.suspended:
+		return nil, fmt.Errorf("sandbox %s is suspended: wake it first: %w", s.ID, errdefs.ErrConflict)
+	case s.paused:
+		return nil, fmt.Errorf("sandbox %s is paused: resume it first: %w", s.ID, errdefs.ErrConflict)
+	case s.agent == nil:
+		return nil, fmt.Errorf("sandbox %s has no session with its agent: %w", s.ID, errdefs.ErrUnavailable)
+	}
+	return s.agent, nil
+}
+
 // Machine is the sandbox's VM.
 func (s *Sandbox) Machine() *vm.Machine { return s.vm }
 
 // Exec runs a process in the sandbox; errors caused by the VM going away
-// are explained with its console.
+// are explained with its console. A paused or suspended sandbox is
+// errdefs.ErrConflict.
 func (s *Sandbox) Exec(ctx context.Context, req agentproto.ExecRequest, stdio agentclient.Stdio) (*agentclient.Process, error) {
-	p, err := s.Agent().Exec(ctx, req, stdio)
+	c, err := s.session()
+	if err != nil {
+		return nil, err
+	}
+	p, err := c.Exec(ctx, req, stdio)
 	return p, s.explain(err)
 }
 
@@ -459,7 +519,11 @@ func (s *Sandbox) Exec(ctx context.Context, req agentproto.ExecRequest, stdio ag
 // output from offset on to stdio; see agentclient.Client.Attach. Errors
 // caused by the VM going away are explained with its console.
 func (s *Sandbox) Attach(ctx context.Context, id string, offset int64, stdio agentclient.Stdio) (*agentclient.Process, error) {
-	p, err := s.Agent().Attach(ctx, id, offset, stdio)
+	c, err := s.session()
+	if err != nil {
+		return nil, err
+	}
+	p, err := c.Attach(ctx, id, offset, stdio)
 	return p, s.explain(err)
 }
 
@@ -473,7 +537,12 @@ func (s *Sandbox) Wait(p *agentclient.Process) (agentproto.Exit, error) {
 // process that lost its connection (or restarted) does. Processes in the
 // sandbox keep running; streams of the old session end.
 func (s *Sandbox) Reconnect(ctx context.Context) error {
-	s.Agent().Close()
+	s.life.Lock()
+	defer s.life.Unlock()
+	if _, err := s.session(); errors.Is(err, errdefs.ErrConflict) {
+		return err
+	}
+	s.closeAgent()
 	c, err := ConnectAgent(ctx, s.vm, 30*time.Second)
 	if err != nil {
 		return fmt.Errorf("reconnect to sandbox %s: %w", s.ID, err)
@@ -491,7 +560,7 @@ func (s *Sandbox) Reconnect(ctx context.Context) error {
 func (s *Sandbox) Release() {
 	s.releaseOnce.Do(func() {
 		close(s.released)
-		s.Agent().Close()
+		s.closeAgent()
 		s.vm.Release()
 		s.owner.Close()
 	})
@@ -499,7 +568,7 @@ func (s *Sandbox) Release() {
 
 // Destroy stops the VM and removes everything the sandbox had on the host.
 func (s *Sandbox) Destroy(ctx context.Context) error {
-	s.Agent().Close()
+	s.closeAgent()
 	s.vm.Stop(ctx)
 	err := os.RemoveAll(s.Dir)
 	s.owner.Close()

@@ -47,8 +47,10 @@ func lockOwner(dir string) (*os.File, error) {
 // Sweep removes the directories of sandboxes that nobody owns any more and
 // whose VM is not running: what a host process killed outright (SIGKILL,
 // power loss) left behind. A directory whose QEMU is alive (a detached VM
-// waiting for Runtime.Adopt or Runtime.Remove), whose owner lock is held,
-// or that is younger than a minute (being created) stays.
+// waiting for Runtime.Adopt or Runtime.Remove), that holds a saved state
+// (a suspended sandbox, waiting for Runtime.Wake or Runtime.Remove), whose
+// owner lock is held, or that is younger than a minute (being created)
+// stays.
 func Sweep(dir datadir.Dir, log *slog.Logger) {
 	entries, err := os.ReadDir(dir.Sandboxes())
 	if err != nil {
@@ -62,14 +64,14 @@ func Sweep(dir datadir.Dir, log *slog.Logger) {
 		if fi, err := e.Info(); err != nil || time.Since(fi.ModTime()) < sweepGrace {
 			continue
 		}
-		if vmRunning(p) {
+		if vmRunning(p) || SuspendedState(p) {
 			continue
 		}
 		lock, err := lockOwner(p)
 		if err != nil {
 			continue // owned by a live process
 		}
-		if vmRunning(p) { // its QEMU was recorded and its owner died since the first look
+		if vmRunning(p) || SuspendedState(p) { // its owner ran, suspended it and died since the first look
 			lock.Close()
 			continue
 		}

@@ -30,6 +30,14 @@ func TestSweep(t *testing.T) {
 	live := mk("sbxlive", old)
 	startFakeQEMU(t, live)
 	os.Chtimes(live, old, old)
+	// A suspended sandbox has no QEMU and no owner, only its saved state.
+	suspended := mk("sbxsuspended", old)
+	os.WriteFile(filepath.Join(suspended, StateName), []byte("QEVM"), 0o600)
+	os.Chtimes(suspended, old, old)
+	// A suspend that died mid-save left only a temporary file: abandoned.
+	halfSaved := mk("sbxhalfsaved", old)
+	os.WriteFile(filepath.Join(halfSaved, "."+StateName+".tmp-1"), []byte("QEVM"), 0o600)
+	os.Chtimes(halfSaved, old, old)
 	lock, err := lockOwner(owned)
 	if err != nil {
 		t.Fatal(err)
@@ -39,7 +47,7 @@ func TestSweep(t *testing.T) {
 
 	Sweep(dir, slog.New(slog.DiscardHandler))
 
-	for p, wantGone := range map[string]bool{abandoned: true, owned: false, fresh: false, live: false} {
+	for p, wantGone := range map[string]bool{abandoned: true, owned: false, fresh: false, live: false, suspended: false, halfSaved: true} {
 		_, err := os.Stat(p)
 		if gone := os.IsNotExist(err); gone != wantGone {
 			t.Errorf("%s: gone %v, want %v", filepath.Base(p), gone, wantGone)

@@ -7,8 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // QMP is a client of QEMU's machine protocol: JSON lines over a unix
@@ -94,6 +97,12 @@ func (q *QMP) read(r *bufio.Reader) {
 // Execute runs a QMP command and decodes its return value into out (which
 // may be nil).
 func (q *QMP) Execute(ctx context.Context, cmd string, args any, out any) error {
+	return q.executeFile(ctx, cmd, args, nil, out)
+}
+
+// executeFile is Execute; a non-nil f is passed to QEMU with the command
+// (SCM_RIGHTS), as getfd expects.
+func (q *QMP) executeFile(ctx context.Context, cmd string, args any, f *os.File, out any) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	req := map[string]any{"execute": cmd}
@@ -104,7 +113,7 @@ func (q *QMP) Execute(ctx context.Context, cmd string, args any, out any) error 
 	if err != nil {
 		return err
 	}
-	if _, err := q.conn.Write(append(b, '\n')); err != nil {
+	if err := q.write(append(b, '\n'), f); err != nil {
 		return fmt.Errorf("qmp %s: %w", cmd, err)
 	}
 	select {
@@ -124,6 +133,35 @@ func (q *QMP) Execute(ctx context.Context, cmd string, args any, out any) error 
 		q.conn.Close()
 		return fmt.Errorf("qmp %s: %w", cmd, ctx.Err())
 	}
+}
+
+// write sends b, with f's descriptor attached to its first byte when f is
+// not nil.
+func (q *QMP) write(b []byte, f *os.File) error {
+	if f == nil {
+		_, err := q.conn.Write(b)
+		return err
+	}
+	uc, ok := q.conn.(*net.UnixConn)
+	if !ok {
+		return errors.New("passing a file needs a unix socket")
+	}
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var n int
+	var werr error
+	if err := rc.Control(func(fd uintptr) {
+		n, _, werr = uc.WriteMsgUnix(b, unix.UnixRights(int(fd)), nil)
+	}); err != nil {
+		return err
+	}
+	if werr != nil {
+		return werr
+	}
+	_, err = q.conn.Write(b[n:])
+	return err
 }
 
 // Close closes the connection.

@@ -7,6 +7,10 @@
 // QEMU's process ID is recorded there, so a QEMU started with Config.Detach
 // can be adopted by a later process (Adopt) after the one that started it
 // has gone.
+//
+// A machine can be paused and resumed, and its state saved to a file
+// (SaveState) and restored into a new QEMU started with Config.Incoming
+// (RestoreState), through QEMU's migration to and from a file.
 package vm
 
 import (
@@ -48,32 +52,51 @@ const (
 // maxSocketPath is the longest unix socket path the kernel accepts.
 const maxSocketPath = 107
 
-// Config describes one VM.
+// Config describes one VM. It is stored as JSON (a sandbox keeps it to
+// start its VM again with the same command line), hence the tags.
 type Config struct {
 	// QEMU is the qemu-system-x86_64 binary; empty means look it up in PATH.
-	QEMU string
+	QEMU string `json:"qemu,omitempty"`
 	// Kernel is the uncompressed ELF kernel (booted through PVH).
-	Kernel string
+	Kernel string `json:"kernel"`
 	// Initramfs is the initramfs holding the guest agent.
-	Initramfs string
+	Initramfs string `json:"initramfs"`
 	// Accel is the accelerator: AccelKVM or AccelTCG.
-	Accel Accel
+	Accel Accel `json:"accel"`
 	// VCPUs is the number of virtual CPUs, at least 1.
-	VCPUs int
+	VCPUs int `json:"vcpus"`
 	// MemoryMiB is the guest's memory in MiB, at least 64.
-	MemoryMiB int
+	MemoryMiB int `json:"memory_mib"`
 	// Disk is the root disk, a qcow2 image; empty means no disk.
-	Disk string
+	Disk string `json:"disk,omitempty"`
 	// Dir holds the VM's sockets and logs. It must exist.
-	Dir string
+	Dir string `json:"dir"`
 	// KernelArgs are appended to the kernel command line.
-	KernelArgs string
+	KernelArgs string `json:"kernel_args,omitempty"`
 	// Detach lets QEMU outlive the process that started it. Otherwise QEMU
 	// is killed when its parent dies.
-	Detach bool
+	Detach bool `json:"detach,omitempty"`
 	// CPU is the -cpu model under KVM; empty means "host". TCG always uses
 	// "max".
-	CPU string
+	CPU string `json:"cpu,omitempty"`
+	// TSCKHz is the TSC rate in kHz that a TCG guest's kernel is told
+	// (tsc_early_khz); 0 means HostTSCKHz() at start. Recording it keeps
+	// the command line of a restarted VM identical. Unused under KVM.
+	TSCKHz int `json:"tsc_khz,omitempty"`
+	// Incoming starts QEMU without running the guest: it waits, paused,
+	// for RestoreState (-incoming defer). The device set must then be the
+	// one the state was saved with.
+	Incoming bool `json:"incoming,omitempty"`
+	// MemoryFile, when set, backs the guest's RAM with this file
+	// (memory-backend-file) instead of anonymous memory. It must be an
+	// absolute path; QEMU creates the file if it is missing.
+	MemoryFile string `json:"memory_file,omitempty"`
+	// MemoryShared maps MemoryFile shared (share=on): the guest's writes
+	// reach the file, as for a template VM whose RAM is to be saved in
+	// place. Otherwise the mapping is private (share=off): pages are
+	// copied on write and the file never changes, as for a clone of a
+	// template. It requires MemoryFile.
+	MemoryShared bool `json:"memory_shared,omitempty"`
 }
 
 // Validate checks the configuration before anything starts.
@@ -90,6 +113,15 @@ func (c *Config) Validate() error {
 	}
 	if c.MemoryMiB < 64 {
 		errs = append(errs, fmt.Errorf("memory %d MiB must be at least 64", c.MemoryMiB))
+	}
+	if c.TSCKHz < 0 {
+		errs = append(errs, fmt.Errorf("tsc rate %d kHz must not be negative", c.TSCKHz))
+	}
+	if c.MemoryFile != "" && !filepath.IsAbs(c.MemoryFile) {
+		errs = append(errs, fmt.Errorf("memory file %q is not an absolute path", c.MemoryFile))
+	}
+	if c.MemoryShared && c.MemoryFile == "" {
+		errs = append(errs, errors.New("shared memory needs a memory file"))
 	}
 	if c.Dir == "" {
 		errs = append(errs, errors.New("dir is required"))
@@ -138,7 +170,11 @@ func Args(cfg Config) []string {
 		// fails, the TSC is marked unusable, and boot hangs waiting for
 		// jiffies that never advance. The TSC runs at the host's rate, so
 		// tell the guest that rate instead of letting it measure.
-		if khz := HostTSCKHz(); khz > 0 {
+		khz := cfg.TSCKHz
+		if khz == 0 {
+			khz = HostTSCKHz()
+		}
+		if khz > 0 {
 			cmdline += fmt.Sprintf(" tsc_early_khz=%d tsc=reliable", khz)
 		}
 	}
@@ -147,6 +183,16 @@ func Args(cfg Config) []string {
 		"-M", "microvm,x-option-roms=off,isa-serial=on,rtc=off",
 	}
 	args = append(args, accel...)
+	if cfg.MemoryFile != "" {
+		share := "off"
+		if cfg.MemoryShared {
+			share = "on"
+		}
+		args = append(args,
+			"-object", fmt.Sprintf("memory-backend-file,id=mem,size=%dM,mem-path=%s,share=%s", cfg.MemoryMiB, optValue(cfg.MemoryFile), share),
+			"-machine", "memory-backend=mem",
+		)
+	}
 	args = append(args,
 		"-m", strconv.Itoa(cfg.MemoryMiB),
 		"-smp", strconv.Itoa(cfg.VCPUs),
@@ -154,7 +200,9 @@ func Args(cfg Config) []string {
 		"-kernel", cfg.Kernel,
 		"-initrd", cfg.Initramfs,
 		"-append", strings.TrimSpace(cmdline+" "+cfg.KernelArgs),
-		"-chardev", "file,id=console,path="+filepath.Join(dir, ConsoleLogName),
+		// append: a VM started again in the same directory (a wake) keeps
+		// the console of its earlier runs.
+		"-chardev", "file,id=console,path="+filepath.Join(dir, ConsoleLogName)+",append=on",
 		"-serial", "chardev:console",
 	)
 	if cfg.Disk != "" {
@@ -171,8 +219,17 @@ func Args(cfg Config) []string {
 		"-device", "virtio-rng-device,rng=rng",
 		"-qmp", "unix:"+filepath.Join(dir, QMPSocketName)+",server=on,wait=off",
 	)
+	if cfg.Incoming {
+		// -S keeps the guest paused after the restore whatever state it
+		// was saved in, for the caller to Resume.
+		args = append(args, "-S", "-incoming", "defer")
+	}
 	return args
 }
+
+// optValue escapes a value for QEMU's option syntax, where a comma ends
+// the value unless doubled.
+func optValue(s string) string { return strings.ReplaceAll(s, ",", ",,") }
 
 // Start launches QEMU and connects to its QMP socket. The VM's lifetime is
 // not tied to ctx, which bounds only the start itself.

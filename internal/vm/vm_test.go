@@ -1,6 +1,7 @@
 package vm
 
 import (
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -24,6 +25,10 @@ func TestValidate(t *testing.T) {
 		{"no vcpus", func(c *Config) { c.VCPUs = 0 }, "vcpus 0"},
 		{"little memory", func(c *Config) { c.MemoryMiB = 16 }, "memory 16 MiB"},
 		{"long socket path", func(c *Config) { c.Dir = "/" + strings.Repeat("d", 120) }, "longer than 107 bytes"},
+		{"memory file", func(c *Config) { c.MemoryFile, c.MemoryShared = "/t/mem", true }, ""},
+		{"relative memory file", func(c *Config) { c.MemoryFile = "t/mem" }, "not an absolute path"},
+		{"shared without a file", func(c *Config) { c.MemoryShared = true }, "shared memory needs a memory file"},
+		{"negative tsc rate", func(c *Config) { c.TSCKHz = -1 }, "tsc rate -1 kHz"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -67,5 +72,89 @@ func TestArgs(t *testing.T) {
 	}
 	if strings.Contains(kvm, "tsc_early_khz") {
 		t.Errorf("KVM args carry the TCG clock hint: %s", kvm)
+	}
+}
+
+func TestArgsMemoryAndIncoming(t *testing.T) {
+	tests := []struct {
+		name    string
+		modify  func(*Config)
+		want    []string // substrings of the command line joined by spaces
+		notWant []string
+	}{
+		{
+			name:    "plain",
+			modify:  func(*Config) {},
+			want:    []string{"-m 256", "file,id=console,path=/d/console.log,append=on"},
+			notWant: []string{"memory-backend", "-incoming", " -S "},
+		},
+		{
+			name:    "shared memory file",
+			modify:  func(c *Config) { c.MemoryFile, c.MemoryShared = "/t/mem", true },
+			want:    []string{"-object memory-backend-file,id=mem,size=256M,mem-path=/t/mem,share=on -machine memory-backend=mem", "-m 256"},
+			notWant: []string{"share=off"},
+		},
+		{
+			name:   "private memory file with a comma",
+			modify: func(c *Config) { c.MemoryFile = "/t/a,b" },
+			want:   []string{"mem-path=/t/a,,b,share=off"},
+		},
+		{
+			name:    "incoming",
+			modify:  func(c *Config) { c.Incoming = true },
+			want:    []string{"-S -incoming defer"},
+			notWant: []string{"memory-backend"},
+		},
+		{
+			name:   "recorded tsc rate",
+			modify: func(c *Config) { c.TSCKHz = 1234567 },
+			want:   []string{"tsc_early_khz=1234567 tsc=reliable"},
+		},
+		{
+			name:    "kvm ignores the tsc rate",
+			modify:  func(c *Config) { c.Accel, c.TSCKHz = AccelKVM, 1234567 },
+			notWant: []string{"tsc_early_khz"},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := validConfig()
+			tc.modify(&c)
+			if err := c.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			args := " " + strings.Join(Args(c), " ") + " "
+			for _, w := range tc.want {
+				if !strings.Contains(args, w) {
+					t.Errorf("args lack %q: %s", w, args)
+				}
+			}
+			for _, w := range tc.notWant {
+				if strings.Contains(args, w) {
+					t.Errorf("args have %q: %s", w, args)
+				}
+			}
+		})
+	}
+}
+
+// TestArgsStable checks that a config read back from its JSON gives the
+// same command line, which a VM started again from its record relies on.
+func TestArgsStable(t *testing.T) {
+	c := validConfig()
+	c.Disk, c.MemoryFile, c.TSCKHz, c.Detach, c.KernelArgs = "/d/disk.qcow2", "/t/mem", 2000000, true, "quiet"
+	b, err := json.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Config
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if back != c {
+		t.Fatalf("round trip changed the config:\n%+v\n%+v", c, back)
+	}
+	if a, b := strings.Join(Args(c), " "), strings.Join(Args(back), " "); a != b {
+		t.Errorf("args differ:\n%s\n%s", a, b)
 	}
 }
