@@ -206,14 +206,8 @@ func TestAPIFlow(t *testing.T) {
 func TestAPIEventsAndDelete(t *testing.T) {
 	s := sharedServer(t)
 	sb := s.createSandbox(t, s.key, apiv1.CreateSandbox{})
-	req, _ := http.NewRequest("GET", s.url+"/v1/sandboxes/"+sb.ID+"/events", nil)
-	req.Header.Set("Authorization", "Bearer "+s.key)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil || resp.StatusCode != 200 {
-		t.Fatalf("events: %v %v", err, resp)
-	}
+	resp, r := s.openEvents(t, sb.ID)
 	defer resp.Body.Close()
-	r := newSSEReader(resp.Body)
 	var res apiv1.SandboxOperation
 	s.must(t, 202, "DELETE", "/v1/sandboxes/"+sb.ID, s.key, nil, &res)
 	if res.Sandbox.State != "deleting" || res.Operation.Kind != "delete" {

@@ -474,3 +474,19 @@ func lines(n int) func(string) bool {
 func contains(sub string) func(string) bool {
 	return func(out string) bool { return strings.Contains(out, sub) }
 }
+
+// openEvents opens a sandbox's state event stream.
+func (s *server) openEvents(t *testing.T, id string) (*http.Response, *sseReader) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", s.url+"/v1/sandboxes/"+id+"/events", nil)
+	req.Header.Set("Authorization", "Bearer "+s.key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("events of %s: %v", id, err)
+	}
+	if resp.StatusCode != 200 {
+		resp.Body.Close()
+		t.Fatalf("events of %s: status %d", id, resp.StatusCode)
+	}
+	return resp, newSSEReader(resp.Body)
+}

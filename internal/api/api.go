@@ -103,6 +103,10 @@ func (s *Server) routes() []route {
 		{"GET", "/v1/sandboxes/{id}", authKey, nil, s.getSandbox},
 		{"DELETE", "/v1/sandboxes/{id}", authKey, nil, s.deleteSandbox},
 		{"GET", "/v1/sandboxes/{id}/events", authKey, nil, s.sandboxEvents},
+		{"POST", "/v1/sandboxes/{id}/keep", authKey, nil, jsonCall(http.StatusOK, s.keep)},
+		{"POST", "/v1/sandboxes/{id}/pause", authKey, nil, s.lifecycle(s.svc.Pause)},
+		{"POST", "/v1/sandboxes/{id}/suspend", authKey, nil, s.lifecycle(s.svc.Suspend)},
+		{"POST", "/v1/sandboxes/{id}/wake", authKey, nil, s.lifecycle(s.svc.Wake)},
 
 		{"POST", "/v1/sandboxes/{id}/commands", authKey, nil, jsonCall(http.StatusCreated, s.svc.CreateCommand)},
 		{"GET", "/v1/sandboxes/{id}/commands", authKey, page, s.listCommands},

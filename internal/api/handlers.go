@@ -210,6 +210,29 @@ func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request, p service
 	return nil
 }
 
+func (s *Server) keep(ctx context.Context, p service.Principal, id string, req apiv1.Keep) (apiv1.Sandbox, error) {
+	return s.svc.Keep(ctx, p, id, req.TimeoutS)
+}
+
+// lifecycle is the handler of a lifecycle call without parameters: its
+// body, if any, must be an empty JSON object.
+func (s *Server) lifecycle(f func(ctx context.Context, p service.Principal, id string) (apiv1.SandboxOperation, error)) func(http.ResponseWriter, *http.Request, service.Principal) error {
+	return func(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+		if r.ContentLength != 0 {
+			var empty struct{}
+			if err := decode(w, r, &empty); err != nil {
+				return err
+			}
+		}
+		res, err := f(r.Context(), p, r.PathValue("id"))
+		if err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusAccepted, res)
+		return nil
+	}
+}
+
 // Commands.
 
 func (s *Server) signal(ctx context.Context, p service.Principal, id string, req apiv1.Signal) error {

@@ -22,6 +22,7 @@ import (
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/eventlog"
+	"github.com/airlockhq/airlock/internal/sandbox"
 	"github.com/airlockhq/airlock/internal/store"
 )
 
@@ -95,7 +96,7 @@ func (s *Service) runningSandbox(ctx context.Context, p Principal, id string) (*
 		return nil, sb, err
 	}
 	lv := s.getLive(id)
-	if sb.State != apiv1.StateRunning || lv == nil {
+	if sb.State != apiv1.StateRunning || lv == nil || !lv.hasVM() {
 		return nil, sb, fmt.Errorf("sandbox %s is %s, not running: %w", id, sb.State, errdefs.ErrConflict)
 	}
 	return lv, sb, nil
@@ -424,7 +425,11 @@ func (lv *live) start(c *command, rec store.Command) error {
 		Stderr: &outWriter{c: c, typ: evStderr, ready: ready},
 	}
 	now := lv.s.now()
-	proc, err := lv.box.Exec(lv.ctx, x, stdio)
+	box, vmCtx, err := lv.vm()
+	if err != nil {
+		return err
+	}
+	proc, err := box.Exec(vmCtx, x, stdio)
 	if err != nil {
 		// The process never ran: say why on stderr and end it like a
 		// shell would (127: not found, 126: could not run).
@@ -461,7 +466,7 @@ func (lv *live) start(c *command, rec store.Command) error {
 	}
 	lv.s.m.commandStarted()
 	lv.pumps.Add(1)
-	go lv.waitCommand(c, proc, rec)
+	go lv.waitCommand(c, proc, rec, box, vmCtx)
 	return nil
 }
 
@@ -475,18 +480,23 @@ func agentMessage(err error) string {
 }
 
 // waitCommand waits for the process and logs its exit. It ends with the
-// process, or when the sandbox is let go (the process keeps running in
-// the VM and the next server re-attaches to it).
-func (lv *live) waitCommand(c *command, proc *agentclient.Process, rec store.Command) {
+// process, or when its VM's context ends: the sandbox was suspended (the
+// wake re-attaches) or let go (the next server re-attaches).
+func (lv *live) waitCommand(c *command, proc *agentclient.Process, rec store.Command, box *sandbox.Sandbox, vmCtx context.Context) {
 	defer lv.pumps.Done()
-	exit, err := lv.box.Wait(proc)
-	if lv.ctx.Err() != nil {
+	exit, err := box.Wait(proc)
+	if vmCtx.Err() != nil {
+		c.mu.Lock()
+		if c.proc == proc {
+			c.proc = nil
+		}
+		c.mu.Unlock()
 		return
 	}
 	if err != nil {
 		lv.s.log.Warn("lost a command's output", "command", c.id, "err", err)
 		select {
-		case <-lv.box.Machine().Done():
+		case <-box.Machine().Done():
 			return // the VM went away: watch ends every command
 		case <-time.After(3 * time.Second):
 		}
@@ -592,7 +602,8 @@ func (s *Service) appendEnd(rec store.Command, reason string) {
 }
 
 // resume re-attaches to a command that was running when the server
-// stopped: output the agent kept since is logged and the stream goes on.
+// stopped or the sandbox was suspended: output the agent kept since is
+// logged and the stream goes on. A command still attached is left alone.
 func (lv *live) resume(rec store.Command) {
 	c, err := lv.command(rec)
 	if err != nil {
@@ -603,13 +614,20 @@ func (lv *live) resume(rec store.Command) {
 	ready := make(chan struct{})
 	close(ready)
 	c.mu.Lock()
-	cursor := c.cursor
+	cursor, attached := c.cursor, c.proc != nil
 	c.mu.Unlock()
+	if attached {
+		return
+	}
 	stdio := agentclient.Stdio{
 		Stdout: &outWriter{c: c, typ: evStdout, ready: ready},
 		Stderr: &outWriter{c: c, typ: evStderr, ready: ready},
 	}
-	proc, err := lv.box.Attach(lv.ctx, rec.AgentID, cursor, stdio)
+	box, vmCtx, err := lv.vm()
+	if err != nil {
+		return
+	}
+	proc, err := box.Attach(vmCtx, rec.AgentID, cursor, stdio)
 	if err != nil {
 		lv.s.log.Warn("re-attach command", "command", rec.ID, "err", err)
 		lv.endCommand(c, rec, "the command's process was lost while the server was down")
@@ -626,7 +644,7 @@ func (lv *live) resume(rec store.Command) {
 	c.proc = proc
 	c.mu.Unlock()
 	lv.pumps.Add(1)
-	go lv.waitCommand(c, proc, rec)
+	go lv.waitCommand(c, proc, rec, box, vmCtx)
 }
 
 // runningProcess returns the process of a running command p owns.
@@ -643,8 +661,12 @@ func (s *Service) runningProcess(ctx context.Context, p Principal, id string) (*
 		return nil, rec, fmt.Errorf("command %s is %s, not running%s: %w", id, rec.State, hint, errdefs.ErrConflict)
 	}
 	lv := s.getLive(rec.SandboxID)
-	if lv == nil {
-		return nil, rec, fmt.Errorf("the sandbox of command %s is not running: %w", id, errdefs.ErrConflict)
+	if sb, err := s.st.GetSandbox(ctx, rec.SandboxID); err == nil && sb.State != apiv1.StateRunning || lv == nil {
+		state := "not running"
+		if err == nil {
+			state = sb.State
+		}
+		return nil, rec, fmt.Errorf("command %s cannot be reached: its sandbox %s is %s: %w", id, rec.SandboxID, state, errdefs.ErrConflict)
 	}
 	c, err := lv.command(rec)
 	if err != nil {
@@ -756,7 +778,11 @@ func (s *Service) Exec(ctx context.Context, p Principal, sbxID string, req apiv1
 		return apiv1.ExecResult{}, err
 	}
 	stdout, stderr := &capBuffer{max: execOutputCap}, &capBuffer{max: execOutputCap}
-	proc, err := lv.box.Exec(lv.ctx, x, agentclient.Stdio{Stdout: stdout, Stderr: stderr})
+	box, vmCtx, err := lv.vm()
+	if err != nil {
+		return apiv1.ExecResult{}, err
+	}
+	proc, err := box.Exec(vmCtx, x, agentclient.Stdio{Stdout: stdout, Stderr: stderr})
 	if err != nil {
 		if errors.Is(err, errdefs.ErrNotFound) {
 			return apiv1.ExecResult{ExitCode: 127, Stderr: agentMessage(err) + "\n"}, nil
@@ -770,7 +796,7 @@ func (s *Service) Exec(ctx context.Context, p Principal, sbxID string, req apiv1
 		proc.Signal(context.Background(), "KILL")
 		<-proc.Done()
 	}
-	exit, err := lv.box.Wait(proc)
+	exit, err := box.Wait(proc)
 	s.m.commandFinished(err == nil)
 	if err != nil {
 		return apiv1.ExecResult{}, err

@@ -6,6 +6,7 @@ import (
 	"io"
 	"strconv"
 
+	"github.com/airlockhq/airlock/internal/agentclient"
 	"github.com/airlockhq/airlock/internal/agentproto"
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/errdefs"
@@ -33,7 +34,8 @@ func ParseMode(s string) (uint32, error) {
 	return uint32(m), nil
 }
 
-func (s *Service) filesOf(ctx context.Context, p Principal, sbx, path string) (*live, error) {
+// filesOf checks path and returns the agent of the running sandbox sbx.
+func (s *Service) filesOf(ctx context.Context, p Principal, sbx, path string) (*agentclient.Client, error) {
 	if err := checkPath("path", path); err != nil {
 		// An unknown sandbox still answers 404 first.
 		if _, gerr := s.getOwned(ctx, p, sbx); gerr != nil {
@@ -42,17 +44,28 @@ func (s *Service) filesOf(ctx context.Context, p Principal, sbx, path string) (*
 		return nil, err
 	}
 	lv, _, err := s.runningSandbox(ctx, p, sbx)
-	return lv, err
+	if err != nil {
+		return nil, err
+	}
+	box, _, err := lv.vm()
+	if err != nil {
+		return nil, err
+	}
+	agent := box.Agent()
+	if agent == nil {
+		return nil, fmt.Errorf("sandbox %s is not running: %w", sbx, errdefs.ErrConflict)
+	}
+	return agent, nil
 }
 
 // WriteFile streams r into path, creating parent directories.
 func (s *Service) WriteFile(ctx context.Context, p Principal, sbx, path string, mode uint32, r io.Reader) error {
-	lv, err := s.filesOf(ctx, p, sbx, path)
+	agent, err := s.filesOf(ctx, p, sbx, path)
 	if err != nil {
 		return err
 	}
 	cr := &countReader{r: r}
-	err = lv.box.Agent().WriteFile(ctx, path, mode, cr)
+	err = agent.WriteFile(ctx, path, mode, cr)
 	s.m.streamed(int(cr.n))
 	return err
 }
@@ -72,11 +85,11 @@ func (c *countReader) Read(p []byte) (int, error) {
 // function that streams it to w: the caller can answer an error before it
 // writes anything.
 func (s *Service) OpenFile(ctx context.Context, p Principal, sbx, path string) (apiv1.Stat, func(w io.Writer) error, error) {
-	lv, err := s.filesOf(ctx, p, sbx, path)
+	agent, err := s.filesOf(ctx, p, sbx, path)
 	if err != nil {
 		return apiv1.Stat{}, nil, err
 	}
-	st, err := lv.box.Agent().Stat(ctx, path)
+	st, err := agent.Stat(ctx, path)
 	if err != nil {
 		return apiv1.Stat{}, nil, err
 	}
@@ -84,7 +97,7 @@ func (s *Service) OpenFile(ctx context.Context, p Principal, sbx, path string) (
 		return apiv1.Stat{}, nil, fmt.Errorf("%s is a directory: use fs/list, or archive to download it: %w", path, errdefs.ErrInvalid)
 	}
 	return statView(st), func(w io.Writer) error {
-		_, err := lv.box.Agent().ReadFile(ctx, path, w)
+		_, err := agent.ReadFile(ctx, path, w)
 		s.m.streamed(int(st.SizeBytes))
 		return err
 	}, nil
@@ -96,11 +109,11 @@ func statView(st agentproto.Stat) apiv1.Stat {
 
 // Stat describes path.
 func (s *Service) Stat(ctx context.Context, p Principal, sbx, path string) (apiv1.Stat, error) {
-	lv, err := s.filesOf(ctx, p, sbx, path)
+	agent, err := s.filesOf(ctx, p, sbx, path)
 	if err != nil {
 		return apiv1.Stat{}, err
 	}
-	st, err := lv.box.Agent().Stat(ctx, path)
+	st, err := agent.Stat(ctx, path)
 	return statView(st), err
 }
 
@@ -112,11 +125,11 @@ func (s *Service) List(ctx context.Context, p Principal, sbx, dir string, depth 
 	if depth < 1 || depth > MaxListDepth {
 		return nil, fmt.Errorf("depth %d is out of bounds: use 1 to %d: %w", depth, MaxListDepth, errdefs.ErrInvalid)
 	}
-	lv, err := s.filesOf(ctx, p, sbx, dir)
+	agent, err := s.filesOf(ctx, p, sbx, dir)
 	if err != nil {
 		return nil, err
 	}
-	sts, err := lv.box.Agent().List(ctx, dir, depth)
+	sts, err := agent.List(ctx, dir, depth)
 	if err != nil {
 		return nil, err
 	}
@@ -129,11 +142,11 @@ func (s *Service) List(ctx context.Context, p Principal, sbx, dir string, depth 
 
 // Mkdir creates dir and its parents.
 func (s *Service) Mkdir(ctx context.Context, p Principal, sbx, dir string) error {
-	lv, err := s.filesOf(ctx, p, sbx, dir)
+	agent, err := s.filesOf(ctx, p, sbx, dir)
 	if err != nil {
 		return err
 	}
-	return lv.box.Agent().Mkdir(ctx, dir)
+	return agent.Mkdir(ctx, dir)
 }
 
 // Move renames from to to.
@@ -141,11 +154,11 @@ func (s *Service) Move(ctx context.Context, p Principal, sbx, from, to string) e
 	if err := checkPath("to", to); err != nil {
 		return err
 	}
-	lv, err := s.filesOf(ctx, p, sbx, from)
+	agent, err := s.filesOf(ctx, p, sbx, from)
 	if err != nil {
 		return err
 	}
-	return lv.box.Agent().Move(ctx, from, to)
+	return agent.Move(ctx, from, to)
 }
 
 // Remove deletes path; a non-empty directory only when recursive.
@@ -153,26 +166,26 @@ func (s *Service) Remove(ctx context.Context, p Principal, sbx, path string, rec
 	if path == "/" {
 		return fmt.Errorf("refusing to remove / : %w", errdefs.ErrInvalid)
 	}
-	lv, err := s.filesOf(ctx, p, sbx, path)
+	agent, err := s.filesOf(ctx, p, sbx, path)
 	if err != nil {
 		return err
 	}
-	return lv.box.Agent().Remove(ctx, path, recursive)
+	return agent.Remove(ctx, path, recursive)
 }
 
 // OpenArchive checks that path exists and returns a function that streams
 // it as a tar archive.
 func (s *Service) OpenArchive(ctx context.Context, p Principal, sbx, path string) (func(w io.Writer) error, error) {
-	lv, err := s.filesOf(ctx, p, sbx, path)
+	agent, err := s.filesOf(ctx, p, sbx, path)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := lv.box.Agent().Stat(ctx, path); err != nil {
+	if _, err := agent.Stat(ctx, path); err != nil {
 		return nil, err
 	}
 	return func(w io.Writer) error {
 		cw := &countWriter{w: w}
-		err := lv.box.Agent().TarOut(ctx, path, cw)
+		err := agent.TarOut(ctx, path, cw)
 		s.m.streamed(int(cw.n))
 		return err
 	}, nil
@@ -191,12 +204,12 @@ func (c *countWriter) Write(p []byte) (int, error) {
 
 // ExtractArchive extracts the tar stream r into dir.
 func (s *Service) ExtractArchive(ctx context.Context, p Principal, sbx, dir string, r io.Reader) error {
-	lv, err := s.filesOf(ctx, p, sbx, dir)
+	agent, err := s.filesOf(ctx, p, sbx, dir)
 	if err != nil {
 		return err
 	}
 	cr := &countReader{r: r}
-	err = lv.box.Agent().TarIn(ctx, dir, cr)
+	err = agent.TarIn(ctx, dir, cr)
 	s.m.streamed(int(cr.n))
 	return err
 }

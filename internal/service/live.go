@@ -2,49 +2,97 @@ package service
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/sandbox"
 	"github.com/airlockhq/airlock/internal/store"
 )
 
-// live is a sandbox whose VM this server holds.
+// live is a sandbox this server looks after: one with a VM (running or
+// paused) or a suspended one, whose commands' logs stay open so that their
+// streams go on across suspend and wake.
 type live struct {
-	s   *Service
-	id  string
-	box *sandbox.Sandbox
+	s  *Service
+	id string
 
-	// ctx is the sandbox's lifetime: processes' output is pumped under it.
-	// It ends when the sandbox is deleted or released.
+	// ctx is the sandbox's lifetime on this server. It ends when the
+	// sandbox is deleted or released.
 	ctx    context.Context
 	cancel context.CancelFunc
-	pumps  sync.WaitGroup // command pumps; each ends with its process or ctx
+	pumps  sync.WaitGroup // command pumps; each ends with its process or its VM's context
 
-	mu   sync.Mutex          // guards cmds
-	cmds map[string]*command // commands started in this sandbox, by ID
+	mu       sync.Mutex          // guards the fields below
+	box      *sandbox.Sandbox    // the VM; nil while suspended
+	vmCtx    context.Context     // the current VM's lifetime: ends on suspend, VM loss or the sandbox's end
+	vmCancel context.CancelFunc  // ends vmCtx
+	cmds     map[string]*command // commands with an open log, by ID
 }
 
-// adoptLive wraps a sandbox the runtime created or adopted, and watches its
-// VM: a VM that exits on its own marks the sandbox failed.
+// adoptLive wraps a sandbox the runtime created, adopted or woke (box), or
+// a suspended one (box nil).
 func (s *Service) adoptLive(box *sandbox.Sandbox, sb store.Sandbox) *live {
 	ctx, cancel := context.WithCancel(context.Background())
-	lv := &live{s: s, id: sb.ID, box: box, ctx: ctx, cancel: cancel, cmds: map[string]*command{}}
-	go lv.watch()
+	lv := &live{s: s, id: sb.ID, ctx: ctx, cancel: cancel, cmds: map[string]*command{}}
+	if box != nil {
+		lv.setBox(box)
+	}
 	return lv
 }
 
-// watch waits for the VM to end or the sandbox to be let go; an unexpected
-// VM exit fails the sandbox with the reason.
-func (lv *live) watch() {
-	select {
-	case <-lv.ctx.Done():
-		return
-	case <-lv.box.Machine().Done():
+// setBox makes box the sandbox's VM and watches it: a VM that exits on its
+// own fails the sandbox.
+func (lv *live) setBox(box *sandbox.Sandbox) {
+	vmCtx, vmCancel := context.WithCancel(lv.ctx)
+	lv.mu.Lock()
+	lv.box, lv.vmCtx, lv.vmCancel = box, vmCtx, vmCancel
+	lv.mu.Unlock()
+	go lv.watch(box, vmCtx)
+}
+
+// dropBox ends the current VM's context and forgets the VM; its pumps end.
+func (lv *live) dropBox() *sandbox.Sandbox {
+	lv.mu.Lock()
+	box, cancel := lv.box, lv.vmCancel
+	lv.box, lv.vmCtx, lv.vmCancel = nil, nil, nil
+	lv.mu.Unlock()
+	if cancel != nil {
+		cancel()
 	}
-	if lv.ctx.Err() != nil {
+	return box
+}
+
+// vm returns the sandbox's VM and its context, or a conflict while it has
+// none.
+func (lv *live) vm() (*sandbox.Sandbox, context.Context, error) {
+	lv.mu.Lock()
+	defer lv.mu.Unlock()
+	if lv.box == nil {
+		return nil, nil, fmt.Errorf("sandbox %s has no running VM: %w", lv.id, errdefs.ErrConflict)
+	}
+	return lv.box, lv.vmCtx, nil
+}
+
+// hasVM reports whether the sandbox holds a VM (for the host-wide cap).
+func (lv *live) hasVM() bool {
+	lv.mu.Lock()
+	defer lv.mu.Unlock()
+	return lv.box != nil
+}
+
+// watch waits for box's VM to end or for vmCtx to end; an unexpected VM
+// exit fails the sandbox with the reason.
+func (lv *live) watch(box *sandbox.Sandbox, vmCtx context.Context) {
+	select {
+	case <-vmCtx.Done():
 		return
+	case <-box.Machine().Done():
+	}
+	if vmCtx.Err() != nil {
+		return // suspended, deleted or released meanwhile
 	}
 	s := lv.s
 	s.mu.Lock()
@@ -54,7 +102,7 @@ func (lv *live) watch() {
 	}
 	delete(s.live, lv.id)
 	s.mu.Unlock()
-	failure := lv.box.Failure()
+	failure := box.Failure()
 	msg := "the sandbox VM exited"
 	if failure != nil {
 		msg = failure.Error()
@@ -63,7 +111,7 @@ func (lv *live) watch() {
 	lv.cancel()
 	lv.pumps.Wait()
 	lv.endAll("the sandbox VM exited")
-	lv.box.Release() // its directory stays, for the console log, until deleted
+	box.Release() // its directory stays, for the console log, until deleted
 	s.endCommands(lv.id, "the sandbox VM exited")
 	sb, err := s.st.GetSandbox(context.Background(), lv.id)
 	if err != nil || sb.State == apiv1.StateDeleting || sb.State == apiv1.StateDeleted {
@@ -78,7 +126,9 @@ func (lv *live) watch() {
 // release lets go of the sandbox and leaves its VM running.
 func (lv *live) release() {
 	lv.cancel()
-	lv.box.Release()
+	if box := lv.dropBox(); box != nil {
+		box.Release()
+	}
 	lv.waitPumps(5 * time.Second)
 	lv.closeLogs()
 }
@@ -87,7 +137,13 @@ func (lv *live) release() {
 func (lv *live) destroy(ctx context.Context) error {
 	lv.cancel()
 	lv.endAll("the sandbox was deleted")
-	err := lv.box.Destroy(ctx)
+	box := lv.dropBox()
+	var err error
+	if box != nil {
+		err = box.Destroy(ctx)
+	} else {
+		err = lv.s.rt.Remove(ctx, lv.id)
+	}
 	lv.waitPumps(5 * time.Second)
 	lv.closeLogs()
 	return err
@@ -125,7 +181,7 @@ func (lv *live) closeLogs() {
 	}
 }
 
-// getLive returns the held sandbox, or nil.
+// getLive returns the sandbox this server looks after, or nil.
 func (s *Service) getLive(id string) *live {
 	s.mu.Lock()
 	defer s.mu.Unlock()

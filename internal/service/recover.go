@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"syscall"
 	"time"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/sandbox"
 	"github.com/airlockhq/airlock/internal/store"
+	"github.com/airlockhq/airlock/internal/vm"
 )
 
 // recover brings the store and the host back in line after a restart:
@@ -35,8 +37,11 @@ func (s *Service) recover(ctx context.Context) error {
 		}
 		for _, sb := range rows {
 			s.states[sb.State]++
-			if sb.State == apiv1.StateRunning {
+			switch sb.State {
+			case apiv1.StateRunning, apiv1.StatePaused:
 				s.recoverRunning(ctx, sb)
+			case apiv1.StateSuspended:
+				s.live[sb.ID] = s.adoptLive(nil, sb)
 			}
 		}
 		if len(rows) < 500 {
@@ -56,7 +61,45 @@ func (s *Service) recoverOp(ctx context.Context, op store.Operation) error {
 		op.Error = &store.Error{Code: apiv1.CodeInternal, Message: fmt.Sprintf("the server restarted and the target %s is gone", op.TargetID)}
 		return s.st.UpdateOperation(ctx, op)
 	}
+	vmAlive := false
+	if _, err := vm.RunningPID(s.sandboxDir(sb.ID)); err == nil {
+		vmAlive = true
+	}
+	restarted := func(what string) {
+		op.Status = apiv1.OpFailed
+		op.Error = &store.Error{Code: apiv1.CodeUnavailable, Message: "the server restarted while this " + op.Kind + " was in flight; " + what}
+	}
 	switch op.Kind {
+	case apiv1.OpPause, apiv1.OpWake:
+		if sb.State == apiv1.StateWaking {
+			if sandbox.SuspendedState(s.sandboxDir(sb.ID)) {
+				// The restore did not finish: what it started goes, the
+				// saved state stays for another wake.
+				if pid, err := vm.RunningPID(s.sandboxDir(sb.ID)); err == nil {
+					syscall.Kill(pid, syscall.SIGKILL)
+				}
+				sb.State = apiv1.StateSuspended
+				restarted("the sandbox is suspended: wake it again")
+				break
+			}
+			sb.State = apiv1.StateRunning // restored: adopted below
+			op.Status = apiv1.OpSucceeded
+			break
+		}
+		// The VM's own status decides between running and paused when it
+		// is adopted below.
+		restarted("the sandbox is as its VM was found")
+	case apiv1.OpSuspend:
+		switch {
+		case !vmAlive && sandbox.SuspendedState(s.sandboxDir(sb.ID)):
+			sb.State, op.Status = apiv1.StateSuspended, apiv1.OpSucceeded
+		case vmAlive:
+			sb.State = apiv1.StateRunning
+			restarted("the sandbox still runs: suspend it again")
+		default:
+			restarted("the sandbox's VM was lost")
+			sb.State, sb.LastError = apiv1.StateFailed, op.Error
+		}
 	case apiv1.OpDelete:
 		if err := s.rt.Remove(ctx, sb.ID); err != nil {
 			op.Status, op.Error = apiv1.OpFailed, &store.Error{Code: apiv1.CodeInternal, Message: err.Error()}
@@ -105,19 +148,27 @@ func (s *Service) recoverRunning(ctx context.Context, sb store.Sandbox) {
 		s.states[sb.State]++
 		return
 	}
-	lv := s.adoptLive(box, sb)
-	s.live[sb.ID] = lv
-	cmds, err := s.st.ListCommandsByState(ctx, apiv1.CommandRunning)
-	if err != nil {
-		s.log.Error("list running commands", "err", err)
-		return
-	}
-	n := 0
-	for _, c := range cmds {
-		if c.SandboxID == sb.ID {
-			lv.resume(c)
-			n++
+	// The VM's own status is the truth about running and paused (a pause
+	// may have been cut short by the restart).
+	{
+		state := apiv1.StateRunning
+		if box.Paused() {
+			state = apiv1.StatePaused
+		}
+		if state != sb.State {
+			s.states[sb.State]--
+			sb.State, sb.UpdatedAt = state, s.now()
+			s.st.UpdateSandbox(ctx, sb)
+			s.states[sb.State]++
 		}
 	}
-	s.log.Info("adopted sandbox", "sandbox", sb.ID, "commands", n)
+	lv := s.adoptLive(box, sb)
+	s.live[sb.ID] = lv
+	if sb.State == apiv1.StatePaused {
+		// Its agent answers once it is woken, which re-attaches then.
+		s.log.Info("adopted paused sandbox", "sandbox", sb.ID)
+		return
+	}
+	lv.resumeCommands()
+	s.log.Info("adopted sandbox", "sandbox", sb.ID)
 }

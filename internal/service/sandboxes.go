@@ -157,7 +157,7 @@ func (s *Service) CreateSandbox(ctx context.Context, p Principal, req apiv1.Crea
 		s.mu.Unlock()
 		return apiv1.SandboxOperation{}, fmt.Errorf("the server is shutting down: retry shortly: %w", errdefs.ErrUnavailable)
 	}
-	if n := len(s.live) + len(s.creating); n >= s.cfg.MaxSandboxes {
+	if n := s.vmCount(); n >= s.cfg.MaxSandboxes {
 		s.mu.Unlock()
 		return apiv1.SandboxOperation{}, fmt.Errorf("this host already runs %d sandboxes, its limit (max_sandboxes=%d): delete one and retry: %w", n, s.cfg.MaxSandboxes, errdefs.ErrExhausted)
 	}
@@ -287,25 +287,38 @@ func Code(err error) string {
 	}
 }
 
-// transition writes a sandbox's new state (and finishes or records op) in
-// one transaction, then tells watchers. from is the state it had.
+// transition moves a sandbox to sb's state (and last error), finishing or
+// recording op in the same transaction, then tells watchers. It writes onto
+// the row as it is now, so a lease set meanwhile by keep is kept; from is
+// the state the caller moved it from, for the counts.
 func (s *Service) transition(sb store.Sandbox, op *store.Operation, from string) {
-	sb.UpdatedAt = s.now()
-	var err error
-	if op != nil {
-		err = s.st.TransitionSandbox(context.Background(), sb, *op)
-	} else {
-		err = s.st.UpdateSandbox(context.Background(), sb)
+	s.mu.Lock()
+	cur, err := s.st.GetSandbox(context.Background(), sb.ID)
+	if err == nil {
+		if cur.State == apiv1.StateCreating && sb.State == apiv1.StateRunning && cur.TimeoutS > 0 {
+			// The lease runs from when the sandbox is up, so a short one
+			// cannot end before the sandbox could be used.
+			exp := s.now().Add(time.Duration(cur.TimeoutS) * time.Second)
+			cur.ExpiresAt = &exp
+		}
+		from = cur.State
+		cur.State, cur.LastError, cur.UpdatedAt = sb.State, sb.LastError, s.now()
+		if op != nil {
+			err = s.st.TransitionSandbox(context.Background(), cur, *op)
+		} else {
+			err = s.st.UpdateSandbox(context.Background(), cur)
+		}
 	}
+	s.mu.Unlock()
 	if err != nil {
 		s.log.Error("record sandbox state", "sandbox", sb.ID, "state", sb.State, "err", err)
 		return
 	}
-	s.countState(from, sb.State)
+	s.countState(from, cur.State)
 	if op != nil && (op.Status == apiv1.OpSucceeded || op.Status == apiv1.OpFailed) {
 		s.opFinished(op.ID)
 	}
-	s.publish(sb)
+	s.publish(cur)
 }
 
 // finishOp records a finished operation on its own.
@@ -475,10 +488,14 @@ func (s *Service) runDelete(sb store.Sandbox, op store.Operation) {
 
 	s.mu.Lock()
 	c := s.creating[sb.ID]
+	f := s.busy[sb.ID]
 	s.mu.Unlock()
 	if c != nil {
 		c.cancel()
 		<-c.done
+	}
+	if f != nil {
+		<-f.done // a pause, suspend or wake ends within its own bound
 	}
 	s.mu.Lock()
 	lv := s.live[sb.ID]

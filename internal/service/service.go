@@ -88,14 +88,16 @@ type Service struct {
 	rt  *sandbox.Runtime
 	m   *Metrics
 
-	ctx    context.Context // lifecycle work; cancelled by Close
-	cancel context.CancelFunc
-	work   sync.WaitGroup // lifecycle goroutines
-	slots  chan struct{}  // start slots, MaxStarts of them
+	ctx     context.Context // lifecycle work; cancelled by Close
+	cancel  context.CancelFunc
+	work    sync.WaitGroup // lifecycle goroutines and the reconcile loop
+	slots   chan struct{}  // start slots, MaxStarts of them
+	closing chan struct{}  // closed by Close: the reconcile loop ends
 
 	mu       sync.Mutex           // guards the fields below
-	live     map[string]*live     // sandboxes with a VM this server holds
+	live     map[string]*live     // sandboxes this server looks after (with a VM, or suspended)
 	creating map[string]*creation // creates in flight
+	busy     map[string]*inflight // lifecycle operations in flight, by sandbox
 	watchers map[string]map[chan apiv1.Sandbox]struct{}
 	opWait   map[string]chan struct{} // closed when the operation finishes
 	states   map[string]int           // sandboxes per state, for metrics
@@ -119,8 +121,10 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		cfg: cfg, log: cfg.Log, st: cfg.Store, rt: cfg.Runtime, m: cfg.Metrics,
 		ctx: sctx, cancel: cancel,
 		slots:    make(chan struct{}, cfg.MaxStarts),
+		closing:  make(chan struct{}),
 		live:     map[string]*live{},
 		creating: map[string]*creation{},
+		busy:     map[string]*inflight{},
 		watchers: map[string]map[chan apiv1.Sandbox]struct{}{},
 		opWait:   map[string]chan struct{}{},
 		states:   map[string]int{},
@@ -131,6 +135,8 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("recover sandboxes: %w", err)
 	}
 	s.m.setStates(s.stateCounts())
+	s.work.Add(1)
+	go s.reconcile()
 	return s, nil
 }
 
@@ -143,6 +149,7 @@ func (s *Service) Close() {
 		return
 	}
 	s.closed = true
+	close(s.closing)
 	s.mu.Unlock()
 	done := make(chan struct{})
 	go func() { s.work.Wait(); close(done) }()
