@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
 )
@@ -115,5 +116,39 @@ func TestCLIClient(t *testing.T) {
 	s.must(t, 202, "DELETE", "/v1/sandboxes/"+s2.ID, s.key, nil, &res)
 	if r = serverCLI(t, s, "", "op", "get", "--wait", res.Operation.ID); r.code != 0 || !strings.Contains(r.stdout, "succeeded") {
 		t.Errorf("op get --wait: %d %q %s", r.code, r.stdout, r.stderr)
+	}
+}
+
+// TestCLILifecycle pauses, suspends, wakes and keeps a sandbox through the
+// CLI.
+func TestCLILifecycle(t *testing.T) {
+	s := sharedServer(t)
+	sb := s.createSandbox(t, s.key, apiv1.CreateSandbox{})
+	for _, step := range []struct {
+		args  []string
+		state string
+	}{
+		{[]string{"sandbox", "pause", sb.ID}, "paused"},
+		{[]string{"sandbox", "suspend", sb.ID}, "suspended"},
+		{[]string{"sandbox", "wake", sb.ID}, "running"},
+	} {
+		r := serverCLI(t, s, "", step.args...)
+		if r.code != 0 || strings.TrimSpace(r.stdout) != sb.ID {
+			t.Fatalf("%v: %d %q %s", step.args, r.code, r.stdout, r.stderr)
+		}
+		if got := s.state(t, sb.ID).State; got != step.state {
+			t.Fatalf("after %v: %s, want %s", step.args, got, step.state)
+		}
+	}
+	r := serverCLI(t, s, "", "sandbox", "wake", sb.ID)
+	if r.code != 2 || !strings.Contains(r.stderr, "running") {
+		t.Errorf("waking a running sandbox: %d %q", r.code, r.stderr)
+	}
+	r = serverCLI(t, s, "", "sandbox", "keep", "--timeout", "1h", sb.ID)
+	if r.code != 0 || !strings.Contains(r.stdout, "expires at") {
+		t.Errorf("keep: %d %q %s", r.code, r.stdout, r.stderr)
+	}
+	if sb := s.state(t, sb.ID); sb.ExpiresAt == nil || time.Until(*sb.ExpiresAt) < 59*time.Minute {
+		t.Errorf("lease after keep --timeout 1h: %v", sb.ExpiresAt)
 	}
 }

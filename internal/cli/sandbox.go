@@ -21,6 +21,10 @@ func sandboxCommands() []command {
 		{"ls", "list sandboxes", runSandboxList},
 		{"get", "show a sandbox", runSandboxGet},
 		{"rm", "remove sandboxes", runSandboxRemove},
+		{"pause", "pause sandboxes: their vCPUs stop, their memory stays", runSandboxPause},
+		{"suspend", "suspend sandboxes: their memory goes to disk and their VMs exit", runSandboxSuspend},
+		{"wake", "wake paused or suspended sandboxes", runSandboxWake},
+		{"keep", "set a sandbox's lease", runSandboxKeep},
 	}
 }
 
@@ -269,46 +273,5 @@ the requests.
   airlock sandbox ls --json | jq -r '.[].id' | xargs airlock sandbox rm`
 
 func runSandboxRemove(ctx context.Context, env *Env, args []string) error {
-	fs := newFlagSet("sandbox rm", "airlock sandbox rm [FLAGS] SBX...", sandboxRemoveAbout, env)
-	sf := addServerFlags(fs)
-	noWait := fs.Bool("no-wait", false, "do not wait until the sandboxes are gone")
-	ids, err := parseInterspersed(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(ids) == 0 {
-		return fmt.Errorf("sandbox rm: give the IDs of the sandboxes to remove: %w", errdefs.ErrInvalid)
-	}
-	c, err := sf.client(env)
-	if err != nil {
-		return err
-	}
-	// Start every removal first, so that they run side by side.
-	ops := make([]apiv1.Operation, len(ids))
-	errs := make([]error, len(ids))
-	for i, id := range ids {
-		ops[i], errs[i] = c.DeleteSandbox(ctx, id)
-	}
-	for i, id := range ids {
-		if errs[i] == nil && !*noWait {
-			_, errs[i] = waitOperation(ctx, env, c, ops[i], "removing")
-		}
-		if errs[i] == nil {
-			fmt.Fprintln(env.Stdout, id)
-		}
-	}
-	if len(ids) == 1 {
-		return errs[0]
-	}
-	code := 0
-	for i, err := range errs {
-		if err != nil {
-			fmt.Fprintf(env.Stderr, "airlock: sandbox rm %s: %s\n", ids[i], Message(err))
-			code = max(code, ExitCode(err))
-		}
-	}
-	if code != 0 {
-		return &ExitError{Code: code}
-	}
-	return nil
+	return runLifecycle(ctx, env, args, lifecycleCmd{"rm", "remove", "removing", sandboxRemoveAbout, (*apiclient.Client).DeleteSandbox})
 }
