@@ -68,6 +68,15 @@ func TestLifecycleTransitions(t *testing.T) {
 
 	s.conflict(t, "POST", p+"/wake", "running", nil)
 
+	// While another one is creating, every lifecycle request but delete
+	// and keep is refused, naming the state.
+	var creating apiv1.SandboxOperation
+	s.must(t, 202, "POST", "/v1/sandboxes", s.key, apiv1.CreateSandbox{Template: "tiny"}, &creating)
+	for _, kind := range []string{"pause", "suspend", "wake"} {
+		s.conflict(t, "POST", "/v1/sandboxes/"+creating.Sandbox.ID+"/"+kind, "creating", nil)
+	}
+	s.deleteSandbox(t, s.key, creating.Sandbox.ID)
+
 	s.lifecycle(t, sb.ID, "pause")
 	if got := s.state(t, sb.ID).State; got != "paused" {
 		t.Fatalf("after pause: %s", got)
@@ -316,6 +325,12 @@ func TestDeleteFromEveryState(t *testing.T) {
 				t.Errorf("after delete: %s", st)
 			}
 			checkGone(t, filepath.Join(s.home, "sandboxes", sb.ID), pid)
+			p := "/v1/sandboxes/" + sb.ID
+			for _, kind := range []string{"pause", "suspend", "wake"} {
+				s.conflict(t, "POST", p+"/"+kind, "deleted", nil)
+			}
+			s.conflict(t, "POST", p+"/keep", "deleted", map[string]int{"timeout_s": 60})
+			s.conflict(t, "DELETE", p, "deleted", nil)
 		})
 	}
 }
