@@ -56,6 +56,16 @@ func startFakeQEMU(t *testing.T, dir string) *exec.Cmd {
 	if err := os.WriteFile(filepath.Join(dir, vm.PIDFileName), []byte(strconv.Itoa(cmd.Process.Pid)+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// The parent of a vfork'd child runs again before the kernel has set
+	// up the new program's arguments: wait until its command line shows.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		if _, err := vm.RunningPID(dir); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the fake QEMU's command line never showed")
+		}
+	}
 	return cmd
 }
 

@@ -27,6 +27,15 @@ func startFakeQEMU(t *testing.T, dir string) *exec.Cmd {
 	t.Helper()
 	cmd := fakeProcess(t, "socket,id=agent,path="+filepath.Join(dir, AgentSocketName)+",server=on,wait=off")
 	writePID(t, dir, cmd.Process.Pid)
+	// The parent of a vfork'd child runs again before the kernel has set
+	// up the new program's arguments, so /proc/<pid>/cmdline can read
+	// empty for a moment after Start returns.
+	for deadline := time.Now().Add(5 * time.Second); !isQEMUOf(cmd.Process.Pid, dir); {
+		if time.Now().After(deadline) {
+			t.Fatal("the fake QEMU's command line never showed")
+		}
+		time.Sleep(time.Millisecond)
+	}
 	return cmd
 }
 
