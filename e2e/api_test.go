@@ -365,8 +365,15 @@ func TestAPIServerRestart(t *testing.T) {
 
 	// A create in flight when the server dies hard is failed, with the
 	// reason, by the next start; nothing of it is left.
+	// A memory size no other test uses, whose template snapshot is removed
+	// first, makes the create build one, so it is still in flight when the
+	// server dies.
+	old, _ := filepath.Glob(filepath.Join(dataDir().Snapshots(), "*-1c-320m"))
+	for _, d := range old {
+		os.RemoveAll(d)
+	}
 	var cr apiv1.SandboxOperation
-	s.must(t, 202, "POST", "/v1/sandboxes", s.key, apiv1.CreateSandbox{Template: "tiny"}, &cr)
+	s.must(t, 202, "POST", "/v1/sandboxes", s.key, apiv1.CreateSandbox{Template: "tiny", MemoryMiB: 320}, &cr)
 	time.Sleep(300 * time.Millisecond)
 	s.stop(syscall.SIGKILL)
 	if err := s.start(); err != nil {

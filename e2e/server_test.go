@@ -68,14 +68,20 @@ func newServer(t *testing.T, args ...string) *server {
 	return s
 }
 
-// newHome makes a data directory sharing the set-up one's read-only parts.
+// newHome makes a data directory sharing the set-up one's boot artifacts,
+// templates and template snapshots.
 func newHome() (string, error) {
 	home, err := os.MkdirTemp("", "alh")
 	if err != nil {
 		return "", err
 	}
 	src := dataDir()
-	for _, name := range []string{"boot", "templates", "accel.json"} {
+	// Template snapshots are shared too, so each server does not make its
+	// own (their files are locked while made).
+	if err := os.MkdirAll(src.Snapshots(), 0o755); err != nil {
+		return "", err
+	}
+	for _, name := range []string{"boot", "templates", "accel.json", "snapshots"} {
 		if err := os.Symlink(filepath.Join(src.Root, name), filepath.Join(home, name)); err != nil {
 			return "", err
 		}

@@ -14,8 +14,9 @@ import (
 
 const setupAbout = `Installs the Debian packages airlock needs (as root), fetches Debian's
 cloud kernel, builds the initramfs with the guest agent, builds the
-templates (tiny: busybox; base: Debian bookworm with python3), and checks
-whether KVM can run the guest or software emulation (TCG) must be used.
+templates (tiny: busybox; base: Debian bookworm with python3), checks
+whether KVM can run the guest or software emulation (TCG) must be used, and
+makes each template's snapshot, which new sandboxes are cloned from.
 Every step is skipped when its result is already there; a failed step
 leaves nothing half-written, so running setup again resumes.`
 
@@ -59,6 +60,23 @@ func runSetup(ctx context.Context, env *Env, args []string) error {
 		fmt.Fprintf(env.Stdout, "accelerator: kvm (-cpu %s)\n", v.CPU)
 	} else {
 		fmt.Fprintf(env.Stdout, "accelerator: tcg, software emulation (KVM cannot run the guest here: %s)\n", v.Reason)
+	}
+	// Sandboxes start as clones of a template snapshot; make the built-in
+	// templates' ones now rather than on the first create.
+	rt, err := sandbox.New(ctx, sandbox.Config{Dir: env.Dir, Log: env.Log})
+	if err != nil {
+		return fmt.Errorf("setup: %w", err)
+	}
+	for _, name := range names {
+		start := time.Now()
+		if _, err := withHeartbeat(env, "snapshot "+name, func() (sandbox.TemplateSnapshot, error) {
+			return rt.TemplateSnapshot(ctx, sandbox.Spec{Template: name})
+		}); err != nil {
+			// Creates fall back to booting, so this is not fatal.
+			fmt.Fprintf(env.Stdout, "snapshot %s: not made (%v); sandboxes of it boot instead of cloning\n", name, err)
+			continue
+		}
+		fmt.Fprintf(env.Stdout, "snapshot %s: ready (%s)\n", name, time.Since(start).Round(100*time.Millisecond))
 	}
 	fmt.Fprintf(env.Stdout, "airlock is ready: try `airlock run -- echo hello`\n")
 	return nil

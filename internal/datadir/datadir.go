@@ -13,6 +13,7 @@ import (
 //	templates/            sha256-<hex>.ext4 images, their .json settings, refs/<name>/<tag>
 //	cache/                downloaded packages and other reusable inputs
 //	sandboxes/<id>/       one directory per sandbox: overlay, sockets, console log
+//	snapshots/<key>/      template snapshots: guest RAM file, device state, record
 //	accel.json            the cached verdict of the accelerator probe
 //	airlock.db            the server's store (with its -wal and -shm files)
 //	admin.key             the server's first admin key, mode 0600
@@ -56,6 +57,10 @@ func (d Dir) Sandboxes() string { return filepath.Join(d.Root, "sandboxes") }
 
 // Sandbox is the directory of one sandbox.
 func (d Dir) Sandbox(id string) string { return filepath.Join(d.Sandboxes(), id) }
+
+// Snapshots is the parent of the template snapshot directories, one per
+// template, vCPU count and memory size.
+func (d Dir) Snapshots() string { return filepath.Join(d.Root, "snapshots") }
 
 // Store is the server's SQLite database.
 func (d Dir) Store() string { return filepath.Join(d.Root, "airlock.db") }

@@ -73,6 +73,9 @@ func (r *Runtime) Adopt(ctx context.Context, id string, spec Spec) (*Sandbox, er
 		return nil, fmt.Errorf("adopt sandbox %s: %w", id, err)
 	}
 	sb.vm, sb.owner = m, lock
+	if rec, err := readRecord(dir); err == nil {
+		sb.Snapshot = rec.snapshot()
+	}
 	st, err := m.Status(ctx)
 	if err != nil {
 		// Without QMP the agent decides, as before pause existed.

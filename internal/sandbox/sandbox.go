@@ -1,6 +1,17 @@
-// Package sandbox creates and destroys sandboxes: a VM booted from the
-// guest artifacts with a copy-on-write disk over a template, and a session
-// with the agent inside it. It is the runtime the CLI and the server share.
+// Package sandbox creates and destroys sandboxes: a VM with a
+// copy-on-write disk over a template, and a session with the agent inside
+// it. It is the runtime the CLI and the server share.
+//
+// A sandbox's VM is a clone of its template's snapshot (TemplateSnapshot):
+// the template booted once, with its RAM in a file, and saved where its
+// agent waits for init. A clone maps that file private, restores the saved
+// device state with its own disk and sockets, and is initialised as a
+// booted guest is (clock, fresh entropy, hostname, disk). Snapshots live
+// under the data directory's snapshots/, one per template, vCPU count and
+// memory size, made on first use and kept: a clone's memory file must
+// outlive it, and nothing removes a usable snapshot. A snapshot that
+// cannot be made or restored makes Create boot the VM from scratch, as
+// Config.ColdBoot and Spec.ColdBoot ask for.
 //
 // Each sandbox has a directory under the data directory's sandboxes/,
 // named by its ID, holding its disk, the VM's sockets, logs and pid file,
@@ -39,9 +50,11 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/airlockhq/airlock/internal/agentclient"
@@ -62,6 +75,9 @@ type Config struct {
 	Accel string
 	// BootTimeout bounds a VM's boot to agent ready. Default 60 s.
 	BootTimeout time.Duration
+	// ColdBoot boots every sandbox from scratch instead of cloning its
+	// template's snapshot (TemplateSnapshot). Default false: clones.
+	ColdBoot bool
 	// Log receives the runtime's diagnostics.
 	Log *slog.Logger
 }
@@ -73,6 +89,14 @@ type Runtime struct {
 	templates *template.Store
 	accel     vm.Accel
 	cpu       string // the -cpu model under KVM
+
+	built atomic.Int64 // template snapshots this runtime made
+
+	mu sync.Mutex // guards failedBuilds
+	// failedBuilds holds, per template snapshot, when and how this
+	// runtime last failed to make it; another try waits for
+	// snapshotRetryAfter, and creates boot meanwhile.
+	failedBuilds map[snapshotKey]failedBuild
 }
 
 // New checks that the host is set up and returns a runtime. With Accel
@@ -127,6 +151,9 @@ type Spec struct {
 	Env map[string]string `json:"env,omitempty"`
 	// Detach lets the VM outlive this process.
 	Detach bool `json:"detach,omitempty"`
+	// ColdBoot boots the VM from scratch instead of cloning the template's
+	// snapshot, as Config.ColdBoot does for every sandbox.
+	ColdBoot bool `json:"cold_boot,omitempty"`
 }
 
 // Limits bound what one sandbox may ask for, to protect the host.
@@ -208,6 +235,9 @@ type Sandbox struct {
 	Spec     Spec
 	Template template.Template
 	Init     agentproto.InitResult
+	// Snapshot is the directory of the template snapshot the sandbox's VM
+	// was cloned from; empty when it booted. Create, Wake and Adopt set it.
+	Snapshot string
 
 	log *slog.Logger
 	vm  *vm.Machine
@@ -282,7 +312,11 @@ func runSteps(ctx context.Context, steps []step) error {
 	return nil
 }
 
-// Create boots a new sandbox. On failure nothing of it is left behind. A
+// Create starts a new sandbox, as a clone of its template's snapshot
+// (TemplateSnapshot, made first if need be) unless Config.ColdBoot or
+// Spec.ColdBoot asks for a boot from scratch. A clone that cannot be made
+// (the snapshot cannot be made or restored) is logged as a warning and
+// the sandbox booted instead. On failure nothing of it is left behind. A
 // Spec.ID that is not ValidID is errdefs.ErrInvalid; one whose directory
 // exists is errdefs.ErrConflict.
 func (r *Runtime) Create(ctx context.Context, spec Spec) (*Sandbox, error) {
@@ -295,10 +329,28 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	id := spec.ID
-	sb := newSandbox(id, r.cfg.Dir.Sandbox(id), spec, r.log)
+	if !r.cfg.ColdBoot && !spec.ColdBoot {
+		sb, err := r.clone(ctx, spec, tpl)
+		if err == nil {
+			return sb, nil
+		}
+		if ctx.Err() != nil || errors.Is(err, errdefs.ErrConflict) {
+			return nil, fmt.Errorf("create sandbox: %w", err)
+		}
+		r.log.Warn("cloning the template snapshot failed: booting the sandbox instead", "sandbox", spec.ID, "err", err)
+	}
+	sb, err := r.boot(ctx, spec, tpl)
+	if err != nil {
+		return nil, fmt.Errorf("create sandbox: %w", err)
+	}
+	return sb, nil
+}
+
+// boot creates the sandbox of a resolved spec by booting its VM.
+func (r *Runtime) boot(ctx context.Context, spec Spec, tpl template.Template) (*Sandbox, error) {
+	sb := newSandbox(spec.ID, r.cfg.Dir.Sandbox(spec.ID), spec, r.log)
 	sb.Template = tpl
-	overlay := sb.Dir + "/disk.qcow2"
+	overlay := filepath.Join(sb.Dir, diskName)
 	cfg := vm.Config{
 		Kernel: r.cfg.Dir.Kernel(), Initramfs: r.cfg.Dir.Initramfs(), Accel: r.accel, CPU: r.cpu,
 		VCPUs: spec.VCPUs, MemoryMiB: spec.MemoryMiB, Disk: overlay, Dir: sb.Dir, Detach: spec.Detach,
@@ -306,35 +358,12 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (*Sandbox, error) {
 	if r.accel == vm.AccelTCG {
 		cfg.TSCKHz = vm.HostTSCKHz()
 	}
-	recSpec := spec
-	if tpl.Digest != "" {
-		recSpec.Template = tpl.Digest
-	}
 	steps := []step{
-		{"create sandbox directory", func(context.Context) error {
-			if err := os.MkdirAll(r.cfg.Dir.Sandboxes(), 0o755); err != nil {
-				return err
-			}
-			if err := os.Mkdir(sb.Dir, 0o700); err != nil {
-				if errors.Is(err, os.ErrExist) {
-					return fmt.Errorf("sandbox %s already exists: %w", id, errdefs.ErrConflict)
-				}
-				return err
-			}
-			lock, err := lockOwner(sb.Dir)
-			if err != nil {
-				os.RemoveAll(sb.Dir) // this step's undo runs only once it succeeded
-				return err
-			}
-			sb.owner = lock
-			return nil
-		}, func() { os.RemoveAll(sb.Dir); sb.owner.Close() }},
+		r.dirStep(sb),
 		{"create disk", func(ctx context.Context) error {
 			return createOverlay(ctx, tpl.Image, overlay, spec.DiskMiB)
 		}, nil},
-		{"record vm config", func(context.Context) error {
-			return writeRecord(sb.Dir, record{Spec: recSpec, VM: cfg})
-		}, nil},
+		recordStep(sb, &cfg),
 		{"boot vm", func(ctx context.Context) error {
 			m, err := vm.Start(ctx, cfg, sb.log)
 			if err != nil {
@@ -348,29 +377,76 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (*Sandbox, error) {
 			sb.agent = c
 			return err
 		}, func() { sb.agent.Close() }},
-		{"init guest", func(ctx context.Context) error {
-			entropy := make([]byte, 64)
-			rand.Read(entropy)
-			res, err := sb.agent.Init(ctx, agentproto.InitRequest{
-				Hostname: id, TimeUnixNano: time.Now().UnixNano(), Entropy: entropy,
-				Env: spec.Env, RootDevice: "/dev/vda",
-			})
-			sb.Init = res
-			return sb.explain(err)
-		}, nil},
+		initStep(sb),
 	}
 	if err := runSteps(ctx, steps); err != nil {
-		return nil, fmt.Errorf("create sandbox: %w", err)
+		return nil, err
 	}
 	go sb.watch()
 	return sb, nil
 }
 
-// createOverlay makes a qcow2 disk of sizeMiB backed by the read-only
-// template image: nothing is copied.
+// diskName is a sandbox's disk in its directory.
+const diskName = "disk.qcow2"
+
+// dirStep creates the sandbox's directory and takes its owner lock.
+func (r *Runtime) dirStep(sb *Sandbox) step {
+	return step{"create sandbox directory", func(context.Context) error {
+		if err := os.MkdirAll(r.cfg.Dir.Sandboxes(), 0o755); err != nil {
+			return err
+		}
+		if err := os.Mkdir(sb.Dir, 0o700); err != nil {
+			if errors.Is(err, os.ErrExist) {
+				return fmt.Errorf("sandbox %s already exists: %w", sb.ID, errdefs.ErrConflict)
+			}
+			return err
+		}
+		lock, err := lockOwner(sb.Dir)
+		if err != nil {
+			os.RemoveAll(sb.Dir) // this step's undo runs only once it succeeded
+			return err
+		}
+		sb.owner = lock
+		return nil
+	}, func() { os.RemoveAll(sb.Dir); sb.owner.Close() }}
+}
+
+// recordStep records the sandbox's spec (its template by digest) and the
+// configuration its VM starts with, for Wake.
+func recordStep(sb *Sandbox, cfg *vm.Config) step {
+	return step{"record vm config", func(context.Context) error {
+		spec := sb.Spec
+		if sb.Template.Digest != "" {
+			spec.Template = sb.Template.Digest
+		}
+		return writeRecord(sb.Dir, record{Spec: spec, VM: *cfg})
+	}, nil}
+}
+
+// initStep initialises the guest: the host's clock, fresh entropy, the
+// sandbox's ID as hostname, its environment, and its root disk mounted and
+// grown to the disk's size.
+func initStep(sb *Sandbox) step {
+	return step{"init guest", func(ctx context.Context) error {
+		entropy := make([]byte, 64)
+		rand.Read(entropy)
+		res, err := sb.agent.Init(ctx, agentproto.InitRequest{
+			Hostname: sb.ID, TimeUnixNano: time.Now().UnixNano(), Entropy: entropy,
+			Env: sb.Spec.Env, RootDevice: "/dev/vda",
+		})
+		sb.Init = res
+		return sb.explain(err)
+	}, nil}
+}
+
+// createOverlay makes a qcow2 disk of sizeMiB (0: the image's size)
+// backed by the read-only template image: nothing is copied.
 func createOverlay(ctx context.Context, base, path string, sizeMiB int) error {
-	out, err := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2",
-		"-b", base, "-F", "raw", path, fmt.Sprintf("%dM", sizeMiB)).CombinedOutput()
+	args := []string{"create", "-q", "-f", "qcow2", "-b", base, "-F", "raw", path}
+	if sizeMiB > 0 {
+		args = append(args, fmt.Sprintf("%dM", sizeMiB))
+	}
+	out, err := exec.CommandContext(ctx, "qemu-img", args...).CombinedOutput()
 	if err != nil {
 		if errors.Is(err, exec.ErrNotFound) {
 			return fmt.Errorf("qemu-img is not installed: run `airlock setup` as root: %w", errdefs.ErrPrecondition)

@@ -39,6 +39,16 @@ type record struct {
 	VM vm.Config `json:"vm"`
 }
 
+// snapshot is the directory of the template snapshot the VM is a clone
+// of, or "" for a VM that booted: a clone maps the snapshot's memory file
+// private.
+func (rec record) snapshot() string {
+	if rec.VM.MemoryFile == "" || rec.VM.MemoryShared {
+		return ""
+	}
+	return filepath.Dir(rec.VM.MemoryFile)
+}
+
 func writeRecord(dir string, rec record) error {
 	b, err := json.MarshalIndent(rec, "", "  ")
 	if err != nil {
@@ -284,6 +294,7 @@ func (r *Runtime) Wake(ctx context.Context, id string) (*Sandbox, error) {
 		{"connect to agent", func(ctx context.Context) error {
 			sb = newSandbox(id, dir, rec.Spec, r.log)
 			sb.vm, sb.owner = m, lock
+			sb.Snapshot = rec.snapshot()
 			c, err := ConnectAgent(ctx, m, wakeAgentTimeout)
 			if err != nil {
 				return err

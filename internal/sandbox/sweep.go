@@ -50,8 +50,10 @@ func lockOwner(dir string) (*os.File, error) {
 // waiting for Runtime.Adopt or Runtime.Remove), that holds a saved state
 // (a suspended sandbox, waiting for Runtime.Wake or Runtime.Remove), whose
 // owner lock is held, or that is younger than a minute (being created)
-// stays.
+// stays. It also removes what builds of template snapshots left when
+// their process died; snapshots themselves stay.
 func Sweep(dir datadir.Dir, log *slog.Logger) {
+	sweepSnapshots(dir, log)
 	entries, err := os.ReadDir(dir.Sandboxes())
 	if err != nil {
 		return

@@ -67,6 +67,24 @@ func (m *Machine) Resume(ctx context.Context) error {
 	return nil
 }
 
+// ResizeDisk sets the size of the root disk (Config.Disk) to bytes (QMP
+// block_resize): its image grows or shrinks, and the guest is told by a
+// virtio configuration change, which its kernel handles once its vCPUs
+// run. The machine may be paused; it needs a root disk.
+func (m *Machine) ResizeDisk(ctx context.Context, bytes int64) error {
+	q, err := m.control()
+	if err != nil {
+		return fmt.Errorf("resize root disk: %w", err)
+	}
+	if bytes <= 0 {
+		return fmt.Errorf("resize root disk to %d bytes: %w", bytes, errdefs.ErrInvalid)
+	}
+	if err := q.Execute(ctx, "block_resize", map[string]any{"device": rootDrive, "size": bytes}, nil); err != nil {
+		return fmt.Errorf("resize root disk to %d bytes: %w", bytes, err)
+	}
+	return nil
+}
+
 // Status is QEMU's run state (query-status): StatusRunning, StatusPaused,
 // StatusInMigrate, StatusPostMigrate, or another of QEMU's RunState names.
 func (m *Machine) Status(ctx context.Context) (string, error) {

@@ -207,6 +207,29 @@ func TestPauseResumeStatus(t *testing.T) {
 	}
 }
 
+func TestResizeDisk(t *testing.T) {
+	var got map[string]any
+	m, s := scriptedMachine(t, func(c qmpCall) qmpReply {
+		if c.Cmd == "block_resize" {
+			got = c.Args
+		}
+		return qmpReply{}
+	})
+	ctx := t.Context()
+	if err := m.ResizeDisk(ctx, 100<<20); err != nil {
+		t.Fatal(err)
+	}
+	if got["device"] != rootDrive || got["size"] != float64(100<<20) {
+		t.Errorf("block_resize %v, want device %q size %d", got, rootDrive, 100<<20)
+	}
+	if err := m.ResizeDisk(ctx, 0); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Errorf("resize to 0: got %v, want invalid", err)
+	}
+	if got, want := strings.Join(s.commands(), " "), "block_resize"; got != want {
+		t.Errorf("commands %q, want %q", got, want)
+	}
+}
+
 func TestControlRefused(t *testing.T) {
 	self, _ := os.FindProcess(os.Getpid())
 	noQMP := &Machine{proc: self, done: make(chan struct{})}
@@ -227,6 +250,7 @@ func TestControlRefused(t *testing.T) {
 				"resume":  tc.m.Resume(ctx),
 				"save":    tc.m.SaveState(ctx, filepath.Join(t.TempDir(), "state"), false),
 				"restore": tc.m.RestoreState(ctx, filepath.Join(t.TempDir(), "state"), false),
+				"resize":  tc.m.ResizeDisk(ctx, 1<<20),
 			} {
 				if !errors.Is(err, tc.want) {
 					t.Errorf("%s: got %v, want %v", op, err, tc.want)

@@ -49,6 +49,9 @@ const (
 	PIDFileName = "qemu.pid"
 )
 
+// rootDrive is the QEMU drive ID of the root disk.
+const rootDrive = "root"
+
 // maxSocketPath is the longest unix socket path the kernel accepts.
 const maxSocketPath = 107
 
@@ -207,8 +210,8 @@ func Args(cfg Config) []string {
 	)
 	if cfg.Disk != "" {
 		args = append(args,
-			"-drive", "id=root,file="+cfg.Disk+",format=qcow2,if=none,discard=unmap,detect-zeroes=unmap",
-			"-device", "virtio-blk-device,drive=root",
+			"-drive", "id="+rootDrive+",file="+cfg.Disk+",format=qcow2,if=none,discard=unmap,detect-zeroes=unmap",
+			"-device", "virtio-blk-device,drive="+rootDrive,
 		)
 	}
 	args = append(args,
