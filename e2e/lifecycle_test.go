@@ -334,3 +334,38 @@ func TestDeleteFromEveryState(t *testing.T) {
 		})
 	}
 }
+
+// TestClonesHaveTheirOwnIdentity creates two sandboxes, both clones of the
+// template's snapshot: each has its own hostname, kernel randomness and a
+// clock set from the host.
+func TestClonesHaveTheirOwnIdentity(t *testing.T) {
+	s := sharedServer(t)
+	a := s.createSandbox(t, s.key, apiv1.CreateSandbox{})
+	b := s.createSandbox(t, s.key, apiv1.CreateSandbox{})
+	probe := "hostname; cat /proc/sys/kernel/random/uuid; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; date +%s"
+	read := func(id string) []string {
+		var res apiv1.ExecResult
+		s.must(t, 200, "POST", "/v1/sandboxes/"+id+"/exec", s.key, apiv1.CommandRequest{Cmd: probe}, &res)
+		f := strings.Split(strings.TrimSpace(res.Stdout), "\n")
+		if len(f) != 4 {
+			t.Fatalf("probe in %s: %q", id, res.Stdout)
+		}
+		return f
+	}
+	fa, fb := read(a.ID), read(b.ID)
+	if fa[0] != a.ID || fb[0] != b.ID {
+		t.Errorf("hostnames %q and %q, want the sandbox IDs", fa[0], fb[0])
+	}
+	if fa[1] == fb[1] {
+		t.Errorf("both clones read uuid %s", fa[1])
+	}
+	if fa[2] == fb[2] || len(fa[2]) != 64 {
+		t.Errorf("both clones read random bytes %s", fa[2])
+	}
+	for _, f := range [][]string{fa, fb} {
+		guest, _ := strconv.ParseInt(f[3], 10, 64)
+		if d := guest - time.Now().Unix(); d > 1 || d < -2 {
+			t.Errorf("a clone's clock is %d s off the host's", d)
+		}
+	}
+}
