@@ -70,6 +70,11 @@ func (r *runner) apiServer(ctx context.Context) (*apiServer, error) {
 	}
 	r.api = s
 	r.progressf("serving the API on %s from a temporary data directory", s.url)
+	// The temporary data directory has template snapshots of its own; the
+	// first create must not pay for making one.
+	if err := r.prepareSnapshot(ctx, s.rt, sandbox.Spec{Template: r.cfg.Template}); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -269,7 +274,7 @@ func (r *runner) apiCreate(ctx context.Context) (Result, error) {
 	viaAPI, inProcess, err := timePairs(ctx, n,
 		retrying(func(ctx context.Context) (time.Duration, error) { return r.apiFirstOutput(ctx, s) },
 			maxBootFailures, &failA, onFail("api", &failA)),
-		retrying(func(ctx context.Context) (time.Duration, error) { return r.runtimeFirstOutput(ctx, s.rt) },
+		retrying(func(ctx context.Context) (time.Duration, error) { return r.runtimeFirstOutput(ctx, s.rt, false) },
 			maxBootFailures, &failB, onFail("runtime", &failB)),
 		func(done int, da, db time.Duration) {
 			r.progressf("%s %d/%d: api %.0f ms, runtime %.0f ms", ScenarioAPICreate, done, n, ms(da), ms(db))
@@ -344,8 +349,10 @@ func (r *runner) apiFirstOutput(ctx context.Context, s *apiServer) (_ time.Durat
 
 // runtimeFirstOutput times rt.Create and an Exec in the new sandbox up to
 // the first byte of its stdout. The command's exit (status 0) and the
-// sandbox's destruction follow, untimed.
-func (r *runner) runtimeFirstOutput(ctx context.Context, rt *sandbox.Runtime) (_ time.Duration, err error) {
+// sandbox's destruction follow, untimed. With wantClone, a sandbox that
+// Create booted rather than cloned from its template snapshot fails the
+// sample.
+func (r *runner) runtimeFirstOutput(ctx context.Context, rt *sandbox.Runtime, wantClone bool) (_ time.Duration, err error) {
 	ctx, cancel := context.WithTimeout(ctx, r.firstOutputTimeout())
 	defer cancel()
 	start := time.Now()
@@ -382,6 +389,9 @@ func (r *runner) runtimeFirstOutput(ctx context.Context, rt *sandbox.Runtime) (_
 	case <-first.seen:
 	default:
 		return 0, fmt.Errorf("%s in the sandbox exited without writing to stdout", firstOutputArgv[0])
+	}
+	if wantClone && sb.Snapshot == "" {
+		return 0, fmt.Errorf("sandbox %s was booted, not cloned from its template snapshot (see the log)", sb.ID)
 	}
 	return d, nil
 }

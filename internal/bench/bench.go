@@ -1,8 +1,13 @@
 // Package bench measures airlock against baselines taken in the same run on
 // the same machine: cold boot to agent ready against a plain QEMU boot, the
 // round trip of an exec against a host fork/exec, stdout throughput against
-// the same command on the host, and the HTTP API (create to first output,
-// exec round trip) against the same work through the runtime in-process.
+// the same command on the host, the HTTP API (create to first output, exec
+// round trip) against the same work through the runtime in-process, the
+// lifecycle (pause and resume, suspend and wake) against the same QEMU
+// operations on a bare VM, a create from the template snapshot to first
+// output against a bare QEMU restoring the same snapshot, and the fleet
+// (memory per idle sandbox, concurrent creates) against one bare VM or
+// one create alone.
 // Absolute timings vary from host to host (and from minute to minute under
 // software emulation); the ratios to the baselines are what compare across
 // runs.
@@ -33,11 +38,17 @@ const (
 	ScenarioThroughput = "stdout_throughput"
 	ScenarioAPICreate  = "api_create_to_first_output"
 	ScenarioAPIExecRTT = "api_exec_rtt"
+	ScenarioPause      = "pause_resume"
+	ScenarioSuspend    = "suspend_wake_512"
+	ScenarioIdlePSS    = "idle_pss"
+	ScenarioConcurrent = "concurrent_create"
+	ScenarioSnapshot   = "snapshot_create_to_first_output"
 )
 
 // Scenarios lists every scenario in the order Run runs them.
 func Scenarios() []string {
-	return []string{ScenarioBoot, ScenarioExecRTT, ScenarioThroughput, ScenarioAPICreate, ScenarioAPIExecRTT}
+	return []string{ScenarioBoot, ScenarioSnapshot, ScenarioExecRTT, ScenarioThroughput, ScenarioPause,
+		ScenarioSuspend, ScenarioIdlePSS, ScenarioConcurrent, ScenarioAPICreate, ScenarioAPIExecRTT}
 }
 
 // Defaults of the Config fields left zero.
@@ -47,6 +58,10 @@ const (
 	DefaultExecRuns      = 200
 	DefaultThroughputMiB = 200
 	DefaultAPIRuns       = 5
+	DefaultPauseRuns     = 50
+	DefaultSuspendRuns   = 3
+	DefaultSandboxes     = 20
+	DefaultSnapshotRuns  = 5
 	// DefaultBootTimeout is six times a boot under TCG (about 5 s), so a
 	// hung boot costs half a minute rather than the runtime's default
 	// minute.
@@ -56,6 +71,9 @@ const (
 // maxThroughputMiB bounds ThroughputMiB (1 TiB), so a typo cannot stream
 // for days.
 const maxThroughputMiB = 1 << 20
+
+// maxSandboxes bounds Sandboxes, so a typo cannot start a thousand VMs.
+const maxSandboxes = 200
 
 // Config configures a bench run.
 type Config struct {
@@ -81,6 +99,18 @@ type Config struct {
 	// APIRuns is how many sandboxes each side of api_create_to_first_output
 	// creates, one sample each. Default 5.
 	APIRuns int
+	// PauseRuns is how many rounds of pause and resume pause_resume makes
+	// on each side. Default 50.
+	PauseRuns int
+	// SuspendRuns is how many rounds of suspend and wake suspend_wake_512
+	// makes on each side. Default 3.
+	SuspendRuns int
+	// Sandboxes is how many sandboxes idle_pss keeps idle (in each of its
+	// two sets) and concurrent_create creates at once. Default 20.
+	Sandboxes int
+	// SnapshotRuns is how many samples each side of
+	// snapshot_create_to_first_output takes. Default 5.
+	SnapshotRuns int
 	// Scenarios selects the scenarios to run by name; empty means all.
 	// They run in the order of Scenarios() whatever the order here.
 	Scenarios []string
@@ -109,10 +139,15 @@ func (c *Config) Validate() error {
 	for _, n := range []struct {
 		name string
 		v    int
-	}{{"boot runs", c.BootRuns}, {"exec runs", c.ExecRuns}, {"throughput MiB", c.ThroughputMiB}, {"api runs", c.APIRuns}} {
+	}{{"boot runs", c.BootRuns}, {"exec runs", c.ExecRuns}, {"throughput MiB", c.ThroughputMiB}, {"api runs", c.APIRuns},
+		{"pause runs", c.PauseRuns}, {"suspend runs", c.SuspendRuns}, {"sandboxes", c.Sandboxes},
+		{"snapshot runs", c.SnapshotRuns}} {
 		if n.v < 0 {
 			errs = append(errs, fmt.Errorf("%s must not be negative (got %d)", n.name, n.v))
 		}
+	}
+	if c.Sandboxes > maxSandboxes {
+		errs = append(errs, fmt.Errorf("sandboxes %d is above the limit of %d", c.Sandboxes, maxSandboxes))
 	}
 	if c.ThroughputMiB > maxThroughputMiB {
 		errs = append(errs, fmt.Errorf("throughput MiB %d is above the limit of %d", c.ThroughputMiB, maxThroughputMiB))
@@ -151,6 +186,18 @@ func (c Config) withDefaults() Config {
 	if c.APIRuns == 0 {
 		c.APIRuns = DefaultAPIRuns
 	}
+	if c.PauseRuns == 0 {
+		c.PauseRuns = DefaultPauseRuns
+	}
+	if c.SuspendRuns == 0 {
+		c.SuspendRuns = DefaultSuspendRuns
+	}
+	if c.Sandboxes == 0 {
+		c.Sandboxes = DefaultSandboxes
+	}
+	if c.SnapshotRuns == 0 {
+		c.SnapshotRuns = DefaultSnapshotRuns
+	}
 	if c.BootTimeout == 0 {
 		c.BootTimeout = DefaultBootTimeout
 	}
@@ -184,7 +231,9 @@ type runner struct {
 
 // Run runs the selected scenarios one after another and reports them. Every
 // sandbox and VM it starts is gone when it returns, also when it fails or
-// ctx ends.
+// ctx ends. It stops at the first scenario that fails; a scenario that
+// reports its failure (concurrent_create) is then the last result of rep,
+// with its Error set.
 func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	if err := cfg.Validate(); err != nil {
 		return Report{}, err
@@ -216,8 +265,13 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		run  func(context.Context) (Result, error)
 	}{
 		{ScenarioBoot, r.boot},
+		{ScenarioSnapshot, r.snapshotCreate},
 		{ScenarioExecRTT, r.execRTT},
 		{ScenarioThroughput, r.stdoutThroughput},
+		{ScenarioPause, r.pauseResume},
+		{ScenarioSuspend, r.suspendWake},
+		{ScenarioIdlePSS, r.idlePSS},
+		{ScenarioConcurrent, r.concurrentCreate},
 		{ScenarioAPICreate, r.apiCreate},
 		{ScenarioAPIExecRTT, r.apiExecRTT},
 	}
@@ -232,6 +286,11 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 			return rep, fmt.Errorf("bench %s: interrupted: %w", s.name, ctx.Err())
 		}
 		if err != nil {
+			if res.Name != "" {
+				// The scenario measured what did not fail, and says so.
+				res.Error = err.Error()
+				rep.Results = append(rep.Results, res)
+			}
 			return rep, fmt.Errorf("bench %s: %w", s.name, err)
 		}
 		rep.Results = append(rep.Results, res)
@@ -259,7 +318,8 @@ func (r *runner) sandbox(ctx context.Context) (*sandbox.Sandbox, error) {
 }
 
 // close stops the API server and destroys the shared sandbox, whichever of
-// them there is.
+// them there is. The fleet scenarios call it first, so that no other VM
+// runs beside theirs; a later scenario that needs either starts it again.
 func (r *runner) close() error {
 	var errs []error
 	if r.api != nil {

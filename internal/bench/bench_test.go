@@ -29,6 +29,13 @@ func TestConfigValidate(t *testing.T) {
 		{"negative throughput", Config{Dir: dir, ThroughputMiB: -1}, "throughput MiB must not be negative"},
 		{"huge throughput", Config{Dir: dir, ThroughputMiB: 1<<20 + 1}, "above the limit"},
 		{"negative boot timeout", Config{Dir: dir, BootTimeout: -time.Second}, "boot timeout"},
+		{"negative pause runs", Config{Dir: dir, PauseRuns: -1}, "pause runs must not be negative"},
+		{"negative suspend runs", Config{Dir: dir, SuspendRuns: -1}, "suspend runs must not be negative"},
+		{"negative sandboxes", Config{Dir: dir, Sandboxes: -1}, "sandboxes must not be negative"},
+		{"too many sandboxes", Config{Dir: dir, Sandboxes: 201}, "sandboxes 201 is above the limit"},
+		{"negative snapshot runs", Config{Dir: dir, SnapshotRuns: -2}, "snapshot runs must not be negative"},
+		{"lifecycle and fleet set", Config{Dir: dir, PauseRuns: 1, SuspendRuns: 1, Sandboxes: 200,
+			SnapshotRuns: 1, Scenarios: []string{ScenarioPause, ScenarioSuspend, ScenarioIdlePSS, ScenarioConcurrent, ScenarioSnapshot}}, ""},
 		{"unknown accelerator", Config{Dir: dir, Accel: "hvf"}, `accelerator "hvf"`},
 		{"unknown scenario", Config{Dir: dir, Scenarios: []string{"boot", "fork"}}, `unknown scenario "fork"`},
 		{"several problems at once", Config{Dir: dir, BootRuns: -1, Scenarios: []string{"x"}}, "boot runs"},
@@ -59,12 +66,16 @@ func TestWithDefaults(t *testing.T) {
 	c := Config{Dir: datadir.Dir{Root: "/x"}}.withDefaults()
 	if c.Accel != "auto" || c.Template != DefaultTemplate || c.BootRuns != DefaultBootRuns ||
 		c.ExecRuns != DefaultExecRuns || c.ThroughputMiB != DefaultThroughputMiB ||
+		c.PauseRuns != DefaultPauseRuns || c.SuspendRuns != DefaultSuspendRuns || c.Sandboxes != DefaultSandboxes ||
+		c.SnapshotRuns != DefaultSnapshotRuns ||
 		c.BootTimeout != DefaultBootTimeout || c.Progress == nil || c.Log == nil {
 		t.Errorf("withDefaults left a zero field: %+v", c)
 	}
-	set := Config{Accel: "kvm", Template: "base", BootRuns: 2, ExecRuns: 3, ThroughputMiB: 4, BootTimeout: time.Second}.withDefaults()
+	set := Config{Accel: "kvm", Template: "base", BootRuns: 2, ExecRuns: 3, ThroughputMiB: 4, BootTimeout: time.Second,
+		PauseRuns: 5, SuspendRuns: 6, Sandboxes: 7, SnapshotRuns: 8}.withDefaults()
 	if set.Accel != "kvm" || set.Template != "base" || set.BootRuns != 2 || set.ExecRuns != 3 ||
-		set.ThroughputMiB != 4 || set.BootTimeout != time.Second {
+		set.ThroughputMiB != 4 || set.BootTimeout != time.Second || set.PauseRuns != 5 || set.SuspendRuns != 6 ||
+		set.Sandboxes != 7 || set.SnapshotRuns != 8 {
 		t.Errorf("withDefaults overrode a set field: %+v", set)
 	}
 }

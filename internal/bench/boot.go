@@ -42,7 +42,8 @@ func (r *runner) boot(ctx context.Context) (Result, error) {
 	}
 	a, b := summarize(air), summarize(base)
 	a.Failures, b.Failures = failA, failB
-	notes := fmt.Sprintf("airlock: sandbox create from template %s (disk overlay, QEMU start, agent handshake, guest init) "+
+	notes := fmt.Sprintf("airlock: sandbox create from template %s booted from scratch, not cloned from its snapshot "+
+		"(disk overlay, QEMU start, agent handshake, guest init) "+
 		"until init answered; baseline: QEMU with the same kernel, initramfs, %d vCPU and %d MiB, no disk, until the "+
 		"agent answered the handshake; %d cold boots each, alternating; ratio of p50s",
 		r.tpl.Ref(), r.tpl.VCPUs, r.tpl.MemoryMiB, n)
@@ -66,11 +67,12 @@ func firstLine(s string) string {
 	return line
 }
 
-// bootSandbox times one sandbox.Runtime.Create, which returns once the
-// agent answered init, and then destroys the sandbox.
+// bootSandbox times one sandbox.Runtime.Create from scratch (ColdBoot:
+// not a clone of the template's snapshot), which returns once the agent
+// answered init, and then destroys the sandbox.
 func (r *runner) bootSandbox(ctx context.Context) (time.Duration, error) {
 	start := time.Now()
-	sb, err := r.rt.Create(ctx, sandbox.Spec{Template: r.cfg.Template})
+	sb, err := r.rt.Create(ctx, sandbox.Spec{Template: r.cfg.Template, ColdBoot: true})
 	d := time.Since(start)
 	if err != nil {
 		return 0, err

@@ -20,7 +20,8 @@ const ReportVersion = 1
 //	 "host": {"cpus": 2, "accel": "kvm|tcg", "kernel": "uname -r"},
 //	 "results": [{"name": "boot", "unit": "ms",
 //	              "airlock": {...}, "baseline": {...},
-//	              "ratio": 1.8, "variants": [...], "notes": "..."}]}
+//	              "ratio": 1.8, "variants": [...], "notes": "...",
+//	              "error": "..."}]}
 //
 // See Measurement for what "airlock" and "baseline" hold, and Variant for
 // the optional "variants".
@@ -46,44 +47,56 @@ type Result struct {
 	// Name is the scenario: one of Scenarios().
 	Name string `json:"name"`
 	// Unit is the unit of the headline figures: "ms" for timings, "MiB/s"
-	// for throughputs.
+	// for throughputs, "MiB" for memory sizes.
 	Unit string `json:"unit"`
 	// Airlock is what airlock achieved.
 	Airlock Measurement `json:"airlock"`
 	// Baseline is what the same work achieved without airlock.
 	Baseline Measurement `json:"baseline"`
 	// Ratio is airlock's headline figure over the baseline's: the p50 for
-	// timings (above 1: airlock is slower), MiB/s for throughputs (below 1:
-	// airlock is slower). Four significant digits.
+	// timings and sizes (above 1: airlock is slower or bigger), MiB/s for
+	// throughputs (below 1: airlock is slower). Four significant digits.
 	Ratio float64 `json:"ratio"`
-	// Variants are further ways of doing airlock's side of the work,
-	// measured in the same rounds as it and the baseline. Absent when there
-	// are none; api_exec_rtt has one, "session".
+	// Variants are further ways of doing airlock's side of the work, or
+	// parts of it, measured in the same rounds as it and the baseline.
+	// Absent when there are none.
 	Variants []Variant `json:"variants,omitempty"`
 	// Notes says what exactly was measured.
 	Notes string `json:"notes"`
+	// Error, when set, says why the scenario failed; the figures are then
+	// those of what did not fail. The run fails with it, after the report
+	// is written. Absent when the scenario succeeded.
+	Error string `json:"error,omitempty"`
 }
 
-// Variant is another way of doing airlock's side of a Result: its
-// measurement's fields, beside its name and its own ratio to the Result's
-// baseline, computed as Result.Ratio is.
+// Variant is another way of doing airlock's side of a Result, or one
+// phase of it: its measurement's fields, beside its name and its ratio,
+// computed as Result.Ratio is, to its own baseline when it has one (the
+// matching phase of the Result's baseline) and else to the Result's.
 type Variant struct {
 	Name string `json:"name"`
 	Measurement
 	Ratio float64 `json:"ratio"`
+	// Baseline is the variant's own baseline; absent when it is compared
+	// with the Result's.
+	Baseline *Measurement `json:"baseline,omitempty"`
 }
 
 // Measurement is one side of a Result. Timing scenarios (unit "ms") fill
 // runs, min, p50, p99, max and mean, in milliseconds with microsecond
-// precision; percentiles are nearest-rank. Throughput scenarios (unit
-// "MiB/s") fill runs, and bytes, seconds and mib_per_s of one run: the
-// median one by time when there were several. The scenarios that boot a
-// sandbox per run (boot, api_create_to_first_output) add failures when runs
-// failed and were retried.
+// precision; size scenarios (unit "MiB") fill the same fields in MiB with
+// KiB precision, one sample per sandbox; percentiles are nearest-rank.
+// Throughput scenarios (unit "MiB/s") fill runs, and bytes, seconds and
+// mib_per_s of one run: the median one by time when there were several.
+// Timings of phases that write a file (the suspend and save phases of
+// suspend_wake_512) add bytes: the largest file one run wrote. The
+// scenarios that boot a sandbox per run (boot,
+// api_create_to_first_output, snapshot_create_to_first_output) add
+// failures when runs failed and were retried; concurrent_create adds the
+// creates that failed, which fail the scenario.
 type Measurement struct {
 	Runs int `json:"runs,omitempty"`
-	// Failures counts failed attempts that were retried; they are not in
-	// the statistics.
+	// Failures counts failed attempts; they are not in the statistics.
 	Failures int     `json:"failures,omitempty"`
 	Min      float64 `json:"min,omitempty"`
 	P50      float64 `json:"p50,omitempty"`
@@ -117,26 +130,40 @@ type figure struct {
 }
 
 // figures lists the statistics the table shows for r: its own, then a p50
-// and p99 row for each variant.
+// and p99 row for each variant, and what its runs wrote if they wrote
+// files.
 func figures(r Result) []figure {
 	a, b := r.Airlock, r.Baseline
-	if r.Unit != "ms" {
+	if r.Unit == "MiB/s" {
 		return []figure{{r.Unit, a.MiBPerS, b.MiBPerS, true, r.Ratio}}
 	}
-	p50 := figure{"p50 ms", a.P50, b.P50, true, r.Ratio}
+	u := " " + r.Unit
+	p50 := figure{"p50" + u, a.P50, b.P50, true, r.Ratio}
+	p99 := figure{"p99" + u, a.P99, b.P99, false, 0}
+	maxi := figure{"max" + u, a.Max, b.Max, false, 0}
 	var out []figure
 	switch r.Name {
 	case ScenarioBoot:
-		out = []figure{p50, {"max ms", a.Max, b.Max, false, 0}}
+		out = []figure{p50, maxi}
 	case ScenarioExecRTT, ScenarioAPIExecRTT:
-		out = []figure{p50, {"p99 ms", a.P99, b.P99, false, 0}}
+		out = []figure{p50, p99}
+	case ScenarioIdlePSS:
+		out = []figure{p50, {"mean" + u, a.Mean, b.Mean, false, 0}, maxi}
 	default:
-		out = []figure{p50, {"p99 ms", a.P99, b.P99, false, 0}, {"max ms", a.Max, b.Max, false, 0}}
+		out = []figure{p50, p99, maxi}
 	}
 	for _, v := range r.Variants {
-		out = append(out,
-			figure{v.Name + " p50 ms", v.P50, b.P50, true, v.Ratio},
-			figure{v.Name + " p99 ms", v.P99, b.P99, false, 0})
+		vb := b
+		if v.Baseline != nil {
+			vb = *v.Baseline
+		}
+		out = append(out, figure{v.Name + " p50" + u, v.P50, vb.P50, true, v.Ratio})
+		if v.Runs > 1 {
+			out = append(out, figure{v.Name + " p99" + u, v.P99, vb.P99, false, 0})
+		}
+		if v.Bytes > 0 || vb.Bytes > 0 {
+			out = append(out, figure{v.Name + " MiB written", float64(v.Bytes) / (1 << 20), float64(vb.Bytes) / (1 << 20), false, 0})
+		}
 	}
 	return out
 }
@@ -165,6 +192,9 @@ func WriteTable(w io.Writer, rep Report) error {
 		sb.WriteString("\n")
 	}
 	for _, r := range rep.Results {
+		if r.Error != "" {
+			fmt.Fprintf(&sb, "%s: FAILED: %s\n", r.Name, r.Error)
+		}
 		fmt.Fprintf(&sb, "%s: %s\n", r.Name, r.Notes)
 	}
 	if _, err := io.WriteString(w, sb.String()); err != nil {

@@ -151,6 +151,113 @@ stdout_throughput: throughput notes
 	}
 }
 
+// The lifecycle and fleet scenarios: variants with baselines of their
+// own, bytes written, sizes in MiB, and a failed scenario.
+func TestWriteTableLifecycle(t *testing.T) {
+	save := Measurement{Runs: 3, Min: 900, P50: 1000, P99: 1100, Max: 1100, Mean: 1000, Bytes: 40 << 20}
+	restore := Measurement{Runs: 3, Min: 400, P50: 500, P99: 600, Max: 600, Mean: 500}
+	rep := Report{
+		Version:   ReportVersion,
+		StartedAt: time.Date(2026, 11, 29, 19, 40, 0, 0, time.UTC),
+		Host:      Host{CPUs: 2, Accel: "tcg", Kernel: "6.1.0-test"},
+		Results: []Result{
+			{
+				Name: ScenarioSuspend, Unit: "ms",
+				Airlock:  Measurement{Runs: 3, Min: 1700, P50: 1800, P99: 1900, Max: 1900, Mean: 1800},
+				Baseline: Measurement{Runs: 3, Min: 1400, P50: 1500, P99: 1700, Max: 1700, Mean: 1500},
+				Ratio:    1.2,
+				Variants: []Variant{
+					{Name: "suspend", Measurement: Measurement{Runs: 3, Min: 1000, P50: 1100, P99: 1200, Max: 1200, Mean: 1100, Bytes: 41 << 20}, Ratio: 1.1, Baseline: &save},
+					{Name: "wake", Measurement: Measurement{Runs: 3, Min: 600, P50: 700, P99: 800, Max: 800, Mean: 700}, Ratio: 1.4, Baseline: &restore},
+				},
+				Notes: "suspend notes",
+			},
+			{
+				Name: ScenarioIdlePSS, Unit: "MiB",
+				Airlock:  Measurement{Runs: 20, Min: 70, P50: 75.5, P99: 90, Max: 90, Mean: 76.25},
+				Baseline: Measurement{Runs: 1, Min: 60, P50: 60, P99: 60, Max: 60, Mean: 60},
+				Ratio:    1.258, Notes: "pss notes",
+			},
+			{
+				Name: ScenarioConcurrent, Unit: "ms",
+				Airlock:  Measurement{Runs: 19, Failures: 1, Min: 9000, P50: 30000, P99: 50000, Max: 50000, Mean: 30000},
+				Baseline: Measurement{Runs: 1, Min: 5000, P50: 5000, P99: 5000, Max: 5000, Mean: 5000},
+				Ratio:    6,
+				Variants: []Variant{{Name: "wall", Measurement: Measurement{Runs: 1, Min: 52000, P50: 52000, P99: 52000, Max: 52000, Mean: 52000}, Ratio: 10.4}},
+				Notes:    "concurrent notes", Error: "1 of 20 concurrent creates failed",
+			},
+		},
+	}
+	var buf bytes.Buffer
+	if err := WriteTable(&buf, rep); err != nil {
+		t.Fatal(err)
+	}
+	want := `airlock bench  2026-11-29T19:40:00Z  host: 2 CPUs, accel tcg, kernel 6.1.0-test
+
+SCENARIO           FIGURE               AIRLOCK  BASELINE   RATIO
+suspend_wake_512   p50 ms                1800.0    1500.0    1.2x
+                   p99 ms                1900.0    1700.0
+                   max ms                1900.0    1700.0
+                   suspend p50 ms        1100.0    1000.0    1.1x
+                   suspend p99 ms        1200.0    1100.0
+                   suspend MiB written   41.000    40.000
+                   wake p50 ms            700.0     500.0    1.4x
+                   wake p99 ms            800.0     600.0
+idle_pss           p50 MiB               75.500    60.000  1.258x
+                   mean MiB              76.250    60.000
+                   max MiB               90.000    60.000
+concurrent_create  p50 ms               30000.0    5000.0      6x
+                   p99 ms               50000.0    5000.0
+                   max ms               50000.0    5000.0
+                   wall p50 ms          52000.0    5000.0   10.4x
+
+suspend_wake_512: suspend notes
+idle_pss: pss notes
+concurrent_create: FAILED: 1 of 20 concurrent creates failed
+concurrent_create: concurrent notes
+`
+	if got := buf.String(); got != want {
+		t.Errorf("table:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// A variant's own baseline and a failed scenario's error are in the JSON,
+// and absent when there are none.
+func TestReportJSONVariantBaselineAndError(t *testing.T) {
+	base := Measurement{Runs: 2, P50: 1}
+	rep := Report{Version: ReportVersion, Results: []Result{
+		{Name: ScenarioPause, Unit: "ms", Variants: []Variant{
+			{Name: "pause", Measurement: Measurement{Runs: 2, P50: 2}, Ratio: 2, Baseline: &base},
+			{Name: "other", Measurement: Measurement{Runs: 2, P50: 3}, Ratio: 3},
+		}},
+		{Name: ScenarioConcurrent, Unit: "ms", Error: "2 of 20 concurrent creates failed"},
+	}}
+	var buf bytes.Buffer
+	if err := WriteJSON(&buf, rep); err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Results []map[string]any `json:"results"`
+	}
+	if err := json.Unmarshal(buf.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	variants := doc.Results[0]["variants"].([]any)
+	pause, other := variants[0].(map[string]any), variants[1].(map[string]any)
+	if b, ok := pause["baseline"].(map[string]any); !ok || b["p50"] != float64(1) || pause["p50"] != float64(2) {
+		t.Errorf("pause variant %v, want p50 2 and a baseline of p50 1", pause)
+	}
+	if _, ok := other["baseline"]; ok {
+		t.Errorf("variant without a baseline of its own has one: %v", other)
+	}
+	if _, ok := doc.Results[0]["error"]; ok {
+		t.Errorf("a scenario that succeeded has an error: %v", doc.Results[0])
+	}
+	if doc.Results[1]["error"] != "2 of 20 concurrent creates failed" {
+		t.Errorf("failed scenario's error = %v", doc.Results[1]["error"])
+	}
+}
+
 func TestAlignTable(t *testing.T) {
 	tests := []struct {
 		name  string

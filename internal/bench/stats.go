@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"math"
 	"slices"
 	"time"
@@ -10,10 +11,11 @@ import (
 // must be in ascending order, by the nearest-rank method: the smallest value
 // that at least p percent of the values do not exceed. It returns 0 for no
 // values.
-func percentile(sorted []time.Duration, p float64) time.Duration {
+func percentile[T cmp.Ordered](sorted []T, p float64) T {
 	n := len(sorted)
 	if n == 0 {
-		return 0
+		var zero T
+		return zero
 	}
 	// p*n before the division keeps whole ranks exact (0.99*200 is not 198).
 	rank := int(math.Ceil(p * float64(n) / 100))
@@ -44,6 +46,29 @@ func summarize(ds []time.Duration) Measurement {
 		P99:  ms(percentile(sorted, 99)),
 		Max:  ms(sorted[len(sorted)-1]),
 		Mean: ms(sum / time.Duration(len(sorted))),
+	}
+}
+
+// summarizeKiB turns sizes in KiB, one per sample, into a Measurement in
+// MiB with KiB precision.
+func summarizeKiB(kibs []int64) Measurement {
+	if len(kibs) == 0 {
+		return Measurement{}
+	}
+	sorted := slices.Clone(kibs)
+	slices.Sort(sorted)
+	var sum int64
+	for _, k := range sorted {
+		sum += k
+	}
+	mib := func(kib int64) float64 { return roundTo(float64(kib)/1024, 3) }
+	return Measurement{
+		Runs: len(sorted),
+		Min:  mib(sorted[0]),
+		P50:  mib(percentile(sorted, 50)),
+		P99:  mib(percentile(sorted, 99)),
+		Max:  mib(sorted[len(sorted)-1]),
+		Mean: roundTo(float64(sum)/float64(len(sorted))/1024, 3),
 	}
 }
 

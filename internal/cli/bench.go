@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -20,16 +21,32 @@ const benchAbout = `Measures airlock against baselines taken in the same run on 
 and reports each as a ratio airlock/baseline (absolute timings are noisy;
 the ratios compare across runs):
 
-  boot                        sandbox create to agent ready vs a plain QEMU boot
+  boot                        sandbox create, booted from scratch, to agent ready vs
+                              a plain QEMU boot
+  snapshot_create_to_first_output
+                              sandbox create (a clone of the template snapshot) to
+                              the first stdout of echo hi vs a bare QEMU restoring
+                              the same snapshot until it runs
   exec_rtt                    exec round trip of true vs fork/exec of /bin/true
   stdout_throughput           N MiB of dd if=/dev/zero on stdout vs the same on the host
+  pause_resume                sandbox pause and resume (with the guest's refresh) vs
+                              QMP stop and cont on the same QEMU
+  suspend_wake_512            suspend and wake of a 512 MiB sandbox vs a bare QEMU
+                              saving its state and a fresh one restoring it
+  idle_pss                    PSS of each of N idle sandboxes' QEMU vs a bare clone
+                              of the same snapshot beside them; then N cold boots
+                              vs a bare QEMU booted to its agent beside them
+  concurrent_create           N sandbox creates at once vs one create alone
   api_create_to_first_output  HTTP API create, command, attach to the first stdout
                               of echo hi vs runtime create and exec in-process
   api_exec_rtt                HTTP API exec of true (and a command session to its
                               exit) vs exec of true through the runtime in-process
 
 The api_ scenarios serve the API in-process from a temporary data directory
-that shares this one's boot artifacts and templates.
+that shares this one's boot artifacts and templates. idle_pss and
+concurrent_create run N sandboxes at once (--sandboxes, default 20).
+A scenario that fails after measuring (a concurrent create that failed) is
+in the report, with its error, and the command then fails.
 
 Prints JSON when --json is given or stdout is not a terminal, else a table.
 Progress goes to stderr.
@@ -37,6 +54,8 @@ Progress goes to stderr.
   airlock bench
   airlock bench --only boot --runs 10
   airlock bench --only api_create_to_first_output,api_exec_rtt --api-runs 3
+  airlock bench --only pause_resume,suspend_wake_512 --suspend-runs 3
+  airlock bench --only idle_pss,concurrent_create --sandboxes 10
   airlock bench --json -o bench.json`
 
 func runBench(ctx context.Context, env *Env, args []string) error {
@@ -46,6 +65,10 @@ func runBench(ctx context.Context, env *Env, args []string) error {
 	execRuns := fs.Int("exec-runs", bench.DefaultExecRuns, "execs per side in the exec_rtt and api_exec_rtt scenarios")
 	mib := fs.Int("throughput-mib", bench.DefaultThroughputMiB, "`MiB` of stdout per side in the stdout_throughput scenario")
 	apiRuns := fs.Int("api-runs", bench.DefaultAPIRuns, "sandboxes per side in the api_create_to_first_output scenario")
+	pauseRuns := fs.Int("pause-runs", bench.DefaultPauseRuns, "rounds of pause and resume per side in the pause_resume scenario")
+	suspendRuns := fs.Int("suspend-runs", bench.DefaultSuspendRuns, "rounds of suspend and wake per side in the suspend_wake_512 scenario")
+	sandboxes := fs.Int("sandboxes", bench.DefaultSandboxes, "sandboxes at once in the idle_pss and concurrent_create scenarios")
+	snapshotRuns := fs.Int("snapshot-runs", bench.DefaultSnapshotRuns, "samples per side in the snapshot_create_to_first_output scenario")
 	only := fs.String("only", "", "comma-separated `scenarios` to run (default: all): "+strings.Join(bench.Scenarios(), ", "))
 	accel := fs.String("accel", "auto", "accelerator: auto, kvm or tcg")
 	asJSON := fs.Bool("json", false, "print JSON even on a terminal")
@@ -61,7 +84,9 @@ func runBench(ctx context.Context, env *Env, args []string) error {
 	for _, f := range []struct {
 		name string
 		v    int
-	}{{"runs", *runs}, {"exec-runs", *execRuns}, {"throughput-mib", *mib}, {"api-runs", *apiRuns}} {
+	}{{"runs", *runs}, {"exec-runs", *execRuns}, {"throughput-mib", *mib}, {"api-runs", *apiRuns},
+		{"pause-runs", *pauseRuns}, {"suspend-runs", *suspendRuns}, {"sandboxes", *sandboxes},
+		{"snapshot-runs", *snapshotRuns}} {
 		if f.v < 1 {
 			return fmt.Errorf("bench: --%s must be at least 1 (got %d): %w", f.name, f.v, errdefs.ErrInvalid)
 		}
@@ -69,6 +94,7 @@ func runBench(ctx context.Context, env *Env, args []string) error {
 	cfg := bench.Config{
 		Dir: env.Dir, Accel: *accel, Template: *tpl,
 		BootRuns: *runs, ExecRuns: *execRuns, ThroughputMiB: *mib, APIRuns: *apiRuns,
+		PauseRuns: *pauseRuns, SuspendRuns: *suspendRuns, Sandboxes: *sandboxes, SnapshotRuns: *snapshotRuns,
 		Scenarios: splitScenarios(*only),
 		Progress:  env.Stderr, Log: env.Log,
 	}
@@ -86,20 +112,33 @@ func runBench(ctx context.Context, env *Env, args []string) error {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	rep, err := bench.Run(ctx, cfg)
-	if err != nil {
+	if err != nil && !reportsFailure(rep) {
 		return err
 	}
+	// A scenario that failed after measuring is in the report, with its
+	// error: the report is written, and then the run fails.
+	return errors.Join(writeBenchReport(env, rep, *outFile, *asJSON), err)
+}
 
+// reportsFailure reports whether rep's last result is a scenario that
+// failed and says so.
+func reportsFailure(rep bench.Report) bool {
+	return len(rep.Results) > 0 && rep.Results[len(rep.Results)-1].Error != ""
+}
+
+// writeBenchReport writes rep as JSON to outFile, if given, and to stdout
+// as JSON or, on a terminal without asJSON, as a table.
+func writeBenchReport(env *Env, rep bench.Report, outFile string, asJSON bool) error {
 	var js bytes.Buffer
 	if err := bench.WriteJSON(&js, rep); err != nil {
 		return err
 	}
-	if *outFile != "" {
-		if err := os.WriteFile(*outFile, js.Bytes(), 0o644); err != nil {
+	if outFile != "" {
+		if err := os.WriteFile(outFile, js.Bytes(), 0o644); err != nil {
 			return fmt.Errorf("bench: write report: %w", err)
 		}
 	}
-	if *asJSON || !isTerminalWriter(env.Stdout) {
+	if asJSON || !isTerminalWriter(env.Stdout) {
 		if _, err := env.Stdout.Write(js.Bytes()); err != nil {
 			return fmt.Errorf("bench: write report: %w", err)
 		}

@@ -87,7 +87,7 @@ func commands() []command {
 		{"setup", "install what airlock needs and build the guest and templates", runSetup},
 		{"serve", "serve the HTTP API (see docs/api.md)", runServe},
 		{"run", "boot a sandbox, run one command in it, and remove it", runRun},
-		{"bench", "measure boot, exec and throughput against host baselines", runBench},
+		{"bench", "measure boot, lifecycle, exec, throughput and the API against baselines", runBench},
 		{"sandbox", "create, list, show and remove sandboxes on a server", runSandbox},
 		{"exec", "run a command in a sandbox on a server", runExec},
 		{"shell", "open an interactive shell in a sandbox on a server", runShell},

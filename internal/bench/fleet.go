@@ -1,0 +1,376 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/airlockhq/airlock/internal/sandbox"
+	"github.com/airlockhq/airlock/internal/vm"
+)
+
+// idleSettle is how long idle_pss leaves its VMs idle before it reads
+// their memory: the guests' boot-time work (init, the agent's start) is
+// over well within it, also under TCG.
+const idleSettle = 5 * time.Second
+
+// idlePSS measures the proportional set size of the QEMU of each of
+// Config.Sandboxes idle sandboxes, clones of the template's snapshot as
+// Create makes them, against that of a bare clone of the same snapshot
+// beside them; and then, as variants, the same for as many cold-booted
+// sandboxes against a bare QEMU of the same memory size booted to its
+// agent beside them.
+func (r *runner) idlePSS(ctx context.Context) (_ Result, err error) {
+	// Nothing of the earlier scenarios shares the host's pages or CPU.
+	if err := r.close(); err != nil {
+		return Result{}, err
+	}
+	spec := sandbox.Spec{Template: r.cfg.Template}
+	if err := r.prepareSnapshot(ctx, r.rt, spec); err != nil {
+		return Result{}, err
+	}
+	bootFloor := func(ctx context.Context) (*bareVM, error) {
+		r.progressf("%s: booting a bare QEMU of %d MiB", ScenarioIdlePSS, r.tpl.MemoryMiB)
+		return r.startBare(ctx, vm.Config{
+			Kernel: r.cfg.Dir.Kernel(), Initramfs: r.cfg.Dir.Initramfs(), Accel: r.rt.Accel(), CPU: r.rt.CPU(),
+			VCPUs: r.tpl.VCPUs, MemoryMiB: r.tpl.MemoryMiB,
+		}, false, 0)
+	}
+	cloneFloor := "a bare clone of the same template snapshot (its memory file mapped private, a disk of its own, " +
+		"no agent session, init or disk growth)"
+	created, err := r.idleFleet(ctx, "created", spec, func(ctx context.Context) (*bareVM, error) {
+		snap, err := r.rt.TemplateSnapshot(ctx, spec)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, err
+			}
+			cloneFloor = "(no template snapshot) a bare QEMU booted to the agent's handshake"
+			return bootFloor(ctx)
+		}
+		r.progressf("%s: starting a bare clone of the template snapshot", ScenarioIdlePSS)
+		return r.startBareClone(ctx, snap)
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	spec.ColdBoot = true
+	cold, err := r.idleFleet(ctx, "cold-booted", spec, bootFloor)
+	if err != nil {
+		return Result{}, fmt.Errorf("cold boots: %w", err)
+	}
+	res := idleResult(created, cold)
+	n := r.cfg.Sandboxes
+	res.Notes = fmt.Sprintf("airlock: PSS (/proc/<pid>/smaps_rollup) of the QEMU of each of %d idle %s sandboxes "+
+		"of %d MiB as Create makes them (%d of %d were clones of the template snapshot), started one after another "+
+		"and left %s idle after the last; baseline: PSS of %s, started just before them and read beside them, so "+
+		"that the pages all the QEMUs share (binary, libraries, the snapshot's memory file) are split the same way; "+
+		"variants: anon (Pss_Anon alone: guest RAM written and QEMU's heap), and cold_boot and cold_boot_anon, the "+
+		"same for %d sandboxes booted from scratch (Spec.ColdBoot) after the first set was removed, against one bare "+
+		"QEMU of the same kernel, initramfs, vCPUs and memory, no disk, booted to the agent's handshake beside them "+
+		"(a booted QEMU maps the kernel file, which all the booted QEMUs share); no other VM of the bench ran; MiB "+
+		"per sandbox; ratios of p50s", n, r.tpl.Ref(), r.tpl.MemoryMiB, created.clones, n, idleSettle, cloneFloor, n)
+	return res, nil
+}
+
+// idleSet is what idle_pss read of one set of idle sandboxes.
+type idleSet struct {
+	uses   []memUse // of each sandbox's QEMU
+	base   memUse   // of the baseline's bare QEMU, beside them
+	clones int      // how many of the sandboxes were clones
+}
+
+// idleFleet starts the baseline's bare VM with startFloor and then
+// Config.Sandboxes sandboxes of spec one after another, leaves them idle
+// for idleSettle and reads their QEMUs' memory use and the bare VM's
+// beside them. The sandboxes and the bare VM are gone before it returns.
+func (r *runner) idleFleet(ctx context.Context, what string, spec sandbox.Spec, startFloor func(context.Context) (*bareVM, error)) (_ idleSet, err error) {
+	bare, err := startFloor(ctx)
+	if err != nil {
+		return idleSet{}, fmt.Errorf("baseline: %w", err)
+	}
+	defer func() { err = errors.Join(err, bare.close()) }()
+	n := r.cfg.Sandboxes
+	var fleet []*sandbox.Sandbox
+	defer func() { err = errors.Join(err, destroyAll(fleet)) }()
+	var set idleSet
+	for i := 1; i <= n; i++ {
+		sb, err := r.rt.Create(ctx, spec)
+		if err != nil {
+			return idleSet{}, fmt.Errorf("create sandbox %d of %d: %w", i, n, err)
+		}
+		fleet = append(fleet, sb)
+		if sb.Snapshot != "" {
+			set.clones++
+		}
+		if i%5 == 0 || i == n {
+			r.progressf("%s: %d/%d sandboxes %s", ScenarioIdlePSS, i, n, what)
+		}
+	}
+	select {
+	case <-time.After(idleSettle):
+	case <-ctx.Done():
+		return idleSet{}, ctx.Err()
+	}
+	for _, sb := range fleet {
+		u, err := readMemUse(sb.Machine().PID())
+		if err != nil {
+			return idleSet{}, fmt.Errorf("sandbox %s: %w", sb.ID, err)
+		}
+		set.uses = append(set.uses, u)
+	}
+	if set.base, err = readMemUse(bare.m.PID()); err != nil {
+		return idleSet{}, fmt.Errorf("baseline: %w", err)
+	}
+	return set, nil
+}
+
+// idleResult assembles the idle_pss result: the sandboxes as Create makes
+// them against the bare VM beside them, and as variants their anonymous
+// part and the cold-booted set, each against the matching figure of the
+// bare VM beside its set.
+func idleResult(created, cold idleSet) Result {
+	total := func(u memUse) int64 { return u.pssKiB }
+	anon := func(u memUse) int64 { return u.anonKiB }
+	a, b := created.summary(total)
+	res := Result{Name: ScenarioIdlePSS, Unit: "MiB", Airlock: a, Baseline: b, Ratio: ratio(a.P50, b.P50)}
+	add := func(name string, set idleSet, of func(memUse) int64) {
+		a, b := set.summary(of)
+		res.Variants = append(res.Variants, Variant{Name: name, Measurement: a, Ratio: ratio(a.P50, b.P50), Baseline: &b})
+	}
+	// A kernel that does not report Pss_Anon leaves the anon variants out.
+	hasAnon := created.base.anonKiB > 0
+	if hasAnon {
+		add("anon", created, anon)
+	}
+	if len(cold.uses) > 0 {
+		add("cold_boot", cold, total)
+		if hasAnon {
+			add("cold_boot_anon", cold, anon)
+		}
+	}
+	return res
+}
+
+// summary summarizes one figure, in KiB, of the set's sandboxes and of
+// the bare QEMU beside them.
+func (s idleSet) summary(of func(memUse) int64) (sandboxes, bare Measurement) {
+	kib := make([]int64, len(s.uses))
+	for i, u := range s.uses {
+		kib[i] = of(u)
+	}
+	return summarizeKiB(kib), summarizeKiB([]int64{of(s.base)})
+}
+
+// memUse is a process's proportional set size, in KiB, as its
+// smaps_rollup reports it: all of it and its anonymous part (0 when the
+// kernel does not say).
+type memUse struct {
+	pssKiB, anonKiB int64
+}
+
+// readMemUse reads the memory use of process pid.
+func readMemUse(pid int) (memUse, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/smaps_rollup")
+	if err != nil {
+		return memUse{}, fmt.Errorf("read the memory use of qemu (pid %d): %w", pid, err)
+	}
+	u, err := parseSmapsRollup(b)
+	if err != nil {
+		return memUse{}, fmt.Errorf("read the memory use of qemu (pid %d): %w", pid, err)
+	}
+	return u, nil
+}
+
+// parseSmapsRollup reads the Pss and Pss_Anon lines of a smaps_rollup
+// file; Pss must be there.
+func parseSmapsRollup(b []byte) (memUse, error) {
+	var u memUse
+	found := false
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		key, rest, ok := strings.Cut(sc.Text(), ":")
+		if !ok || (key != "Pss" && key != "Pss_Anon") {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) != 2 || f[1] != "kB" {
+			return memUse{}, fmt.Errorf("malformed %s line %q", key, sc.Text())
+		}
+		kib, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil || kib < 0 {
+			return memUse{}, fmt.Errorf("malformed %s line %q", key, sc.Text())
+		}
+		if key == "Pss" {
+			u.pssKiB, found = kib, true
+		} else {
+			u.anonKiB = kib
+		}
+	}
+	if !found {
+		return memUse{}, errors.New("smaps_rollup has no Pss line")
+	}
+	return u, nil
+}
+
+// concurrentBootTimeout bounds each boot of concurrent_create: n boots
+// share cpus host CPUs, so each may take n/cpus times as long as one
+// alone.
+func concurrentBootTimeout(one time.Duration, n, cpus int) time.Duration {
+	cpus = max(1, cpus)
+	return one * time.Duration(max(1, (n+cpus-1)/cpus))
+}
+
+// concurrentCreate measures Config.Sandboxes Runtime.Create calls made at
+// once against one create alone, made just before them.
+func (r *runner) concurrentCreate(ctx context.Context) (_ Result, err error) {
+	// Nothing of the earlier scenarios competes for the CPU.
+	if err := r.close(); err != nil {
+		return Result{}, err
+	}
+	n := r.cfg.Sandboxes
+	// A runtime of its own: the same directory and accelerator, with a
+	// boot timeout that allows for n boots sharing the CPUs.
+	timeout := concurrentBootTimeout(r.cfg.BootTimeout, n, runtime.NumCPU())
+	rt, err := sandbox.New(ctx, sandbox.Config{Dir: r.cfg.Dir, Accel: r.cfg.Accel, BootTimeout: timeout, Log: r.cfg.Log})
+	if err != nil {
+		return Result{}, err
+	}
+	spec := sandbox.Spec{Template: r.cfg.Template}
+	if err := r.prepareSnapshot(ctx, rt, spec); err != nil {
+		return Result{}, err
+	}
+
+	r.progressf("%s: one create alone", ScenarioConcurrent)
+	start := time.Now()
+	sb, err := rt.Create(ctx, spec)
+	single := time.Since(start)
+	if err != nil {
+		return Result{}, fmt.Errorf("baseline: %w", err)
+	}
+	singleClone := sb.Snapshot != ""
+	if err := destroy(sb); err != nil {
+		return Result{}, fmt.Errorf("baseline: %w", err)
+	}
+	r.progressf("%s: one create took %.0f ms; now %d at once", ScenarioConcurrent, ms(single), n)
+
+	ds := make([]time.Duration, n)
+	errs := make([]error, n)
+	made := make([]*sandbox.Sandbox, n)
+	var wg sync.WaitGroup
+	start = time.Now()
+	for i := range n {
+		wg.Add(1)
+		go func() { // ends when its create does, bounded by ctx and the boot timeout
+			defer wg.Done()
+			t := time.Now()
+			made[i], errs[i] = rt.Create(ctx, spec)
+			ds[i] = time.Since(t)
+		}()
+	}
+	wg.Wait()
+	wall := time.Since(start)
+	defer func() {
+		var live []*sandbox.Sandbox
+		for _, sb := range made {
+			if sb != nil {
+				live = append(live, sb)
+			}
+		}
+		err = errors.Join(err, destroyAll(live))
+	}()
+	if ctx.Err() != nil {
+		return Result{}, ctx.Err()
+	}
+	clones := 0
+	for _, sb := range made {
+		if sb != nil && sb.Snapshot != "" {
+			clones++
+		}
+	}
+	res, err := concurrentResult(single, ds, errs, wall)
+	r.progressf("%s: %d creates in %.0f ms, p50 %.0f ms", ScenarioConcurrent, n, ms(wall), res.Airlock.P50)
+	res.Notes = fmt.Sprintf("airlock: %d sandbox.Runtime.Create calls of template %s started at once from as many "+
+		"goroutines, each timed to its return (agent ready, init answered; %d of the %d that succeeded were clones of "+
+		"the template snapshot, made beforehand), boot timeout %s each; variant wall: from the first start to the "+
+		"last return; baseline: one create of the same template alone just before, on the same runtime (%s); no "+
+		"other VM of the bench ran; ratios to the single create",
+		n, r.tpl.Ref(), clones, res.Airlock.Runs, timeout, cloneWord(singleClone))
+	return res, err
+}
+
+// concurrentResult assembles the concurrent_create result from one create
+// alone and the outcomes of the concurrent ones (ds[i] is the duration of
+// the create that returned errs[i]). A failed create is counted in the
+// airlock side's failures, left out of its statistics and fails the
+// scenario: the error is returned with the result.
+func concurrentResult(single time.Duration, ds []time.Duration, errs []error, wall time.Duration) (Result, error) {
+	var ok []time.Duration
+	var failed []error
+	for i, d := range ds {
+		if errs[i] != nil {
+			failed = append(failed, errs[i])
+			continue
+		}
+		ok = append(ok, d)
+	}
+	a, b, w := summarize(ok), summarize([]time.Duration{single}), summarize([]time.Duration{wall})
+	a.Failures = len(failed)
+	res := Result{
+		Name: ScenarioConcurrent, Unit: "ms", Airlock: a, Baseline: b, Ratio: ratio(a.P50, b.P50),
+		Variants: []Variant{{Name: "wall", Measurement: w, Ratio: ratio(w.P50, b.P50)}},
+	}
+	if len(failed) > 0 {
+		return res, fmt.Errorf("%d of %d concurrent creates failed; the first: %w", len(failed), len(ds), failed[0])
+	}
+	return res, nil
+}
+
+// cloneWord says whether a sandbox was a clone of its template snapshot.
+func cloneWord(clone bool) string {
+	if clone {
+		return "a clone"
+	}
+	return "booted, not a clone"
+}
+
+// prepareSnapshot makes rt's template snapshot for spec, unless it is
+// there, before anything is timed, so that no timed create pays for its
+// making. A snapshot that cannot be made is not an error: Create then
+// boots the sandboxes instead, and the scenarios' notes count the clones.
+func (r *runner) prepareSnapshot(ctx context.Context, rt *sandbox.Runtime, spec sandbox.Spec) error {
+	start := time.Now()
+	if _, err := rt.TemplateSnapshot(ctx, spec); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		r.progressf("the template snapshot of %s cannot be used, sandboxes will boot: %s", r.tpl.Ref(), firstLine(err.Error()))
+		return nil
+	}
+	if d := time.Since(start); d > time.Second {
+		r.progressf("made the template snapshot of %s in %.0f ms", r.tpl.Ref(), ms(d))
+	}
+	return nil
+}
+
+// destroyAll destroys the sandboxes, all at once.
+func destroyAll(sbs []*sandbox.Sandbox) error {
+	errs := make([]error, len(sbs))
+	var wg sync.WaitGroup
+	for i, sb := range sbs {
+		wg.Add(1)
+		go func() { // ends within destroyTimeout
+			defer wg.Done()
+			errs[i] = destroy(sb)
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
