@@ -150,12 +150,19 @@ func (s *Service) Pause(ctx context.Context, p Principal, id string) (apiv1.Sand
 	return apiv1.SandboxOperation{Sandbox: sandboxView(sb), Operation: opView(op)}, nil
 }
 
-func (s *Service) pauseVM(id string) error {
+// liveVM returns the sandbox this server looks after and its VM, or a
+// conflict when it has none.
+func (s *Service) liveVM(id string) (*live, *sandbox.Sandbox, error) {
 	lv := s.getLive(id)
 	if lv == nil {
-		return fmt.Errorf("sandbox %s has no VM: %w", id, errdefs.ErrConflict)
+		return nil, nil, fmt.Errorf("sandbox %s has no VM: %w", id, errdefs.ErrConflict)
 	}
 	box, _, err := lv.vm()
+	return lv, box, err
+}
+
+func (s *Service) pauseVM(id string) error {
+	_, box, err := s.liveVM(id)
 	if err != nil {
 		return err
 	}
@@ -203,11 +210,7 @@ func (s *Service) hasVM(id string) bool {
 }
 
 func (s *Service) suspendVM(id string) error {
-	lv := s.getLive(id)
-	if lv == nil {
-		return fmt.Errorf("sandbox %s has no VM: %w", id, errdefs.ErrConflict)
-	}
-	box, _, err := lv.vm()
+	lv, box, err := s.liveVM(id)
 	if err != nil {
 		return err
 	}
@@ -291,11 +294,7 @@ func (s *Service) vmCount() int {
 }
 
 func (s *Service) resumeVM(id string) error {
-	lv := s.getLive(id)
-	if lv == nil {
-		return fmt.Errorf("sandbox %s has no VM: %w", id, errdefs.ErrConflict)
-	}
-	box, _, err := lv.vm()
+	lv, box, err := s.liveVM(id)
 	if err != nil {
 		return err
 	}
