@@ -263,28 +263,13 @@ func (r *runner) apiCreate(ctx context.Context) (Result, error) {
 		return Result{}, err
 	}
 	n := r.cfg.APIRuns
-	i := 1 // the pair being measured, for progress lines
-	var failA, failB int
-	onFail := func(side string, failures *int) func(error) {
-		return func(err error) {
-			r.progressf("%s %d/%d: %s run failed, retrying (%d of %d failures allowed): %s",
-				ScenarioAPICreate, i, n, side, *failures, maxBootFailures-1, firstLine(err.Error()))
-		}
-	}
-	viaAPI, inProcess, err := timePairs(ctx, n,
-		retrying(func(ctx context.Context) (time.Duration, error) { return r.apiFirstOutput(ctx, s) },
-			maxBootFailures, &failA, onFail("api", &failA)),
-		retrying(func(ctx context.Context) (time.Duration, error) { return r.runtimeFirstOutput(ctx, s.rt, false) },
-			maxBootFailures, &failB, onFail("runtime", &failB)),
-		func(done int, da, db time.Duration) {
-			r.progressf("%s %d/%d: api %.0f ms, runtime %.0f ms", ScenarioAPICreate, done, n, ms(da), ms(db))
-			i = done + 1
-		})
+	a, b, err := r.retryingPairs(ctx, ScenarioAPICreate, n,
+		"api", func(ctx context.Context) (time.Duration, error) { return r.apiFirstOutput(ctx, s) },
+		"runtime", func(ctx context.Context) (time.Duration, error) { return r.runtimeFirstOutput(ctx, s.rt, false) })
 	if err != nil {
 		return Result{}, err
 	}
-	a, b := summarize(viaAPI), summarize(inProcess)
-	a.Failures, b.Failures = failA, failB
+	failA, failB := a.Failures, b.Failures
 	notes := fmt.Sprintf("airlock: POST /v1/sandboxes (template %s), long polls of its create operation, "+
 		"POST /v1/sandboxes/{id}/commands of argv %v, attach, until the first stdout event was read, "+
 		"from a server in the same process on loopback; baseline: sandbox.Runtime.Create of the same template and "+

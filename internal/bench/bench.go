@@ -388,6 +388,33 @@ func retrying(m measure, limit int, failures *int, onFail func(error)) measure {
 // host's speed affects both alike, and returns their durations. step, if
 // not nil, is called after each pair with its number (from 1) and
 // durations. It stops at the first error or when ctx ends.
+// retryingPairs times n alternating samples of a and b (named nameA and
+// nameB in progress lines of scenario), retrying each side's failures up
+// to maxBootFailures, and summarizes both with their failure counts.
+func (r *runner) retryingPairs(ctx context.Context, scenario string, n int, nameA string, a measure, nameB string, b measure) (Measurement, Measurement, error) {
+	i := 1 // the pair being measured, for progress lines
+	var failA, failB int
+	onFail := func(side string, failures *int) func(error) {
+		return func(err error) {
+			r.progressf("%s %d/%d: %s run failed, retrying (%d of %d failures allowed): %s",
+				scenario, i, n, side, *failures, maxBootFailures-1, firstLine(err.Error()))
+		}
+	}
+	da, db, err := timePairs(ctx, n,
+		retrying(a, maxBootFailures, &failA, onFail(nameA, &failA)),
+		retrying(b, maxBootFailures, &failB, onFail(nameB, &failB)),
+		func(done int, da, db time.Duration) {
+			r.progressf("%s %d/%d: %s %.0f ms, %s %.0f ms", scenario, done, n, nameA, ms(da), nameB, ms(db))
+			i = done + 1
+		})
+	if err != nil {
+		return Measurement{}, Measurement{}, err
+	}
+	ma, mb := summarize(da), summarize(db)
+	ma.Failures, mb.Failures = failA, failB
+	return ma, mb, nil
+}
+
 func timePairs(ctx context.Context, n int, a, b measure, step func(i int, da, db time.Duration)) ([]time.Duration, []time.Duration, error) {
 	ds, err := timeRounds(ctx, n, []side{{"run", a}, {"baseline run", b}}, func(i int, ds []time.Duration) {
 		if step != nil {

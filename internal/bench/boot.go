@@ -22,26 +22,11 @@ const maxBootFailures = 3
 // the agent answers the handshake.
 func (r *runner) boot(ctx context.Context) (Result, error) {
 	n := r.cfg.BootRuns
-	i := 1 // the pair being booted, for progress lines
-	var failA, failB int
-	onFail := func(side string, failures *int) func(error) {
-		return func(err error) {
-			r.progressf("boot %d/%d: %s boot failed, retrying (%d of %d failures allowed): %s",
-				i, n, side, *failures, maxBootFailures-1, firstLine(err.Error()))
-		}
-	}
-	air, base, err := timePairs(ctx, n,
-		retrying(r.bootSandbox, maxBootFailures, &failA, onFail("airlock", &failA)),
-		retrying(r.bootPlain, maxBootFailures, &failB, onFail("plain qemu", &failB)),
-		func(done int, da, db time.Duration) {
-			r.progressf("boot %d/%d: airlock %.0f ms, plain qemu %.0f ms", done, n, ms(da), ms(db))
-			i = done + 1
-		})
+	a, b, err := r.retryingPairs(ctx, "boot", n, "airlock", r.bootSandbox, "plain qemu", r.bootPlain)
 	if err != nil {
 		return Result{}, err
 	}
-	a, b := summarize(air), summarize(base)
-	a.Failures, b.Failures = failA, failB
+	failA, failB := a.Failures, b.Failures
 	notes := fmt.Sprintf("airlock: sandbox create from template %s booted from scratch, not cloned from its snapshot "+
 		"(disk overlay, QEMU start, agent handshake, guest init) "+
 		"until init answered; baseline: QEMU with the same kernel, initramfs, %d vCPU and %d MiB, no disk, until the "+

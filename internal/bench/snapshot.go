@@ -20,14 +20,6 @@ func (r *runner) snapshotCreate(ctx context.Context) (Result, error) {
 	}
 	r.progressf("%s: template snapshot ready (%.0f ms)", ScenarioSnapshot, ms(time.Since(start)))
 	n := r.cfg.SnapshotRuns
-	i := 1 // the pair being measured, for progress lines
-	var failA, failB int
-	onFail := func(side string, failures *int) func(error) {
-		return func(err error) {
-			r.progressf("%s %d/%d: %s run failed, retrying (%d of %d failures allowed): %s",
-				ScenarioSnapshot, i, n, side, *failures, maxBootFailures-1, firstLine(err.Error()))
-		}
-	}
 	clone := func(ctx context.Context) (time.Duration, error) { return r.runtimeFirstOutput(ctx, r.rt, true) }
 	restore := func(ctx context.Context) (_ time.Duration, err error) {
 		ctx, cancel := context.WithTimeout(ctx, r.cfg.BootTimeout)
@@ -40,18 +32,11 @@ func (r *runner) snapshotCreate(ctx context.Context) (Result, error) {
 		}
 		return d, b.close()
 	}
-	air, base, err := timePairs(ctx, n,
-		retrying(clone, maxBootFailures, &failA, onFail("airlock", &failA)),
-		retrying(restore, maxBootFailures, &failB, onFail("bare restore", &failB)),
-		func(done int, da, db time.Duration) {
-			r.progressf("%s %d/%d: airlock %.0f ms, bare restore %.0f ms", ScenarioSnapshot, done, n, ms(da), ms(db))
-			i = done + 1
-		})
+	a, b, err := r.retryingPairs(ctx, ScenarioSnapshot, n, "airlock", clone, "bare restore", restore)
 	if err != nil {
 		return Result{}, err
 	}
-	a, b := summarize(air), summarize(base)
-	a.Failures, b.Failures = failA, failB
+	failA, failB := a.Failures, b.Failures
 	notes := fmt.Sprintf("airlock: sandbox.Runtime.Create of template %s, a clone of its snapshot (directory, disk "+
 		"overlay, QEMU start, restore of the snapshot's device state with its RAM mapped private from the memory "+
 		"file, disk grown, agent session, guest init), then Exec of argv %v until its first stdout byte; baseline: "+
