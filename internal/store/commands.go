@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
@@ -81,15 +80,7 @@ func (s *Store) InsertCommand(ctx context.Context, c Command) error {
 
 // GetCommand returns the command with the given ID.
 func (s *Store) GetCommand(ctx context.Context, id string) (Command, error) {
-	row := s.db.QueryRowContext(ctx, "SELECT "+commandColumns+" FROM commands WHERE id = ?", id)
-	c, err := scanCommand(row)
-	if errors.Is(err, sql.ErrNoRows) {
-		return Command{}, fmt.Errorf("command %s: %w", id, errdefs.ErrNotFound)
-	}
-	if err != nil {
-		return Command{}, fmt.Errorf("get command %s: %w", id, classify(err))
-	}
-	return c, nil
+	return getByID(ctx, s.db, "command", "commands", commandColumns, id, scanCommand)
 }
 
 // UpdateCommand replaces the record of the command with c's ID by c. Its

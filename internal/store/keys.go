@@ -2,8 +2,6 @@ package store
 
 import (
 	"context"
-	"database/sql"
-	"errors"
 	"fmt"
 	"time"
 
@@ -47,15 +45,7 @@ func (s *Store) InsertKey(ctx context.Context, k Key) error {
 
 // GetKey returns the key with the given ID.
 func (s *Store) GetKey(ctx context.Context, id string) (Key, error) {
-	row := s.db.QueryRowContext(ctx, "SELECT "+keyColumns+" FROM keys WHERE id = ?", id)
-	k, err := scanKey(row)
-	if errors.Is(err, sql.ErrNoRows) {
-		return Key{}, fmt.Errorf("key %s: %w", id, errdefs.ErrNotFound)
-	}
-	if err != nil {
-		return Key{}, fmt.Errorf("get key %s: %w", id, classify(err))
-	}
-	return k, nil
+	return getByID(ctx, s.db, "key", "keys", keyColumns, id, scanKey)
 }
 
 // ListKeys returns every key in the order they were created.

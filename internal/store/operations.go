@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"time"
 
@@ -84,15 +83,7 @@ func upsertOperation(ctx context.Context, q queryer, op Operation) error {
 
 // GetOperation returns the operation with the given ID.
 func (s *Store) GetOperation(ctx context.Context, id string) (Operation, error) {
-	row := s.db.QueryRowContext(ctx, "SELECT "+operationColumns+" FROM operations WHERE id = ?", id)
-	op, err := scanOperation(row)
-	if errors.Is(err, sql.ErrNoRows) {
-		return Operation{}, fmt.Errorf("operation %s: %w", id, errdefs.ErrNotFound)
-	}
-	if err != nil {
-		return Operation{}, fmt.Errorf("get operation %s: %w", id, classify(err))
-	}
-	return op, nil
+	return getByID(ctx, s.db, "operation", "operations", operationColumns, id, scanOperation)
 }
 
 // UpdateOperation records op's status, error and finish time. Its kind,

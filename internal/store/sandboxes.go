@@ -112,15 +112,7 @@ func (s *Store) InsertSandbox(ctx context.Context, sb Sandbox, op Operation) err
 
 // GetSandbox returns the sandbox with the given ID.
 func (s *Store) GetSandbox(ctx context.Context, id string) (Sandbox, error) {
-	row := s.db.QueryRowContext(ctx, "SELECT "+sandboxColumns+" FROM sandboxes WHERE id = ?", id)
-	sb, err := scanSandbox(row)
-	if errors.Is(err, sql.ErrNoRows) {
-		return Sandbox{}, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
-	}
-	if err != nil {
-		return Sandbox{}, fmt.Errorf("get sandbox %s: %w", id, classify(err))
-	}
-	return sb, nil
+	return getByID(ctx, s.db, "sandbox", "sandboxes", sandboxColumns, id, scanSandbox)
 }
 
 // UpdateSandbox replaces the record of the sandbox with sb's ID by sb and

@@ -117,6 +117,19 @@ type scanner interface {
 	Scan(dest ...any) error
 }
 
+// getByID reads the row of table whose id is id with scan; kind names the
+// thing in errors, and a missing row is errdefs.ErrNotFound.
+func getByID[T any](ctx context.Context, db *sql.DB, kind, table, columns, id string, scan func(scanner) (T, error)) (T, error) {
+	v, err := scan(db.QueryRowContext(ctx, "SELECT "+columns+" FROM "+table+" WHERE id = ?", id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return v, fmt.Errorf("%s %s: %w", kind, id, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return v, fmt.Errorf("get %s %s: %w", kind, id, classify(err))
+	}
+	return v, nil
+}
+
 // inTx runs fn in a transaction and commits it if fn returns nil.
 func (s *Store) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	tx, err := s.db.BeginTx(ctx, nil)
