@@ -232,10 +232,11 @@ func TestRemove(t *testing.T) {
 	}
 }
 
-// TestAdoptVM runs the restart of a server against real VMs: sandboxes
-// created detached and released are adopted by a new runtime, which runs
-// commands in the one whose VM lives and cleans up the one whose VM died.
-func TestAdoptVM(t *testing.T) {
+// hostRuntime returns a runtime over the set-up data directory. It skips
+// the test under -short, or when the host is not set up for VMs or lacks
+// the tiny template.
+func hostRuntime(t *testing.T, ctx context.Context) *Runtime {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("boots VMs; skipped under -short")
 	}
@@ -243,16 +244,24 @@ func TestAdoptVM(t *testing.T) {
 	if err := guest.Check(dd); err != nil {
 		t.Skipf("host not set up for VMs: %v", err)
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-	defer cancel()
-	log := testLog(t)
-	rt1, err := New(ctx, Config{Dir: dd, Log: log})
+	rt, err := New(ctx, Config{Dir: dd, Log: testLog(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := rt1.Templates().Resolve("tiny"); err != nil {
+	if _, err := rt.Templates().Resolve("tiny"); err != nil {
 		t.Skipf("template tiny is missing: %v", err)
 	}
+	return rt
+}
+
+// TestAdoptVM runs the restart of a server against real VMs: sandboxes
+// created detached and released are adopted by a new runtime, which runs
+// commands in the one whose VM lives and cleans up the one whose VM died.
+func TestAdoptVM(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	rt1 := hostRuntime(t, ctx)
+	dd, log := datadir.Default(), testLog(t)
 
 	// Two detached sandboxes, one with an ID of our choosing.
 	liveID := "sbxadopt" + NewID()[3:15]

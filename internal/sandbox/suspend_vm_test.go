@@ -16,7 +16,6 @@ import (
 	"github.com/airlockhq/airlock/internal/agentproto"
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/errdefs"
-	"github.com/airlockhq/airlock/internal/guest"
 	"github.com/airlockhq/airlock/internal/vm"
 )
 
@@ -48,23 +47,10 @@ const counterScript = `i=0; while :; do i=$((i+1)); echo $i > /counter.new && mv
 // it must not count while paused, must go on after the wake, and its
 // output, joined again after each break, must have no gap or repeat.
 func TestPauseSuspendWakeVM(t *testing.T) {
-	if testing.Short() {
-		t.Skip("boots a VM; skipped under -short")
-	}
-	dd := datadir.Default()
-	if err := guest.Check(dd); err != nil {
-		t.Skipf("host not set up for VMs: %v", err)
-	}
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	log := testLog(t)
-	rt, err := New(ctx, Config{Dir: dd, Log: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := rt.Templates().Resolve("tiny"); err != nil {
-		t.Skipf("template tiny is missing: %v", err)
-	}
+	rt := hostRuntime(t, ctx)
+	dd, log := datadir.Default(), testLog(t)
 
 	sb, err := rt.Create(ctx, Spec{Template: "tiny", MemoryMiB: 256, Detach: true})
 	if err != nil {
