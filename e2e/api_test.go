@@ -559,3 +559,32 @@ func TestAPIVMDies(t *testing.T) {
 	}
 	// The cleanup deletes it and checks nothing is left.
 }
+
+// TestAPIMetricsCommandsRunning checks that the gauge of followed command
+// processes goes up while one runs and back down after it exits.
+func TestAPIMetricsCommandsRunning(t *testing.T) {
+	s := newServer(t)
+	sb := s.createSandbox(t, s.key, apiv1.CreateSandbox{})
+	gauge := func() string {
+		_, body := s.call(t, "GET", "/metrics", "", nil)
+		for _, line := range strings.Split(string(body), "\n") {
+			if strings.HasPrefix(line, "airlock_commands_running ") {
+				return strings.TrimPrefix(line, "airlock_commands_running ")
+			}
+		}
+		return "missing"
+	}
+	var sess apiv1.CommandSession
+	s.must(t, 201, "POST", "/v1/sandboxes/"+sb.ID+"/commands", s.key, apiv1.CommandRequest{Cmd: "echo up; sleep 2"}, &sess)
+	resp, r := s.attach(t, sess.ID, s.key, 0)
+	defer resp.Body.Close()
+	readUntil(t, r, contains("up"))
+	if g := gauge(); g != "1" {
+		t.Errorf("commands running while one runs: %s", g)
+	}
+	readToExit(t, r)
+	time.Sleep(200 * time.Millisecond)
+	if g := gauge(); g != "0" {
+		t.Errorf("commands running after it exited: %s", g)
+	}
+}

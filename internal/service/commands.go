@@ -448,7 +448,7 @@ func (lv *live) start(c *command, rec store.Command) error {
 		c.mu.Unlock()
 		rec.State, rec.ExitCode, rec.StartedAt, rec.FinishedAt = apiv1.CommandExited, &code, &now, &now
 		lv.s.st.UpdateCommand(context.Background(), rec)
-		lv.s.m.commandFinished(false)
+		lv.s.m.commandEnded("exited")
 		return nil
 	}
 	c.mu.Lock()
@@ -464,7 +464,7 @@ func (lv *live) start(c *command, rec store.Command) error {
 	if err := lv.s.st.UpdateCommand(context.Background(), rec); err != nil {
 		lv.s.log.Error("record command start", "command", rec.ID, "err", err)
 	}
-	lv.s.m.commandStarted()
+	lv.s.m.following(1)
 	lv.pumps.Add(1)
 	go lv.waitCommand(c, proc, rec, box, vmCtx)
 	return nil
@@ -484,6 +484,7 @@ func agentMessage(err error) string {
 // wake re-attaches) or let go (the next server re-attaches).
 func (lv *live) waitCommand(c *command, proc *agentclient.Process, rec store.Command, box *sandbox.Sandbox, vmCtx context.Context) {
 	defer lv.pumps.Done()
+	defer lv.s.m.following(-1)
 	exit, err := box.Wait(proc)
 	if vmCtx.Err() != nil {
 		c.mu.Lock()
@@ -522,7 +523,7 @@ func (lv *live) waitCommand(c *command, proc *agentclient.Process, rec store.Com
 	if err := lv.s.st.UpdateCommand(context.Background(), rec); err != nil {
 		lv.s.log.Error("record command exit", "command", c.id, "err", err)
 	}
-	lv.s.m.commandFinished(true)
+	lv.s.m.commandEnded("exited")
 }
 
 // endCommand ends a command whose process can no longer be followed.
@@ -558,7 +559,7 @@ func (s *Service) markEnded(id string) {
 		rec.StartedAt = &now
 	}
 	s.st.UpdateCommand(context.Background(), rec)
-	s.m.commandFinished(false)
+	s.m.commandEnded("lost")
 }
 
 // endCommands ends every unfinished command of a sandbox that lost its VM.
@@ -643,6 +644,7 @@ func (lv *live) resume(rec store.Command) {
 	c.mu.Lock()
 	c.proc = proc
 	c.mu.Unlock()
+	lv.s.m.following(1)
 	lv.pumps.Add(1)
 	go lv.waitCommand(c, proc, rec, box, vmCtx)
 }
@@ -785,11 +787,12 @@ func (s *Service) Exec(ctx context.Context, p Principal, sbxID string, req apiv1
 	proc, err := box.Exec(vmCtx, x, agentclient.Stdio{Stdout: stdout, Stderr: stderr})
 	if err != nil {
 		if errors.Is(err, errdefs.ErrNotFound) {
+			s.m.commandEnded("exited")
 			return apiv1.ExecResult{ExitCode: 127, Stderr: agentMessage(err) + "\n"}, nil
 		}
 		return apiv1.ExecResult{}, err
 	}
-	s.m.commandStarted()
+	s.m.following(1)
 	select {
 	case <-proc.Done():
 	case <-ctx.Done():
@@ -797,10 +800,12 @@ func (s *Service) Exec(ctx context.Context, p Principal, sbxID string, req apiv1
 		<-proc.Done()
 	}
 	exit, err := box.Wait(proc)
-	s.m.commandFinished(err == nil)
+	s.m.following(-1)
 	if err != nil {
+		s.m.commandEnded("lost")
 		return apiv1.ExecResult{}, err
 	}
+	s.m.commandEnded("exited")
 	s.m.streamed(len(stdout.b) + len(stderr.b))
 	res := apiv1.ExecResult{ExitCode: exit.ExitCode, TimedOut: exit.TimedOut,
 		Stdout: stdout.text(), Stderr: stderr.text(), Truncated: stdout.truncated || stderr.truncated}

@@ -41,7 +41,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "airlock_commands_total", Help: "Commands that ended, by how: exited (with a status) or lost.",
 		}, []string{"result"}),
 		running: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "airlock_commands_running", Help: "Commands running now.",
+			Name: "airlock_commands_running", Help: "Command processes this server follows now.",
 		}),
 		attaches: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "airlock_command_attaches_total", Help: "Attachments to command streams.",
@@ -81,22 +81,21 @@ func (m *Metrics) opFinished(kind, result string, took time.Duration) {
 	m.opSeconds.WithLabelValues(kind, result).Observe(took.Seconds())
 }
 
-func (m *Metrics) commandStarted() {
+// following counts a command process this server now follows (started
+// or re-attached); unfollowing when it stops following it, for whatever
+// reason (exit, suspend, shutdown).
+func (m *Metrics) following(delta int) {
 	if m != nil {
-		m.running.Inc()
+		m.running.Add(float64(delta))
 	}
 }
 
-func (m *Metrics) commandFinished(exited bool) {
-	if m == nil {
-		return
+// commandEnded counts a command that ended: "exited" with a status, or
+// "lost" when its process could no longer be followed.
+func (m *Metrics) commandEnded(result string) {
+	if m != nil {
+		m.commands.WithLabelValues(result).Inc()
 	}
-	m.running.Dec()
-	result := "exited"
-	if !exited {
-		result = "lost"
-	}
-	m.commands.WithLabelValues(result).Inc()
 }
 
 func (m *Metrics) attached() {
