@@ -314,7 +314,11 @@ func (s *Service) wakeSuspended(sb store.Sandbox) error {
 	if lv == nil {
 		return fmt.Errorf("sandbox %s is not known to this server: %w", sb.ID, errdefs.ErrConflict)
 	}
-	s.slots <- struct{}{}
+	select {
+	case s.slots <- struct{}{}:
+	case <-s.ctx.Done():
+		return fmt.Errorf("the server is shutting down: %w", errdefs.ErrUnavailable)
+	}
 	defer func() { <-s.slots }()
 	ctx, cancel := context.WithTimeout(s.ctx, 5*time.Minute)
 	defer cancel()
