@@ -207,8 +207,14 @@ func (m *Machine) waitMigration(ctx context.Context, q *QMP) error {
 	t := time.NewTicker(statePollInterval)
 	defer t.Stop()
 	for {
+		// The poll itself is not cut by ctx: a deadline that fell in the
+		// middle of it would close the QMP connection and leave the
+		// migration running, where it must be cancelled below.
 		var info migrationInfo
-		if err := q.Execute(ctx, "query-migrate", nil, &info); err != nil {
+		qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		err := q.Execute(qctx, "query-migrate", nil, &info)
+		cancel()
+		if err != nil {
 			return err
 		}
 		switch info.Status {
