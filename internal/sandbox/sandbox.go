@@ -62,6 +62,7 @@ import (
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/guest"
+	"github.com/airlockhq/airlock/internal/ids"
 	"github.com/airlockhq/airlock/internal/template"
 	"github.com/airlockhq/airlock/internal/vm"
 )
@@ -260,15 +261,7 @@ type Sandbox struct {
 }
 
 // NewID returns a fresh sandbox ID: "sbx" and 20 lowercase letters and digits.
-func NewID() string {
-	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-	b := make([]byte, 20)
-	rand.Read(b)
-	for i := range b {
-		b[i] = alphabet[int(b[i])%len(alphabet)]
-	}
-	return "sbx" + string(b)
-}
+func NewID() string { return ids.New("sbx") }
 
 // maxIDLen bounds a sandbox ID, which names its directory and is part of
 // its socket paths.

@@ -22,6 +22,7 @@ import (
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/eventlog"
+	"github.com/airlockhq/airlock/internal/ids"
 	"github.com/airlockhq/airlock/internal/sandbox"
 	"github.com/airlockhq/airlock/internal/store"
 )
@@ -112,8 +113,8 @@ func (s *Service) CreateCommand(ctx context.Context, p Principal, sbxID string, 
 	}
 	raw, _ := json.Marshal(req)
 	now := s.now()
-	id := newID("cmd")
-	secret := newID("")
+	id := ids.New("cmd")
+	secret := ids.Secret()
 	rec := store.Command{
 		ID: id, SandboxID: sbxID, Owner: p.KeyID, Request: raw, State: apiv1.CommandCreated,
 		TokenHash: hashSecret(secret), TokenExpiresAt: now.Add(AttachTTL), CreatedAt: now,

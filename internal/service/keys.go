@@ -11,6 +11,7 @@ import (
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/atomicfile"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/ids"
 	"github.com/airlockhq/airlock/internal/store"
 )
 
@@ -61,7 +62,7 @@ func (s *Service) CreateKey(ctx context.Context, p Principal, req apiv1.CreateKe
 }
 
 func (s *Service) newKey(ctx context.Context, name, role string) (apiv1.KeyCreated, error) {
-	id, secret := newID("key"), newID("")+newID("")
+	id, secret := ids.New("key"), ids.Secret()
 	k := store.Key{ID: id, Name: name, Role: role, Hash: hashSecret(secret), CreatedAt: s.now()}
 	if err := s.st.InsertKey(ctx, k); err != nil {
 		return apiv1.KeyCreated{}, fmt.Errorf("record key: %w", err)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/ids"
 	"github.com/airlockhq/airlock/internal/sandbox"
 	"github.com/airlockhq/airlock/internal/store"
 )
@@ -63,7 +64,7 @@ func (s *Service) beginOpLocked(ctx context.Context, p Principal, id, kind, tran
 		return sb, store.Operation{}, nil, fmt.Errorf("sandbox %s is %s: %s needs it %s: %w", id, sb.State, kind, orList(allowedFrom[kind]), errdefs.ErrConflict)
 	}
 	now := s.now()
-	op := store.Operation{ID: newID("op"), Kind: kind, TargetID: id, Owner: p.KeyID, Status: apiv1.OpPending, CreatedAt: now}
+	op := store.Operation{ID: ids.New("op"), Kind: kind, TargetID: id, Owner: p.KeyID, Status: apiv1.OpPending, CreatedAt: now}
 	from := sb.State
 	*fromOut = from
 	if transitional != "" {

@@ -2,7 +2,6 @@ package service
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,20 +11,10 @@ import (
 
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/ids"
 	"github.com/airlockhq/airlock/internal/sandbox"
 	"github.com/airlockhq/airlock/internal/store"
 )
-
-// newID returns prefix and 20 random lowercase letters and digits.
-func newID(prefix string) string {
-	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-	b := make([]byte, 20)
-	rand.Read(b)
-	for i := range b {
-		b[i] = alphabet[int(b[i])%len(alphabet)]
-	}
-	return prefix + string(b)
-}
 
 var idPattern = regexp.MustCompile(`^[a-z]+[a-z0-9]{1,60}$`)
 
@@ -138,7 +127,7 @@ func (s *Service) CreateSandbox(ctx context.Context, p Principal, req apiv1.Crea
 
 	now := s.now()
 	sb := store.Sandbox{
-		ID: newID("sbx"), Owner: p.KeyID, State: apiv1.StateCreating,
+		ID: ids.New("sbx"), Owner: p.KeyID, State: apiv1.StateCreating,
 		TemplateRef: tpl.Ref(), TemplateDigest: tpl.Digest,
 		VCPUs: spec.VCPUs, MemoryMiB: spec.MemoryMiB, DiskMiB: spec.DiskMiB,
 		TimeoutS: timeout, OnTimeout: req.OnTimeout,
@@ -149,7 +138,7 @@ func (s *Service) CreateSandbox(ctx context.Context, p Principal, req apiv1.Crea
 		exp := now.Add(time.Duration(timeout) * time.Second)
 		sb.ExpiresAt = &exp
 	}
-	op := store.Operation{ID: newID("op"), Kind: apiv1.OpCreate, TargetID: sb.ID, Owner: p.KeyID, Status: apiv1.OpPending, CreatedAt: now}
+	op := store.Operation{ID: ids.New("op"), Kind: apiv1.OpCreate, TargetID: sb.ID, Owner: p.KeyID, Status: apiv1.OpPending, CreatedAt: now}
 
 	// Admission: the caps are checked and the slot taken under one lock.
 	s.mu.Lock()
@@ -463,7 +452,7 @@ func (s *Service) DeleteSandbox(ctx context.Context, p Principal, id string) (ap
 	}
 	from := sb.State
 	now := s.now()
-	op := store.Operation{ID: newID("op"), Kind: apiv1.OpDelete, TargetID: id, Owner: p.KeyID, Status: apiv1.OpPending, CreatedAt: now}
+	op := store.Operation{ID: ids.New("op"), Kind: apiv1.OpDelete, TargetID: id, Owner: p.KeyID, Status: apiv1.OpPending, CreatedAt: now}
 	sb.State = apiv1.StateDeleting
 	sb.UpdatedAt = now
 	if err := s.st.TransitionSandbox(ctx, sb, op); err != nil {

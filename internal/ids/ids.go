@@ -1,0 +1,20 @@
+// Package ids makes the random IDs and secrets of airlock's resources. Both
+// are lowercase letters and digits, so an ID is safe as a DNS label, a
+// file name and a hostname.
+package ids
+
+import (
+	"crypto/rand"
+	"strings"
+)
+
+// New returns prefix followed by 20 random characters (100 bits).
+func New(prefix string) string {
+	return prefix + strings.ToLower(rand.Text())[:20]
+}
+
+// Secret returns 52 random characters (260 bits), for API keys and attach
+// tokens.
+func Secret() string {
+	return strings.ToLower(rand.Text() + rand.Text())
+}
