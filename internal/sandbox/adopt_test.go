@@ -232,10 +232,9 @@ func TestRemove(t *testing.T) {
 	}
 }
 
-// hostRuntime returns a runtime over the set-up data directory. It skips
-// the test under -short, or when the host is not set up for VMs or lacks
-// the tiny template.
-func hostRuntime(t *testing.T, ctx context.Context) *Runtime {
+// requireVMHost skips the test under -short or when the host is not set up
+// for VMs, and returns the set-up data directory.
+func requireVMHost(t *testing.T) datadir.Dir {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("boots VMs; skipped under -short")
@@ -244,6 +243,13 @@ func hostRuntime(t *testing.T, ctx context.Context) *Runtime {
 	if err := guest.Check(dd); err != nil {
 		t.Skipf("host not set up for VMs: %v", err)
 	}
+	return dd
+}
+
+// tinyRuntime returns a runtime over dd; it skips the test when the tiny
+// template is missing.
+func tinyRuntime(t *testing.T, ctx context.Context, dd datadir.Dir) *Runtime {
+	t.Helper()
 	rt, err := New(ctx, Config{Dir: dd, Log: testLog(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -252,6 +258,13 @@ func hostRuntime(t *testing.T, ctx context.Context) *Runtime {
 		t.Skipf("template tiny is missing: %v", err)
 	}
 	return rt
+}
+
+// hostRuntime returns a runtime over the set-up data directory, or skips
+// the test (see requireVMHost and tinyRuntime).
+func hostRuntime(t *testing.T, ctx context.Context) *Runtime {
+	t.Helper()
+	return tinyRuntime(t, ctx, requireVMHost(t))
 }
 
 // TestAdoptVM runs the restart of a server against real VMs: sandboxes

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/internal/datadir"
-	"github.com/airlockhq/airlock/internal/guest"
 )
 
 // cloneRuntime returns a runtime over a data directory of its own, which
@@ -22,13 +21,7 @@ import (
 // the host is not set up for VMs or lacks the tiny template.
 func cloneRuntime(t *testing.T, ctx context.Context) *Runtime {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("boots VMs; skipped under -short")
-	}
-	host := datadir.Default()
-	if err := guest.Check(host); err != nil {
-		t.Skipf("host not set up for VMs: %v", err)
-	}
+	host := requireVMHost(t)
 	// Not t.TempDir: sockets live under it, and their paths must be short.
 	root, err := os.MkdirTemp("", "al-")
 	if err != nil {
@@ -44,14 +37,7 @@ func cloneRuntime(t *testing.T, ctx context.Context) *Runtime {
 	if b, err := os.ReadFile(host.AccelVerdict()); err == nil {
 		os.WriteFile(dd.AccelVerdict(), b, 0o644)
 	}
-	rt, err := New(ctx, Config{Dir: dd, Log: testLog(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := rt.Templates().Resolve("tiny"); err != nil {
-		t.Skipf("template tiny is missing: %v", err)
-	}
-	return rt
+	return tinyRuntime(t, ctx, dd)
 }
 
 // TestTemplateSnapshotVM creates sandboxes of the tiny template as clones
