@@ -67,6 +67,22 @@ func (m *Machine) Resume(ctx context.Context) error {
 	return nil
 }
 
+// SetLink sets the link state of the network device (QMP set_link), as
+// its guest sees it: a restored guest keeps the state it was saved with,
+// and a NIC whose stream had no peer when the VM started shows no
+// carrier, so the caller sets it up once its peer is connected. The
+// machine may be paused.
+func (m *Machine) SetLink(ctx context.Context, up bool) error {
+	q, err := m.control()
+	if err != nil {
+		return fmt.Errorf("set network link: %w", err)
+	}
+	if err := q.Execute(ctx, "set_link", map[string]any{"name": netDev, "up": up}, nil); err != nil {
+		return fmt.Errorf("set network link: %w", err)
+	}
+	return nil
+}
+
 // ResizeDisk sets the size of the root disk (Config.Disk) to bytes (QMP
 // block_resize): its image grows or shrinks, and the guest is told by a
 // virtio configuration change, which its kernel handles once its vCPUs

@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -43,14 +44,20 @@ const (
 const (
 	AgentSocketName = "agent.sock"
 	QMPSocketName   = "qmp.sock"
-	ConsoleLogName  = "console.log"
-	QEMULogName     = "qemu.log"
+	// NetSocketName is the network device's stream socket, which QEMU
+	// serves and the sandbox's gateway connects to.
+	NetSocketName  = "net.sock"
+	ConsoleLogName = "console.log"
+	QEMULogName    = "qemu.log"
 	// PIDFileName holds QEMU's process ID, in decimal.
 	PIDFileName = "qemu.pid"
 )
 
 // rootDrive is the QEMU drive ID of the root disk.
 const rootDrive = "root"
+
+// netDev is the QEMU netdev ID of the network device.
+const netDev = "net0"
 
 // maxSocketPath is the longest unix socket path the kernel accepts.
 const maxSocketPath = 107
@@ -100,6 +107,11 @@ type Config struct {
 	// copied on write and the file never changes, as for a clone of a
 	// template. It requires MemoryFile.
 	MemoryShared bool `json:"memory_shared,omitempty"`
+	// NetMAC, when set, gives the VM a virtio-net NIC with this hardware
+	// address whose frames go over the stream socket NetSocketName in Dir
+	// (QEMU serves it; one peer at a time, and a new one may connect when
+	// the last has gone). Empty means no NIC.
+	NetMAC string `json:"net_mac,omitempty"`
 }
 
 // Validate checks the configuration before anything starts.
@@ -125,6 +137,11 @@ func (c *Config) Validate() error {
 	}
 	if c.MemoryShared && c.MemoryFile == "" {
 		errs = append(errs, errors.New("shared memory needs a memory file"))
+	}
+	if c.NetMAC != "" {
+		if _, err := net.ParseMAC(c.NetMAC); err != nil || strings.ContainsRune(c.NetMAC, ',') {
+			errs = append(errs, fmt.Errorf("network MAC %q is not a hardware address", c.NetMAC))
+		}
 	}
 	if c.Dir == "" {
 		errs = append(errs, errors.New("dir is required"))
@@ -218,6 +235,14 @@ func Args(cfg Config) []string {
 		"-device", "virtio-serial-device,max_ports=2",
 		"-chardev", "socket,id=agent,path="+filepath.Join(dir, AgentSocketName)+",server=on,wait=off",
 		"-device", "virtserialport,chardev=agent,name=airlock.agent",
+	)
+	if cfg.NetMAC != "" {
+		args = append(args,
+			"-netdev", "stream,id="+netDev+",server=on,addr.type=unix,addr.path="+optValue(filepath.Join(dir, NetSocketName)),
+			"-device", "virtio-net-device,netdev="+netDev+",mac="+cfg.NetMAC,
+		)
+	}
+	args = append(args,
 		"-object", "rng-random,id=rng,filename=/dev/urandom",
 		"-device", "virtio-rng-device,rng=rng",
 		"-qmp", "unix:"+filepath.Join(dir, QMPSocketName)+",server=on,wait=off",
@@ -255,7 +280,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Machine, error) 
 	}
 	// Stale sockets of an earlier machine in the same directory would be
 	// mistaken for ours.
-	removeFiles(cfg.Dir, AgentSocketName, QMPSocketName)
+	removeFiles(cfg.Dir, AgentSocketName, QMPSocketName, NetSocketName)
 
 	logFile, err := os.OpenFile(filepath.Join(cfg.Dir, QEMULogName), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 	if err != nil {
@@ -341,6 +366,10 @@ func (m *Machine) PID() int { return m.proc.Pid }
 // AgentSocket is the unix socket connected to the guest agent's port.
 func (m *Machine) AgentSocket() string { return filepath.Join(m.cfg.Dir, AgentSocketName) }
 
+// NetSocket is the unix socket of the VM's network device (when its
+// configuration has NetMAC).
+func (m *Machine) NetSocket() string { return filepath.Join(m.cfg.Dir, NetSocketName) }
+
 // Done is closed once QEMU has exited.
 func (m *Machine) Done() <-chan struct{} { return m.done }
 
@@ -420,7 +449,7 @@ func (m *Machine) Stop(ctx context.Context) error {
 		if m.qmp != nil {
 			m.qmp.Close()
 		}
-		removeFiles(m.cfg.Dir, AgentSocketName, QMPSocketName, PIDFileName)
+		removeFiles(m.cfg.Dir, AgentSocketName, QMPSocketName, NetSocketName, PIDFileName)
 	})
 	return nil
 }

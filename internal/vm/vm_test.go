@@ -29,6 +29,8 @@ func TestValidate(t *testing.T) {
 		{"relative memory file", func(c *Config) { c.MemoryFile = "t/mem" }, "not an absolute path"},
 		{"shared without a file", func(c *Config) { c.MemoryShared = true }, "shared memory needs a memory file"},
 		{"negative tsc rate", func(c *Config) { c.TSCKHz = -1 }, "tsc rate -1 kHz"},
+		{"network device", func(c *Config) { c.NetMAC = "5a:94:ef:e4:0c:ee" }, ""},
+		{"bad mac", func(c *Config) { c.NetMAC = "5a:94,model=e1000" }, `network MAC "5a:94,model=e1000"`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -86,7 +88,15 @@ func TestArgsMemoryAndIncoming(t *testing.T) {
 			name:    "plain",
 			modify:  func(*Config) {},
 			want:    []string{"-m 256", "file,id=console,path=/d/console.log,append=on"},
-			notWant: []string{"memory-backend", "-incoming", " -S "},
+			notWant: []string{"memory-backend", "-incoming", " -S ", "netdev"},
+		},
+		{
+			name:   "network device",
+			modify: func(c *Config) { c.NetMAC = "5a:94:ef:e4:0c:ee" },
+			want: []string{
+				"-netdev stream,id=net0,server=on,addr.type=unix,addr.path=/d/net.sock",
+				"-device virtio-net-device,netdev=net0,mac=5a:94:ef:e4:0c:ee",
+			},
 		},
 		{
 			name:    "shared memory file",
@@ -143,6 +153,7 @@ func TestArgsMemoryAndIncoming(t *testing.T) {
 func TestArgsStable(t *testing.T) {
 	c := validConfig()
 	c.Disk, c.MemoryFile, c.TSCKHz, c.Detach, c.KernelArgs = "/d/disk.qcow2", "/t/mem", 2000000, true, "quiet"
+	c.NetMAC = "5a:94:ef:e4:0c:ee"
 	b, err := json.Marshal(c)
 	if err != nil {
 		t.Fatal(err)
