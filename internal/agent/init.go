@@ -121,6 +121,9 @@ func systemInit(req *agentproto.InitRequest, res *agentproto.InitResult) error {
 		return err
 	}
 	writeHostname(req.Hostname)
+	if err := setupNetwork(req.Network); err != nil {
+		return fmt.Errorf("network: %w", err)
+	}
 	return nil
 }
 

@@ -69,6 +69,27 @@ type InitRequest struct {
 	Env map[string]string `json:"env,omitempty"`
 	// RootDevice is the block device holding the root filesystem.
 	RootDevice string `json:"root_device"`
+	// Network configures the guest's network interface; nil leaves only
+	// loopback up, as for a VM without a NIC.
+	Network *NetworkConfig `json:"network,omitempty"`
+}
+
+// NetworkConfig is the guest's one network interface, whose other end is
+// the host's gateway: its address, route and resolver, and the
+// certificate of the CA with which the gateway terminates TLS for hosts
+// that carry credentials, which the guest's trust store gains.
+type NetworkConfig struct {
+	// MAC names the interface by its hardware address.
+	MAC string `json:"mac"`
+	// Address is the guest's IPv4 address with its prefix ("10.0.2.15/24").
+	Address string `json:"address"`
+	// Gateway is the default route's next hop and the guest's resolver.
+	Gateway string `json:"gateway"`
+	// MTU of the interface; 0 keeps the driver's.
+	MTU int `json:"mtu,omitempty"`
+	// CACert is a PEM certificate added to the guest's trust store; empty
+	// adds none.
+	CACert []byte `json:"ca_cert,omitempty"`
 }
 
 // RefreshRequest sets a running guest's clock and reseeds its random
