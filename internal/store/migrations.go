@@ -114,6 +114,17 @@ CREATE INDEX idempotency_created ON idempotency (created_at);
 	{2, "index sandboxes by lease expiry", `
 CREATE INDEX sandboxes_expires ON sandboxes (expires_at) WHERE expires_at IS NOT NULL;
 `},
+	{3, "create secrets", `
+CREATE TABLE secrets (
+	seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+	owner      TEXT    NOT NULL,
+	name       TEXT    NOT NULL,
+	sealed     BLOB    NOT NULL,  -- internal/secrets: version, nonce, ciphertext
+	created_at INTEGER NOT NULL,
+	updated_at INTEGER NOT NULL,
+	UNIQUE (owner, name)
+) STRICT;
+`},
 }
 
 // schemaVersion reads the version of the schema from PRAGMA user_version.

@@ -26,6 +26,7 @@ type migrationTest struct {
 var migrationTests = []migrationTest{
 	{version: 1, after: checkSchema1},
 	{version: 2, before: fillSchema1, after: checkSchema2},
+	{version: 3, before: fillSchema1, after: checkSchema3},
 }
 
 // fillSchema1 writes sandboxes with and without a lease in the version 1
@@ -65,6 +66,43 @@ func checkSchema2(t *testing.T, db *sql.DB) {
 	var id string
 	if err := db.QueryRow("SELECT id FROM sandboxes WHERE expires_at IS NOT NULL AND expires_at <= 7 ORDER BY expires_at").Scan(&id); err != nil || id != "sbx1" {
 		t.Errorf("expired sandbox %q, %v; want sbx1", id, err)
+	}
+}
+
+// checkSchema3: the rows are kept, and secrets are unique per (owner, name),
+// with every column required and typed.
+func checkSchema3(t *testing.T, db *sql.DB) {
+	var n int
+	if err := db.QueryRow("SELECT count(*) FROM sandboxes").Scan(&n); err != nil || n != 3 {
+		t.Fatalf("%d sandboxes after the migration, %v; want 3", n, err)
+	}
+	const secret = "INSERT INTO secrets (owner, name, sealed, created_at, updated_at) VALUES ('%s', '%s', x'01', 1, 1)"
+	for _, q := range []string{fmt.Sprintf(secret, "key1", "openai"), fmt.Sprintf(secret, "key2", "openai"),
+		fmt.Sprintf(secret, "key1", "github")} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	for _, tc := range []struct {
+		name     string
+		query    string
+		wantCode int
+	}{
+		{"name unique per owner", fmt.Sprintf(secret, "key1", "openai"), sqlite3.SQLITE_CONSTRAINT_UNIQUE},
+		{"owner not null", "INSERT INTO secrets (owner, name, sealed, created_at, updated_at) VALUES (NULL, 'x', x'01', 1, 1)",
+			sqlite3.SQLITE_CONSTRAINT_NOTNULL},
+		{"sealed not null", "UPDATE secrets SET sealed = NULL", sqlite3.SQLITE_CONSTRAINT_NOTNULL},
+		{"strict types", "UPDATE secrets SET created_at = 'yesterday'", sqlite3.SQLITE_CONSTRAINT_DATATYPE},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := db.Exec(tc.query)
+			if code := sqliteCode(err); code != tc.wantCode {
+				t.Errorf("%s: code %d (%v), want %d", tc.query, code, err, tc.wantCode)
+			}
+		})
+	}
+	if err := db.QueryRow("SELECT count(*) FROM secrets WHERE owner = 'key1'").Scan(&n); err != nil || n != 2 {
+		t.Errorf("%d secrets of key1, %v; want 2", n, err)
 	}
 }
 
