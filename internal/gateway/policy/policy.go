@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -86,7 +87,7 @@ func Parse(raw []byte) (Policy, error) {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&p); err != nil {
-		return Policy{}, fmt.Errorf("network policy: %v: %w", err, errdefs.ErrInvalid)
+		return Policy{}, fmt.Errorf("network: %s: %w", decodeError(err), errdefs.ErrInvalid)
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return Policy{}, fmt.Errorf("network policy: unexpected data after the JSON object: %w", errdefs.ErrInvalid)
@@ -95,6 +96,39 @@ func Parse(raw []byte) (Policy, error) {
 		return Policy{}, err
 	}
 	return p, nil
+}
+
+// decodeError says what was wrong with a policy's JSON in the API's terms,
+// without the decoder's own wording.
+func decodeError(err error) string {
+	var te *json.UnmarshalTypeError
+	var se *json.SyntaxError
+	switch {
+	case errors.As(err, &te) && te.Field == "":
+		return fmt.Sprintf("a NetworkPolicy is a JSON object, not %s", te.Value)
+	case errors.As(err, &te):
+		return fmt.Sprintf("field %q must be %s, not %s", te.Field, jsonKind(te.Type), te.Value)
+	case errors.As(err, &se):
+		return fmt.Sprintf("not valid JSON (at byte %d)", se.Offset)
+	case strings.HasPrefix(err.Error(), "json: unknown field"):
+		return strings.TrimPrefix(err.Error(), "json: ") + ": a NetworkPolicy has egress, allow, deny and credentials"
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return "the JSON ends early"
+	}
+	return "not a NetworkPolicy"
+}
+
+// jsonKind names what JSON value a Go type takes.
+func jsonKind(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Slice:
+		return "a list"
+	case reflect.String:
+		return "a string"
+	case reflect.Struct, reflect.Map:
+		return "an object"
+	}
+	return t.String()
 }
 
 // Validate checks every field and entry of p. The error wraps

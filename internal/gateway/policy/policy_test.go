@@ -48,9 +48,9 @@ func TestParse(t *testing.T) {
 		{name: "unknown credential field", raw: `{"credentials":[{"host":"a.com","header":"X","secret":"s","value":"v"}]}`, wantErr: `unknown field "value"`},
 		{name: "trailing object", raw: `{}{}`, wantErr: "after the JSON object"},
 		{name: "trailing garbage", raw: `{} x`, wantErr: "after the JSON object"},
-		{name: "not an object", raw: `[]`, wantErr: "network policy"},
-		{name: "wrong type", raw: `{"allow":"example.com"}`, wantErr: "network policy"},
-		{name: "truncated", raw: `{"allow":[`, wantErr: "network policy"},
+		{name: "not an object", raw: `[]`, wantErr: "a NetworkPolicy is a JSON object, not array"},
+		{name: "wrong type", raw: `{"allow":"example.com"}`, wantErr: `field "allow" must be a list, not string`},
+		{name: "truncated", raw: `{"allow":[`, wantErr: "the JSON ends early"},
 		{name: "invalid entry", raw: `{"allow":["ok.com","10.0.0.0/33"]}`, wantErr: `network.allow[1] "10.0.0.0/33": not a valid IPv4 CIDR`},
 		{name: "invalid egress", raw: `{"egress":"block"}`, wantErr: `network.egress "block"`},
 	}
