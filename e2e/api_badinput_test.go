@@ -255,8 +255,15 @@ func (fx *badFixture) routes(sbx, cmd, op, key string) []badRoute {
 		{"fs_move", "POST", sp + "/fs/move", `{"from":"/tmp/keep/file.txt","to":"/tmp/badinput/m"}`},
 		{"archive_get", "GET", sp + "/archive?path=/tmp/keep", nil},
 		{"archive_put", "PUT", sp + "/archive?path=/tmp/badinput", fx.tarBody},
+		{"network_put", "PUT", sp + "/network", `{"egress":"deny"}`},
+		{"egress_log", "GET", sp + "/egress-log", nil},
+		{"ports", "GET", sp + "/ports/8000/x", nil},
+		{"tunnel", "GET", sp + "/tunnel/8000", nil},
 		{"templates_list", "GET", "/v1/templates", nil},
 		{"template_get", "GET", "/v1/templates/tiny", nil},
+		{"secrets_create", "POST", "/v1/secrets", `{"name":"badinput-probe","value":"v"}`},
+		{"secrets_list", "GET", "/v1/secrets", nil},
+		{"secrets_delete", "DELETE", "/v1/secrets/badinput-probe", nil},
 	}
 }
 
@@ -730,11 +737,12 @@ func (fx *badFixture) jsonCases() []badCase {
 			`{"template":"tiny","vcpus":-1}`, `{"template":"tiny","vcpus":100000}`,
 			`{"template":"tiny","memory_mib":1}`, `{"template":"tiny","disk_mib":1}`,
 			`{"template":"tiny","timeout_s":-1}`, `{"template":"tiny","on_timeout":"explode"}`,
-			`{"template":"tiny","network":{"egress":"allow"}}`,
-			`{"template":"tiny","network":{"egress":"deny","allow":["example.com"]}}`,
+			`{"template":"tiny","network":{"egress":"sometimes"}}`,
+			`{"template":"tiny","network":{"egress":"deny","allow":["10.0.0.0/33"]}}`,
+			`{"template":"tiny","network":{"egress":"deny","allow":"example.com"}}`,
 			`{"template":"tiny","network":{"egress":"deny","bogus":1}}`,
-			`{"template":"tiny","network":{}}`,
-			`{"template":"tiny","network":{"egress":"deny","deny":["169.254.169.254"]}}`,
+			`{"template":"tiny","network":{"egress":"deny","deny":["::1"]}}`,
+			`{"template":"tiny","network":{"credentials":[{"host":"api.example.com","header":"X-Key","secret":"never-stored"}]}}`,
 			`{"template":"tiny","metadata":{"bad key!":"v"}}`, `{"template":"tiny","env":{"A=B":"1"}}`,
 		}},
 		{fx.route("signal"), "signal", []string{
@@ -848,6 +856,9 @@ func (fx *badFixture) queryCases() []badCase {
 		c("attach/last_event_id_past_the_end", "GET", "/v1/commands/"+fx.cmdProbe+"/attach", nil, "Last-Event-ID", "1000"),
 	}
 	for _, r := range fx.adminRoutes() {
+		if r.name == "ports" {
+			continue // the ports proxy passes its query on to the guest
+		}
 		body := r.body
 		if r.name == "sandboxes_create" {
 			body = `{"template":"nosuchtemplate-badinput"}` // a server that ignores the query must not boot a VM
@@ -942,7 +953,7 @@ func (fx *badFixture) testTenants(t *testing.T) {
 	var cases []badCase
 	for _, r := range fx.routes(fx.sbxA, fx.cmdA, fx.opA, fx.keyAID) {
 		switch {
-		case strings.HasPrefix(r.name, "keys_"), strings.HasPrefix(r.name, "template"),
+		case strings.HasPrefix(r.name, "keys_"), strings.HasPrefix(r.name, "template"), strings.HasPrefix(r.name, "secrets_"),
 			r.name == "sandboxes_create", r.name == "sandboxes_list":
 			continue
 		}
@@ -1246,7 +1257,8 @@ func (fx *badFixture) testDeleted(t *testing.T) {
 	for _, r := range fx.adminRoutes() {
 		switch r.name {
 		case "sandbox_delete", "commands_create", "exec", "attach", "stdin", "signal", "resize",
-			"files_put", "files_get", "files_delete", "fs_stat", "fs_list", "fs_mkdir", "fs_move", "archive_get", "archive_put":
+			"files_put", "files_get", "files_delete", "fs_stat", "fs_list", "fs_mkdir", "fs_move", "archive_get", "archive_put",
+			"network_put", "ports", "tunnel":
 			cases = append(cases, badCase{name: r.name, status: 409, req: badReq{method: r.method, path: r.path, authz: admin, body: r.body}})
 		}
 	}

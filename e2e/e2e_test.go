@@ -48,6 +48,9 @@ func TestMain(m *testing.M) {
 		s.cleanup()
 	}
 	serversMu.Unlock()
+	for _, f := range laterCleanups {
+		f()
+	}
 	os.Exit(code)
 }
 

@@ -30,6 +30,7 @@ type server struct {
 	url  string
 	key  string // the admin key
 	args []string
+	env  []string // added to the server's environment
 
 	mu  sync.Mutex // guards cmd
 	cmd *exec.Cmd
@@ -49,7 +50,7 @@ var (
 func sharedServer(t *testing.T) *server {
 	t.Helper()
 	sharedOnce.Do(func() {
-		sharedSrv, sharedErr = launchServer("--ping-interval", "1s")
+		sharedSrv, sharedErr = launchServer(nil, "--ping-interval", "1s")
 	})
 	if sharedErr != nil {
 		t.Fatalf("start airlock serve: %v", sharedErr)
@@ -60,7 +61,13 @@ func sharedServer(t *testing.T) *server {
 // newServer starts a server for one test, stopped when it ends.
 func newServer(t *testing.T, args ...string) *server {
 	t.Helper()
-	s, err := launchServer(args...)
+	return newServerEnv(t, nil, args...)
+}
+
+// newServerEnv is newServer with env added to the server's environment.
+func newServerEnv(t *testing.T, env []string, args ...string) *server {
+	t.Helper()
+	s, err := launchServer(env, args...)
 	if err != nil {
 		t.Fatalf("start airlock serve: %v", err)
 	}
@@ -98,7 +105,7 @@ func freeAddr() (string, error) {
 	return ln.Addr().String(), nil
 }
 
-func launchServer(args ...string) (*server, error) {
+func launchServer(env []string, args ...string) (*server, error) {
 	home, err := newHome()
 	if err != nil {
 		return nil, err
@@ -107,7 +114,7 @@ func launchServer(args ...string) (*server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &server{home: home, addr: addr, url: "http://" + addr, args: args}
+	s := &server{home: home, addr: addr, url: "http://" + addr, args: args, env: env}
 	serversMu.Lock()
 	allServers = append(allServers, s)
 	serversMu.Unlock()
@@ -134,7 +141,7 @@ func binPath() string {
 // start runs the server and waits for its "serving" line.
 func (s *server) start() error {
 	cmd := exec.Command(binPath(), append([]string{"serve", "--listen", s.addr}, s.args...)...)
-	cmd.Env = append(os.Environ(), "AIRLOCK_HOME="+s.home)
+	cmd.Env = append(append(os.Environ(), "AIRLOCK_HOME="+s.home), s.env...)
 	pr, pw := io.Pipe()
 	cmd.Stdout = pw
 	cmd.Stderr = &s.out

@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
+
+	"github.com/sirupsen/logrus"
 
 	"github.com/airlockhq/airlock/internal/cli"
 	"github.com/airlockhq/airlock/internal/datadir"
@@ -18,6 +21,13 @@ func main() {
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	// The gateway's link package (gvisor-tap-vsock) logs through logrus's
+	// global logger, an error line each time a VM's link ends, which is
+	// how every gateway ends: the gateway silences it, unless debugging
+	// sends its words to our log.
+	if level == slog.LevelDebug {
+		logrus.SetOutput(slogWriter{log})
+	}
 	env := &cli.Env{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Log: log, Dir: datadir.Default()}
 	err := cli.Run(context.Background(), env, os.Args[1:])
 	var ee *cli.ExitError
@@ -25,4 +35,12 @@ func main() {
 		fmt.Fprintf(os.Stderr, "airlock: %s\n", cli.Message(err))
 	}
 	os.Exit(cli.ExitCode(err))
+}
+
+// slogWriter writes each logrus line to a slog logger at debug level.
+type slogWriter struct{ log *slog.Logger }
+
+func (w slogWriter) Write(p []byte) (int, error) {
+	w.log.Debug(strings.TrimSpace(string(p)), "component", "gateway link")
+	return len(p), nil
 }

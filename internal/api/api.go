@@ -76,6 +76,14 @@ const (
 	authMetrics      // an admin key unless metrics are open
 )
 
+// proxiedMethods are the methods a route without one (the ports proxy)
+// is documented with; it serves any.
+var proxiedMethods = []string{"GET", "POST", "PUT", "DELETE"}
+
+// anyParams are the params of a route that passes its query on, as
+// the ports proxy does.
+var anyParams = []string{"*"}
+
 type route struct {
 	method, path string
 	auth         auth
@@ -127,6 +135,15 @@ func (s *Server) routes() []route {
 		{"GET", "/v1/sandboxes/{id}/archive", authKey, path, s.archiveOut},
 		{"PUT", "/v1/sandboxes/{id}/archive", authKey, path, s.archiveIn},
 
+		{"PUT", "/v1/sandboxes/{id}/network", authKey, nil, jsonCall(http.StatusOK, s.setNetwork)},
+		{"GET", "/v1/sandboxes/{id}/egress-log", authKey, []string{"limit"}, s.egressLog},
+		{"", "/v1/sandboxes/{id}/ports/{port}/{path...}", authKey, anyParams, s.ports},
+		{"GET", "/v1/sandboxes/{id}/tunnel/{port}", authKey, nil, s.tunnel},
+
+		{"POST", "/v1/secrets", authKey, nil, s.putSecret},
+		{"GET", "/v1/secrets", authKey, page, s.listSecrets},
+		{"DELETE", "/v1/secrets/{name}", authKey, nil, s.deleteSecret},
+
 		{"GET", "/v1/templates", authKey, page, s.listTemplates},
 		{"GET", "/v1/templates/{ref}", authKey, nil, s.getTemplate},
 	}
@@ -137,7 +154,14 @@ func Routes() []Route {
 	var s Server
 	var out []Route
 	for _, rt := range s.routes() {
-		out = append(out, Route{Method: rt.method, Path: rt.path})
+		p := strings.ReplaceAll(rt.path, "...}", "}")
+		if rt.method != "" {
+			out = append(out, Route{Method: rt.method, Path: p})
+			continue
+		}
+		for _, m := range proxiedMethods {
+			out = append(out, Route{Method: m, Path: p})
+		}
 	}
 	return out
 }
@@ -164,7 +188,11 @@ func New(cfg Config) *Server {
 	}, []string{"method", "route"})
 	cfg.Registry.MustRegister(s.requests, s.latency)
 	for _, rt := range s.routes() {
-		s.mux.Handle(rt.method+" "+rt.path, s.wrap(rt))
+		pattern := rt.path
+		if rt.method != "" {
+			pattern = rt.method + " " + pattern
+		}
+		s.mux.Handle(pattern, s.wrap(rt))
 	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.requests.WithLabelValues(r.Method, "unmatched", "404").Inc()
@@ -264,12 +292,13 @@ func (s *Server) serve(w *statusWriter, r *http.Request, rt route) error {
 			return fmt.Errorf("metrics need an admin key: %w", errdefs.ErrPermission)
 		}
 	}
-	if rt.path != "/metrics" {
+	proxied := len(rt.params) == 1 && rt.params[0] == anyParams[0]
+	if rt.path != "/metrics" && !proxied {
 		if _, err := query(r, rt.params...); err != nil {
 			return err
 		}
 	}
-	if key := r.Header.Get("Idempotency-Key"); key != "" && r.Method != http.MethodGet {
+	if key := r.Header.Get("Idempotency-Key"); key != "" && r.Method != http.MethodGet && !proxied {
 		return s.idempotent(w, r, rt, p, key)
 	}
 	return rt.handle(w, r, p)

@@ -356,3 +356,37 @@ func (c *Client) ListKeys(ctx context.Context, lo ListOptions) (apiv1.List[apiv1
 func (c *Client) DeleteKey(ctx context.Context, id string, opts ...CallOption) error {
 	return c.call(ctx, http.MethodDelete, p("v1", "keys", id), nil, nil, nil, opts)
 }
+
+// PutSecret stores a secret for the client's key, replacing the value of
+// one with the same name, and reports whether the name is new (201) rather
+// than replaced (200). The value is sent once and never answered.
+func (c *Client) PutSecret(ctx context.Context, req apiv1.PutSecret, opts ...CallOption) (apiv1.Secret, bool, error) {
+	var out apiv1.Secret
+	b, err := json.Marshal(req)
+	if err != nil {
+		return out, false, fmt.Errorf("POST /v1/secrets: encode request: %w", err)
+	}
+	resp, err := c.do(ctx, request{method: http.MethodPost, path: "/v1/secrets", body: bytes.NewReader(b),
+		ctype: "application/json", accept: "application/json", opts: opts})
+	if err != nil {
+		return out, false, err
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return out, false, fmt.Errorf("POST /v1/secrets: decode answer: %w", err)
+	}
+	return out, resp.StatusCode == http.StatusCreated, nil
+}
+
+// ListSecrets returns one page of the client's key's secrets, by name,
+// without their values.
+func (c *Client) ListSecrets(ctx context.Context, lo ListOptions) (apiv1.List[apiv1.Secret], error) {
+	var out apiv1.List[apiv1.Secret]
+	err := c.call(ctx, http.MethodGet, "/v1/secrets", lo.query(), nil, &out, nil)
+	return out, err
+}
+
+// DeleteSecret removes a secret of the client's key.
+func (c *Client) DeleteSecret(ctx context.Context, name string, opts ...CallOption) error {
+	return c.call(ctx, http.MethodDelete, p("v1", "secrets", name), nil, nil, nil, opts)
+}

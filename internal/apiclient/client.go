@@ -64,6 +64,7 @@ type callOptions struct {
 	lastEventID    int64
 	hasLastEventID bool
 	token          string
+	upgrade        string // a protocol to upgrade the connection to
 }
 
 // IdempotencyKey sends key as the Idempotency-Key header of a mutating call:
@@ -222,6 +223,10 @@ func (c *Client) do(ctx context.Context, r request) (*http.Response, error) {
 	if o.hasLastEventID {
 		req.Header.Set("Last-Event-ID", fmt.Sprint(o.lastEventID))
 	}
+	if o.upgrade != "" {
+		req.Header.Set("Connection", "Upgrade")
+		req.Header.Set("Upgrade", o.upgrade)
+	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -233,7 +238,7 @@ func (c *Client) do(ctx context.Context, r request) (*http.Response, error) {
 		}
 		return nil, fmt.Errorf("%s %s: %w", r.method, r.path, err)
 	}
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+	if (resp.StatusCode < 200 || resp.StatusCode > 299) && !(o.upgrade != "" && resp.StatusCode == http.StatusSwitchingProtocols) {
 		return nil, readError(resp)
 	}
 	return resp, nil

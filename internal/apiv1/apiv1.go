@@ -302,7 +302,35 @@ type KeyCreated struct {
 	CreatedAt time.Time `json:"created_at"`
 }
 
+// PutSecret is the body of POST /v1/secrets: it stores Value under Name
+// for the calling key, replacing the value a secret of that name had.
+type PutSecret struct {
+	Name  string `json:"name"`
+	Value string `json:"value"`
+}
+
+// Secret is a stored secret as the API shows it: never its value.
+type Secret struct {
+	Name      string    `json:"name"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
 // Health is the answer to GET /healthz.
 type Health struct {
 	Status string `json:"status"`
+}
+
+// EgressEvent is one entry of a sandbox's egress log: a flow or a DNS
+// query its gateway judged.
+type EgressEvent struct {
+	Time     time.Time `json:"time"`
+	Proto    string    `json:"proto"` // "tcp", "udp" or "dns"
+	Host     string    `json:"host"`  // the name (SNI, Host or query), "" if none
+	IP       string    `json:"ip"`
+	Port     uint16    `json:"port"`
+	Verdict  string    `json:"verdict"` // "allow" or "deny"
+	Reason   string    `json:"reason"`
+	BytesOut int64     `json:"bytes_out"`
+	BytesIn  int64     `json:"bytes_in"`
 }

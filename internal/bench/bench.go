@@ -7,7 +7,9 @@
 // operations on a bare VM, a create from the template snapshot to first
 // output against a bare QEMU restoring the same snapshot, and the fleet
 // (memory per idle sandbox, concurrent creates) against one bare VM or
-// one create alone.
+// one create alone, and the network (TCP throughput, connect latency and
+// DNS latency through a sandbox's gateway) against the same program on the
+// host.
 // Absolute timings vary from host to host (and from minute to minute under
 // software emulation); the ratios to the baselines are what compare across
 // runs.
@@ -43,11 +45,16 @@ const (
 	ScenarioIdlePSS    = "idle_pss"
 	ScenarioConcurrent = "concurrent_create"
 	ScenarioSnapshot   = "snapshot_create_to_first_output"
+
+	ScenarioNetThroughput = "net_tcp_throughput"
+	ScenarioNetConnect    = "net_connect_latency"
+	ScenarioNetDNS        = "net_dns_latency"
 )
 
 // Scenarios lists every scenario in the order Run runs them.
 func Scenarios() []string {
-	return []string{ScenarioBoot, ScenarioSnapshot, ScenarioExecRTT, ScenarioThroughput, ScenarioPause,
+	return []string{ScenarioBoot, ScenarioSnapshot, ScenarioExecRTT, ScenarioThroughput,
+		ScenarioNetThroughput, ScenarioNetConnect, ScenarioNetDNS, ScenarioPause,
 		ScenarioSuspend, ScenarioIdlePSS, ScenarioConcurrent, ScenarioAPICreate, ScenarioAPIExecRTT}
 }
 
@@ -84,8 +91,9 @@ type Config struct {
 	// runtime's cached probe verdict).
 	Accel string
 	// Template is the template ref sandboxes boot from. Default "tiny".
-	// The stdout scenario needs `head` in it. Run resolves it before
-	// anything boots.
+	// The stdout scenario needs `dd` in it. Run resolves it before
+	// anything boots. The network scenarios use template base (python3)
+	// whatever it says.
 	Template string
 	// BootRuns is how many cold boots each side of the boot scenario makes.
 	// Default 5.
@@ -268,6 +276,9 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		{ScenarioSnapshot, r.snapshotCreate},
 		{ScenarioExecRTT, r.execRTT},
 		{ScenarioThroughput, r.stdoutThroughput},
+		{ScenarioNetThroughput, r.netTCPThroughput},
+		{ScenarioNetConnect, r.netConnectLatency},
+		{ScenarioNetDNS, r.netDNSLatency},
 		{ScenarioPause, r.pauseResume},
 		{ScenarioSuspend, r.suspendWake},
 		{ScenarioIdlePSS, r.idlePSS},

@@ -29,6 +29,12 @@ the ratios compare across runs):
                               the same snapshot until it runs
   exec_rtt                    exec round trip of true vs fork/exec of /bin/true
   stdout_throughput           N MiB of dd if=/dev/zero on stdout vs the same on the host
+  net_tcp_throughput          100 MiB sent from a sandbox through its gateway to a
+                              server on the host vs a host process sending the same
+  net_connect_latency         TCP connect and first byte through the gateway vs the
+                              same from a host process
+  net_dns_latency             a DNS query to the gateway vs the same query sent by a
+                              host process straight to the upstream resolver
   pause_resume                sandbox pause and resume (with the guest's refresh) vs
                               QMP stop and cont on the same QEMU
   suspend_wake_512            suspend and wake of a 512 MiB sandbox vs a bare QEMU
@@ -42,7 +48,9 @@ the ratios compare across runs):
   api_exec_rtt                HTTP API exec of true (and a command session to its
                               exit) vs exec of true through the runtime in-process
 
-The api_ scenarios serve the API in-process from a temporary data directory
+The net_ scenarios use the base template (python3 times both sides) and
+a server on one of this host's own addresses, which the sandbox's policy
+opens literally. The api_ scenarios serve the API in-process from a temporary data directory
 that shares this one's boot artifacts and templates. idle_pss and
 concurrent_create run N sandboxes at once (--sandboxes, default 20).
 A scenario that fails after measuring (a concurrent create that failed) is

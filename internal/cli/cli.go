@@ -92,7 +92,10 @@ func commands() []command {
 		{"exec", "run a command in a sandbox on a server", runExec},
 		{"shell", "open an interactive shell in a sandbox on a server", runShell},
 		{"cp", "copy files between this machine and a sandbox on a server", runCp},
+		{"secret", "store, list and remove secrets for credential rules on a server", runSecret},
 		{"op", "show or wait for an operation on a server", runOp},
+		{"network", "change a sandbox's egress policy and show its egress log on a server", runNetwork},
+		{"port-forward", "forward a local TCP port to a port in a sandbox on a server", runPortForward},
 		{"version", "print the version", runVersion},
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/airlockhq/airlock/internal/agentclient"
 	"github.com/airlockhq/airlock/internal/agentproto"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/gateway/policy"
 	"github.com/airlockhq/airlock/internal/sandbox"
 )
 
@@ -39,7 +40,13 @@ are passed on to CMD.
 
   airlock run -- python3 -c 'print(1)'
   airlock run -it -- bash
-  airlock run --template tiny -e GREETING=hi -- sh -c 'echo $GREETING'`
+  airlock run --template tiny -e GREETING=hi -- sh -c 'echo $GREETING'
+  airlock run --net allow -- python3 -c 'import urllib.request as u; print(u.urlopen("https://example.com").status)'
+
+The sandbox's network goes through a gateway in this process, with the
+egress policy --net (default deny: DNS answers nothing, no connection
+leaves). A sandbox kept with --keep loses its network when airlock run
+exits; sandboxes of ` + "`airlock serve`" + ` keep theirs.`
 
 func runRun(ctx context.Context, env *Env, args []string) error {
 	fs := newFlagSet("run", "airlock run [FLAGS] -- CMD [ARGS...]", runAbout, env)
@@ -56,9 +63,20 @@ func runRun(ctx context.Context, env *Env, args []string) error {
 	keep := fs.Bool("keep", false, "leave the sandbox running afterwards and print its ID")
 	timeout := fs.Duration("timeout", 0, "kill CMD after this `duration` (e.g. 30s; 0: no limit)")
 	accel := fs.String("accel", "auto", "accelerator: kvm, tcg or auto")
+	netPolicy := fs.String("net", "deny", netFlagHelp+"; credential rules are for the server")
+	dnsUpstream := fs.String("dns-upstream", "", "resolver `HOST:PORT` the gateway asks (default: the host's)")
 	if err := parse(fs, expandShortFlags(args, "it")); err != nil {
 		return err
 	}
+	rawNet, err := readNetworkPolicy(env, *netPolicy)
+	if err != nil {
+		return fmt.Errorf("run: %w", err)
+	}
+	pol, _ := policy.Parse(rawNet)
+	if len(pol.Credentials) > 0 {
+		return fmt.Errorf("run: %w: %w", errNoNet, errdefs.ErrInvalid)
+	}
+	pol = pol.Normalized()
 	argv := fs.Args()
 	if len(argv) == 0 {
 		return fmt.Errorf("run: give a command to run after --, e.g. `airlock run -- echo hi`: %w", errdefs.ErrInvalid)
@@ -79,12 +97,14 @@ func runRun(ctx context.Context, env *Env, args []string) error {
 		return fmt.Errorf("run: %v: %w", err, errdefs.ErrInvalid)
 	}
 
-	rt, err := sandbox.New(ctx, sandbox.Config{Dir: env.Dir, Accel: *accel, Log: env.Log})
+	rt, err := sandbox.New(ctx, sandbox.Config{Dir: env.Dir, Accel: *accel, Log: env.Log,
+		Network: sandbox.NetworkConfig{DNSUpstream: *dnsUpstream}})
 	if err != nil {
 		return err
 	}
 	sb, err := rt.Create(ctx, sandbox.Spec{
 		Template: *tpl, VCPUs: *vcpus, MemoryMiB: *memory, DiskMiB: *disk, Env: vars, Detach: *keep,
+		Network: &pol,
 	})
 	if err != nil {
 		return err

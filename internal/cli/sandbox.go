@@ -38,7 +38,8 @@ With --no-wait it prints as soon as the server has accepted the request;
 ` + "`airlock op get --wait OP`" + ` waits later. Exits 1 if the sandbox fails to start.
 
   SBX=$(airlock sandbox create)
-  airlock sandbox create --template tiny --memory 256 --timeout 15m -l owner=ci`
+  airlock sandbox create --template tiny --memory 256 --timeout 15m -l owner=ci
+  airlock sandbox create --net policy.json`
 
 func runSandboxCreate(ctx context.Context, env *Env, args []string) error {
 	fs := newFlagSet("sandbox create", "airlock sandbox create [FLAGS]", sandboxCreateAbout, env)
@@ -53,6 +54,7 @@ func runSandboxCreate(ctx context.Context, env *Env, args []string) error {
 	fs.Var(vars, "e", "default environment variable `KEY=VALUE` of its commands (repeatable)")
 	labels := envFlags{}
 	fs.Var(labels, "l", "metadata label `k=v` (repeatable)")
+	netPolicy := fs.String("net", "", netFlagHelp+" (default: the server's)")
 	noWait := fs.Bool("no-wait", false, "do not wait until the sandbox runs")
 	asJSON := fs.Bool("json", false, "print the sandbox and its operation as JSON")
 	pos, err := parseInterspersed(fs, args)
@@ -75,6 +77,11 @@ func runSandboxCreate(ctx context.Context, env *Env, args []string) error {
 		return err
 	}
 	req := apiv1.CreateSandbox{Template: *tpl, VCPUs: *vcpus, MemoryMiB: *memory, DiskMiB: *disk}
+	if *netPolicy != "" {
+		if req.Network, err = readNetworkPolicy(env, *netPolicy); err != nil {
+			return fmt.Errorf("sandbox create: %w", err)
+		}
+	}
 	if timeout.set {
 		req.TimeoutS = &timeout.n
 	}

@@ -16,7 +16,9 @@ import (
 
 	"github.com/airlockhq/airlock/internal/api"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/gateway"
 	"github.com/airlockhq/airlock/internal/sandbox"
+	"github.com/airlockhq/airlock/internal/secrets"
 	"github.com/airlockhq/airlock/internal/service"
 	"github.com/airlockhq/airlock/internal/store"
 )
@@ -27,8 +29,16 @@ On first start it creates an admin API key, prints it once and writes it
 to $AIRLOCK_HOME/admin.key (mode 0600). Sandboxes keep running when the
 server stops; the next start re-adopts them and their commands.
 
+Every sandbox's network goes through its gateway in this process, which
+enforces the sandbox's egress policy (see docs/network.md). A sandbox
+created without a policy gets --default-egress. Names are resolved
+through the host's resolvers (/etc/resolv.conf) or --dns-upstream, and
+upstreams of hosts with credentials are verified with the host's roots
+(SSL_CERT_FILE is honoured).
+
   airlock serve
-  airlock serve --listen 0.0.0.0:7700 --max-sandboxes 64`
+  airlock serve --listen 0.0.0.0:7700 --max-sandboxes 64
+  airlock serve --default-egress allow --dns-upstream 127.0.0.1:5353`
 
 func runServe(ctx context.Context, env *Env, args []string) error {
 	fs := newFlagSet("serve", "airlock serve [FLAGS]", serveAbout, env)
@@ -38,8 +48,18 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	maxStarts := fs.Int("max-starts", 0, "most sandboxes booting at once (default: twice the CPUs)")
 	maxQueued := fs.Int("max-queued-starts", 64, "most creates waiting for a start slot")
 	ping := fs.Duration("ping-interval", 15*time.Second, "how often idle event streams get a `: ping`")
+	defaultEgress := fs.String("default-egress", "deny", "egress of sandboxes created without a network policy: allow or deny")
+	dnsUpstream := fs.String("dns-upstream", "", "resolver `HOST:PORT` the gateways ask (default: the host's, from /etc/resolv.conf)")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *defaultEgress != "allow" && *defaultEgress != "deny" {
+		return fmt.Errorf("serve: --default-egress %q is not allow or deny: %w", *defaultEgress, errdefs.ErrInvalid)
+	}
+	if *dnsUpstream != "" {
+		if _, port, err := net.SplitHostPort(*dnsUpstream); err != nil || port == "" {
+			return fmt.Errorf("serve: --dns-upstream %q is not HOST:PORT: %w", *dnsUpstream, errdefs.ErrInvalid)
+		}
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("serve: unexpected argument %q: %w", fs.Arg(0), errdefs.ErrInvalid)
@@ -65,15 +85,29 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 		return fmt.Errorf("serve: open store: %w", err)
 	}
 	defer st.Close()
-	rt, err := sandbox.New(ctx, sandbox.Config{Dir: env.Dir, Accel: *accel, Log: log})
+	box, err := secrets.OpenBox(env.Dir.SecretsKey())
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	svc, err := service.New(ctx, service.Config{
+	// The gateways look secrets up through the service, which needs the
+	// runtime first: the service is filled in before any sandbox starts.
+	var svc *service.Service
+	rt, err := sandbox.New(ctx, sandbox.Config{Dir: env.Dir, Accel: *accel, Log: log, Network: sandbox.NetworkConfig{
+		DNSUpstream: *dnsUpstream,
+		Metrics:     gateway.NewMetrics(reg),
+		Secret: func(ctx context.Context, id, name string) (string, error) {
+			return svc.SandboxSecret(ctx, id, name)
+		},
+	}})
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	svc, err = service.New(ctx, service.Config{
 		Dir: env.Dir, Runtime: rt, Store: st, Log: log, Metrics: service.NewMetrics(reg),
 		MaxSandboxes: *maxSandboxes, MaxStarts: *maxStarts, MaxQueuedStarts: *maxQueued,
+		DefaultEgress: *defaultEgress, Secrets: box,
 	})
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)

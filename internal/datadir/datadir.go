@@ -70,3 +70,6 @@ func (d Dir) AdminKey() string { return filepath.Join(d.Root, "admin.key") }
 
 // AccelVerdict is the file caching which accelerator works on this host.
 func (d Dir) AccelVerdict() string { return filepath.Join(d.Root, "accel.json") }
+
+// SecretsKey is the key that seals stored secrets (mode 0600).
+func (d Dir) SecretsKey() string { return filepath.Join(d.Root, "secrets.key") }

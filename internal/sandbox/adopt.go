@@ -73,8 +73,10 @@ func (r *Runtime) Adopt(ctx context.Context, id string, spec Spec) (*Sandbox, er
 		return nil, fmt.Errorf("adopt sandbox %s: %w", id, err)
 	}
 	sb.vm, sb.owner = m, lock
+	var netMAC string // the VM's network device, when it has one
 	if rec, err := readRecord(dir); err == nil {
 		sb.Snapshot = rec.snapshot()
+		netMAC = rec.VM.NetMAC
 	}
 	st, err := m.Status(ctx)
 	if err != nil {
@@ -113,6 +115,16 @@ func (r *Runtime) Adopt(ctx context.Context, id string, spec Spec) (*Sandbox, er
 			sb.Template = tpl
 		}
 	}
+	err = r.startGateway(ctx, sb, netMAC)
+	if err == nil {
+		err = sb.linkUp(ctx)
+	}
+	if err != nil {
+		sb.closeGateway()
+		sb.vm.Release()
+		lock.Close()
+		return nil, fmt.Errorf("adopt sandbox %s: %w", id, err)
+	}
 	if sb.paused {
 		go sb.watch()
 		sb.log.Info("sandbox adopted paused", "pid", m.PID(), "status", st)
@@ -120,6 +132,7 @@ func (r *Runtime) Adopt(ctx context.Context, id string, spec Spec) (*Sandbox, er
 	}
 	if err := sb.connect(ctx); err != nil {
 		failure := sb.Failure() // read before Release, which stops watching the VM
+		sb.closeGateway()
 		sb.vm.Release()
 		lock.Close()
 		if failure != nil {

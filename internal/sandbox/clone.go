@@ -55,6 +55,7 @@ func (r *Runtime) clone(ctx context.Context, spec Spec, tpl template.Template) (
 			sb.vm = m
 			return nil
 		}, func() { sb.vm.Stop(context.Background()) }},
+		r.gatewayStep(sb, &cfg),
 		{"restore template snapshot", func(ctx context.Context) error {
 			err := sb.vm.RestoreState(ctx, held.snap.StateFile, true)
 			// The clone has mapped the memory file and read the state:
@@ -63,6 +64,7 @@ func (r *Runtime) clone(ctx context.Context, spec Spec, tpl template.Template) (
 			restoreErr = err
 			return err
 		}, nil},
+		linkStep(sb),
 		{"grow disk", func(ctx context.Context) error {
 			// The guest learns the new size from a virtio configuration
 			// change, handled once it runs; "check disk" confirms it.

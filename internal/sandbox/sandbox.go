@@ -61,6 +61,9 @@ import (
 	"github.com/airlockhq/airlock/internal/agentproto"
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/gateway"
+	"github.com/airlockhq/airlock/internal/gateway/mitm"
+	"github.com/airlockhq/airlock/internal/gateway/policy"
 	"github.com/airlockhq/airlock/internal/guest"
 	"github.com/airlockhq/airlock/internal/ids"
 	"github.com/airlockhq/airlock/internal/template"
@@ -79,6 +82,8 @@ type Config struct {
 	// ColdBoot boots every sandbox from scratch instead of cloning its
 	// template's snapshot (TemplateSnapshot). Default false: clones.
 	ColdBoot bool
+	// Network configures the sandboxes' gateways.
+	Network NetworkConfig
 	// Log receives the runtime's diagnostics.
 	Log *slog.Logger
 }
@@ -155,6 +160,9 @@ type Spec struct {
 	// ColdBoot boots the VM from scratch instead of cloning the template's
 	// snapshot, as Config.ColdBoot does for every sandbox.
 	ColdBoot bool `json:"cold_boot,omitempty"`
+	// Network is the egress policy of the sandbox's gateway; nil denies
+	// all egress. It must be valid (policy.Policy.Validate).
+	Network *policy.Policy `json:"network,omitempty"`
 }
 
 // Limits bound what one sandbox may ask for, to protect the host.
@@ -253,6 +261,11 @@ type Sandbox struct {
 	agent     *agentclient.Client
 	paused    bool // the vCPUs are stopped (Pause, or found so by Adopt)
 	suspended bool // Suspend saved the sandbox and ended its VM
+	// gw is the sandbox's gateway, with its CA and egress log; nil when
+	// the VM has no network device, or it is suspended.
+	gw     *gateway.Gateway
+	ca     *mitm.CA
+	events *gateway.Log
 
 	owner *os.File // holds the directory's owner lock while this process owns it
 
@@ -347,6 +360,7 @@ func (r *Runtime) boot(ctx context.Context, spec Spec, tpl template.Template) (*
 	cfg := vm.Config{
 		Kernel: r.cfg.Dir.Kernel(), Initramfs: r.cfg.Dir.Initramfs(), Accel: r.accel, CPU: r.cpu,
 		VCPUs: spec.VCPUs, MemoryMiB: spec.MemoryMiB, Disk: overlay, Dir: sb.Dir, Detach: spec.Detach,
+		NetMAC: gateway.GuestMAC,
 	}
 	if r.accel == vm.AccelTCG {
 		cfg.TSCKHz = vm.HostTSCKHz()
@@ -365,6 +379,8 @@ func (r *Runtime) boot(ctx context.Context, spec Spec, tpl template.Template) (*
 			sb.vm = m
 			return nil
 		}, func() { sb.vm.Stop(context.Background()) }},
+		r.gatewayStep(sb, &cfg),
+		linkStep(sb),
 		{"connect to agent", func(ctx context.Context) error {
 			c, err := ConnectAgent(ctx, sb.vm, r.cfg.BootTimeout)
 			sb.agent = c
@@ -425,7 +441,7 @@ func initStep(sb *Sandbox) step {
 		rand.Read(entropy)
 		res, err := sb.agent.Init(ctx, agentproto.InitRequest{
 			Hostname: sb.ID, TimeUnixNano: time.Now().UnixNano(), Entropy: entropy,
-			Env: sb.Spec.Env, RootDevice: "/dev/vda",
+			Env: sb.Spec.Env, RootDevice: "/dev/vda", Network: sb.guestNetwork(),
 		})
 		sb.Init = res
 		return sb.explain(err)
@@ -498,6 +514,7 @@ func (s *Sandbox) watch() {
 		return
 	}
 	s.closeAgent()
+	s.closeGateway()
 }
 
 // closeAgent ends the session with the agent, if there is one.
@@ -630,6 +647,7 @@ func (s *Sandbox) Release() {
 	s.releaseOnce.Do(func() {
 		close(s.released)
 		s.closeAgent()
+		s.closeGateway()
 		s.vm.Release()
 		s.owner.Close()
 	})
@@ -638,6 +656,7 @@ func (s *Sandbox) Release() {
 // Destroy stops the VM and removes everything the sandbox had on the host.
 func (s *Sandbox) Destroy(ctx context.Context) error {
 	s.closeAgent()
+	s.closeGateway()
 	s.vm.Stop(ctx)
 	err := os.RemoveAll(s.Dir)
 	s.owner.Close()

@@ -20,6 +20,7 @@ import (
 	"github.com/airlockhq/airlock/internal/atomicfile"
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/gateway"
 	"github.com/airlockhq/airlock/internal/template"
 	"github.com/airlockhq/airlock/internal/vm"
 )
@@ -303,6 +304,8 @@ func (r *Runtime) loadSnapshot(key snapshotKey, origin string) (TemplateSnapshot
 		return TemplateSnapshot{}, rec, fmt.Errorf("its record is of %s with %d vcpus and %d MiB", rec.Template, rec.VCPUs, rec.MemoryMiB)
 	case rec.Origin != origin:
 		return TemplateSnapshot{}, rec, errors.New("the boot artifacts or QEMU changed since it was made")
+	case rec.VM.NetMAC != gateway.GuestMAC:
+		return TemplateSnapshot{}, rec, errors.New("it was made without the network device sandboxes have")
 	case rec.VM.Accel != r.accel || rec.VM.CPU != r.cpu:
 		return TemplateSnapshot{}, rec, fmt.Errorf("it was made for accelerator %s (cpu %q)", rec.VM.Accel, rec.VM.CPU)
 	}
@@ -432,6 +435,9 @@ func (r *Runtime) buildSnapshot(ctx context.Context, key snapshotKey, tpl templa
 				// device must be there all the same, as in a sandbox.
 				Disk:       filepath.Join(build, snapshotDiskName),
 				MemoryFile: filepath.Join(build, snapshotMemName), MemoryShared: true,
+				// The network device too: a clone's gateway connects
+				// to it, and the guest configures it at init.
+				NetMAC: gateway.GuestMAC,
 			}
 			if r.accel == vm.AccelTCG {
 				cfg.TSCKHz = vm.HostTSCKHz()

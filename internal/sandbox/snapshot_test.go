@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/gateway"
 	"github.com/airlockhq/airlock/internal/template"
 	"github.com/airlockhq/airlock/internal/vm"
 )
@@ -53,7 +54,8 @@ func fakeSnapshot(t *testing.T, r *Runtime, key snapshotKey, origin string) snap
 	}
 	rec := snapshotRecord{
 		Template: key.digest, VCPUs: key.vcpus, MemoryMiB: key.memoryMiB, Origin: origin,
-		VM:         vm.Config{Accel: r.accel, VCPUs: key.vcpus, MemoryMiB: key.memoryMiB, Dir: dir, MemoryFile: mem, MemoryShared: true},
+		VM: vm.Config{Accel: r.accel, VCPUs: key.vcpus, MemoryMiB: key.memoryMiB, Dir: dir, MemoryFile: mem, MemoryShared: true,
+			NetMAC: gateway.GuestMAC},
 		StateBytes: int64(len("QEVM state")), ID: "made-once", BuiltAt: time.Now(),
 	}
 	writeSnapshotRecord(t, dir, rec)
@@ -95,6 +97,10 @@ func TestLoadSnapshot(t *testing.T) {
 			rec.VM.Accel = vm.AccelKVM
 			writeSnapshotRecord(t, dir, rec)
 		}, "made for accelerator kvm"},
+		{"made without a network device", func(t *testing.T, dir string, rec snapshotRecord) {
+			rec.VM.NetMAC = ""
+			writeSnapshotRecord(t, dir, rec)
+		}, "without the network device"},
 		{"other memory size", func(t *testing.T, dir string, rec snapshotRecord) {
 			rec.MemoryMiB = 128
 			writeSnapshotRecord(t, dir, rec)

@@ -214,6 +214,7 @@ func (s *Sandbox) Suspend(ctx context.Context) error {
 	s.mu.Unlock()
 	s.releaseOnce.Do(func() { close(s.released) })
 	s.closeAgent()
+	s.closeGateway()
 	s.vm.Stop(ctx)
 	s.owner.Close()
 	s.log.Info("sandbox suspended")
@@ -273,10 +274,23 @@ func (r *Runtime) Wake(ctx context.Context, id string) (*Sandbox, error) {
 			cfg.Incoming = true
 			var err error
 			m, err = vm.Start(ctx, cfg, log)
+			if err == nil {
+				sb = newSandbox(id, dir, rec.Spec, r.log)
+				sb.vm, sb.owner = m, lock
+				sb.Snapshot = rec.snapshot()
+			}
 			return err
 		}, func() { m.Stop(context.Background()) }},
+		{"start gateway", func(ctx context.Context) error {
+			// Flows the guest had open end: the new gateway knows none
+			// of them, and resets them when the guest sends on them.
+			return r.startGateway(ctx, sb, rec.VM.NetMAC)
+		}, func() { sb.closeGateway() }},
 		{"restore state", func(ctx context.Context) error {
 			return m.RestoreState(ctx, state, false)
+		}, nil},
+		{"network link up", func(ctx context.Context) error {
+			return sb.linkUp(ctx) // sb is made by "start vm"
 		}, nil},
 		{"resume vm", func(ctx context.Context) error {
 			// Once the guest runs, its disk moves past the saved state,
@@ -292,9 +306,6 @@ func (r *Runtime) Wake(ctx context.Context, id string) (*Sandbox, error) {
 			return nil
 		}, func() { saveAgain(m, state, log) }},
 		{"connect to agent", func(ctx context.Context) error {
-			sb = newSandbox(id, dir, rec.Spec, r.log)
-			sb.vm, sb.owner = m, lock
-			sb.Snapshot = rec.snapshot()
 			c, err := ConnectAgent(ctx, m, wakeAgentTimeout)
 			if err != nil {
 				return err

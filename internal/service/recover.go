@@ -127,8 +127,10 @@ func (s *Service) recoverOp(ctx context.Context, op store.Operation) error {
 func (s *Service) recoverRunning(ctx context.Context, sb store.Sandbox) {
 	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
+	pol := storedPolicy(sb)
 	box, err := s.rt.Adopt(actx, sb.ID, sandbox.Spec{
 		ID: sb.ID, Template: sb.TemplateDigest, VCPUs: sb.VCPUs, MemoryMiB: sb.MemoryMiB, DiskMiB: sb.DiskMiB, Env: sb.Env, Detach: true,
+		Network: &pol,
 	})
 	if err != nil {
 		msg := "the sandbox VM stopped while the server was down: " + err.Error()

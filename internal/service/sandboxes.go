@@ -61,35 +61,6 @@ var labelKey = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.\-/]*$`)
 func envKeyOK(k string) bool   { return !strings.ContainsAny(k, "=\x00") }
 func labelKeyOK(k string) bool { return labelKey.MatchString(k) }
 
-// checkNetwork accepts only what this server enforces: sandboxes have no
-// network device, which is the policy {"egress": "deny"} with no rules.
-func checkNetwork(raw json.RawMessage) (json.RawMessage, error) {
-	deny := json.RawMessage(`{"egress":"deny"}`)
-	if len(raw) == 0 || string(raw) == "null" {
-		return deny, nil
-	}
-	refuse := fmt.Errorf("this server gives sandboxes no network yet: omit network or set it to {\"egress\": \"deny\"}: %w", errdefs.ErrInvalid)
-	var p map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &p); err != nil {
-		return nil, refuse
-	}
-	for k, v := range p {
-		switch k {
-		case "egress":
-		case "allow", "deny", "credentials":
-			if string(v) != "null" && string(v) != "[]" {
-				return nil, refuse
-			}
-		default:
-			return nil, refuse
-		}
-	}
-	if e, ok := p["egress"]; !ok || string(e) != `"deny"` {
-		return nil, refuse
-	}
-	return deny, nil
-}
-
 // CreateSandbox records a new sandbox and its create operation, and boots
 // it in the background.
 func (s *Service) CreateSandbox(ctx context.Context, p Principal, req apiv1.CreateSandbox) (apiv1.SandboxOperation, error) {
@@ -116,11 +87,11 @@ func (s *Service) CreateSandbox(ctx context.Context, p Principal, req apiv1.Crea
 	if err := checkMap("metadata", req.Metadata, labelKeyOK); err != nil {
 		return apiv1.SandboxOperation{}, err
 	}
-	network, err := checkNetwork(req.Network)
+	pol, network, err := s.parseNetwork(ctx, p.KeyID, req.Network)
 	if err != nil {
 		return apiv1.SandboxOperation{}, err
 	}
-	spec, tpl, err := s.rt.Resolve(sandbox.Spec{Template: req.Template, VCPUs: req.VCPUs, MemoryMiB: req.MemoryMiB, DiskMiB: req.DiskMiB})
+	spec, tpl, err := s.rt.Resolve(sandbox.Spec{Template: req.Template, VCPUs: req.VCPUs, MemoryMiB: req.MemoryMiB, DiskMiB: req.DiskMiB, Network: &pol})
 	if err != nil {
 		return apiv1.SandboxOperation{}, err
 	}

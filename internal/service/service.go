@@ -24,6 +24,7 @@ import (
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/sandbox"
+	"github.com/airlockhq/airlock/internal/secrets"
 	"github.com/airlockhq/airlock/internal/store"
 )
 
@@ -51,6 +52,14 @@ type Config struct {
 	// ShutdownGrace is how long Close waits for lifecycle work in flight.
 	// Default 10 s.
 	ShutdownGrace time.Duration
+	// DefaultEgress is the egress of a sandbox created without a network
+	// policy: "deny" (the default) or "allow".
+	DefaultEgress string
+	// Secrets seals and opens the values of stored secrets (POST
+	// /v1/secrets) for credential rules. Nil: the server keeps no secrets,
+	// and every secret call is refused with an error wrapping
+	// errdefs.ErrPrecondition.
+	Secrets *secrets.Box
 }
 
 // Validate checks the configuration and fills in defaults.
@@ -72,6 +81,13 @@ func (c *Config) Validate() error {
 	}
 	if c.ShutdownGrace == 0 {
 		c.ShutdownGrace = 10 * time.Second
+	}
+	switch c.DefaultEgress {
+	case "":
+		c.DefaultEgress = "deny"
+	case "allow", "deny":
+	default:
+		return fmt.Errorf("default egress %q is not \"allow\" or \"deny\": %w", c.DefaultEgress, errdefs.ErrInvalid)
 	}
 	if c.MaxSandboxes < 1 || c.MaxStarts < 1 || c.MaxQueuedStarts < 0 {
 		return fmt.Errorf("limits must be positive (max sandboxes %d, max starts %d, queued starts %d): %w",

@@ -2,7 +2,6 @@ package service
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -156,38 +155,6 @@ func TestCheckToken(t *testing.T) {
 				t.Errorf("got %v, want unauthenticated saying %q", err, tt.msg)
 			}
 		})
-	}
-}
-
-func TestCheckNetwork(t *testing.T) {
-	tests := []struct {
-		raw string
-		ok  bool
-	}{
-		{``, true},
-		{`null`, true},
-		{`{"egress":"deny"}`, true},
-		{`{"egress":"deny","deny":[]}`, true},
-		{`{"egress":"deny","deny":["169.254.169.254"]}`, false},
-		{`{"egress":"deny","bogus":1}`, false},
-		{`{}`, false},
-		{`{"egress":"allow"}`, false},
-		{`{"egress":"deny","allow":["example.com"]}`, false},
-		{`{"credentials":[{"host":"x"}]}`, false},
-		{`"deny"`, false},
-		{`{"egress":5}`, false},
-	}
-	for _, tt := range tests {
-		got, err := checkNetwork(json.RawMessage(tt.raw))
-		if tt.ok != (err == nil) {
-			t.Errorf("%s: %v", tt.raw, err)
-		}
-		if err == nil && string(got) != `{"egress":"deny"}` {
-			t.Errorf("%s: stored as %s", tt.raw, got)
-		}
-		if err != nil && !errors.Is(err, errdefs.ErrInvalid) {
-			t.Errorf("%s: %v is not invalid", tt.raw, err)
-		}
 	}
 }
 

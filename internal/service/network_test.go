@@ -1,0 +1,68 @@
+package service
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/errdefs"
+)
+
+func TestParseNetwork(t *testing.T) {
+	ctx := context.Background()
+	s := secretService(t)
+	s.cfg.DefaultEgress = "deny"
+	alice := Principal{KeyID: "keyalice", Role: apiv1.RoleUser}
+	if _, _, err := s.PutSecret(ctx, alice, apiv1.PutSecret{Name: "openai", Value: "sk-alice"}); err != nil {
+		t.Fatal(err)
+	}
+	cred := `"credentials":[{"host":"api.openai.com","header":"Authorization","secret":"openai","format":"Bearer {}"}]`
+	tests := []struct {
+		name, raw  string
+		stored     string // the policy as stored; "" when it is refused
+		wantInErr  string
+		defaultOut string // the server's default egress, when not deny
+	}{
+		{name: "absent", raw: ``, stored: `{"egress":"deny"}`},
+		{name: "null", raw: `null`, stored: `{"egress":"deny"}`},
+		{name: "absent with an open default", raw: ``, stored: `{"egress":"allow"}`, defaultOut: "allow"},
+		{name: "rules", raw: `{"egress":"deny","allow":["Example.COM.","*.pypi.org:443","10.1.0.0/16"],"deny":["203.0.113.9"]}`,
+			stored: `{"egress":"deny","allow":["example.com","*.pypi.org:443","10.1.0.0/16"],"deny":["203.0.113.9"]}`},
+		{name: "a stored secret", raw: `{"egress":"deny","allow":["api.openai.com"],` + cred + `}`,
+			stored: `{"egress":"deny","allow":["api.openai.com"],` + cred + `}`},
+		{name: "a secret of nobody", raw: `{"credentials":[{"host":"a.example","header":"X-Key","secret":"nope"}]}`, wantInErr: `"nope"`},
+		{name: "bad cidr", raw: `{"allow":["10.0.0.0/33"]}`, wantInErr: "10.0.0.0/33"},
+		{name: "port zero", raw: `{"allow":["example.com:0"]}`, wantInErr: "example.com:0"},
+		{name: "wildcard alone", raw: `{"allow":["*."]}`, wantInErr: `"*."`},
+		{name: "credential on a wildcard", raw: `{"credentials":[{"host":"*.openai.com","header":"Authorization","secret":"openai"}]}`, wantInErr: "*.openai.com"},
+		{name: "header with CR LF", raw: `{"credentials":[{"host":"api.openai.com","header":"X\r\nY","secret":"openai"}]}`, wantInErr: "header"},
+		{name: "unknown field", raw: `{"egress":"deny","bogus":1}`, wantInErr: "bogus"},
+		{name: "not an object", raw: `"deny"`, wantInErr: ""},
+		{name: "egress of a wrong type", raw: `{"egress":5}`, wantInErr: ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s.cfg.DefaultEgress = "deny"
+			if tt.defaultOut != "" {
+				s.cfg.DefaultEgress = tt.defaultOut
+			}
+			_, stored, err := s.parseNetwork(ctx, alice.KeyID, json.RawMessage(tt.raw))
+			if tt.stored == "" {
+				if !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), tt.wantInErr) {
+					t.Fatalf("got %s, %v; want invalid naming %q", stored, err, tt.wantInErr)
+				}
+				return
+			}
+			if err != nil || string(stored) != tt.stored {
+				t.Fatalf("stored %s, %v; want %s", stored, err, tt.stored)
+			}
+		})
+	}
+	// Another key cannot name alice's secret.
+	if _, _, err := s.parseNetwork(ctx, "keybob", json.RawMessage(`{`+cred+`}`)); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Errorf("bob naming alice's secret: %v", err)
+	}
+}
