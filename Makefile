@@ -32,7 +32,9 @@ vet:
 unit:
 	CGO_ENABLED=1 $(GO) test -race -count=1 . ./internal/... ./cmd/...
 
+# The network tests make test hosts in network namespaces with iproute2's ip.
 e2e: setup
+	@command -v ip >/dev/null || { apt-get update -qq && apt-get install -y -qq iproute2; }
 	AIRLOCK_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m ./e2e/...
 
 test: vet unit e2e
