@@ -279,10 +279,22 @@ const (
 	RoleUser  = "user"
 )
 
-// CreateKey is the body of POST /v1/keys.
+// Key formats: how the secret of an API key reads. Both kinds work on the
+// native API and the E2B-compatible one, with the same tenancy.
+const (
+	// KeyFormatAirlock reads "alk_<key ID without its prefix>_<secret>".
+	KeyFormatAirlock = "airlock"
+	// KeyFormatE2B reads "e2b_" and 40 lowercase hex digits, the shape
+	// E2B's SDKs check a key against before they send it.
+	KeyFormatE2B = "e2b"
+)
+
+// CreateKey is the body of POST /v1/keys. An empty Role means RoleUser, an
+// empty Format KeyFormatAirlock.
 type CreateKey struct {
-	Name string `json:"name"`
-	Role string `json:"role"`
+	Name   string `json:"name"`
+	Role   string `json:"role"`
+	Format string `json:"format,omitempty"`
 }
 
 // Key is an API key as listed; the secret is never shown again.
@@ -290,6 +302,7 @@ type Key struct {
 	ID        string    `json:"id"`
 	Name      string    `json:"name"`
 	Role      string    `json:"role"`
+	Format    string    `json:"format"`
 	CreatedAt time.Time `json:"created_at"`
 }
 
@@ -298,6 +311,7 @@ type KeyCreated struct {
 	ID        string    `json:"id"`
 	Name      string    `json:"name"`
 	Role      string    `json:"role"`
+	Format    string    `json:"format"`
 	Key       string    `json:"key"`
 	CreatedAt time.Time `json:"created_at"`
 }

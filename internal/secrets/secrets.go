@@ -6,6 +6,9 @@
 //
 // A sealed value is 1 version byte (1), a 12-byte random nonce and the
 // ciphertext with its 16-byte tag.
+//
+// LoadOrCreateKey is the key-file handling on its own, for the server's
+// other keys (such as the one that signs E2B access tokens).
 package secrets
 
 import (
@@ -44,14 +47,28 @@ type Box struct {
 // others than its owner may read or write, is refused with an error wrapping
 // errdefs.ErrPrecondition that says what to do.
 func OpenBox(path string) (*Box, error) {
-	key, err := readKey(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		key, err = createKey(path)
-	}
+	key, err := LoadOrCreateKey(path, KeySize)
 	if err != nil {
 		return nil, err
 	}
 	return newBox(key)
+}
+
+// LoadOrCreateKey returns the n-byte key in the file at path, creating the
+// file (mode 0600, its directory 0700 if missing) with n fresh random bytes
+// when there is none; two processes creating it at once get the same key.
+// A key file that is not a regular file of n bytes, or that others than its
+// owner may read or write, is refused with an error wrapping
+// errdefs.ErrPrecondition that says what to do.
+func LoadOrCreateKey(path string, n int) ([]byte, error) {
+	if n < 1 {
+		return nil, fmt.Errorf("key file %s: a key of %d bytes: %w", path, n, errdefs.ErrInvalid)
+	}
+	key, err := readKey(path, n)
+	if errors.Is(err, fs.ErrNotExist) {
+		key, err = createKey(path, n)
+	}
+	return key, err
 }
 
 func newBox(key []byte) (*Box, error) {
@@ -66,56 +83,61 @@ func newBox(key []byte) (*Box, error) {
 	return &Box{aead: aead}, nil
 }
 
-// readKey reads and checks an existing key file.
-func readKey(path string) ([]byte, error) {
+// readKey reads and checks an existing key file of n bytes.
+func readKey(path string, n int) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil, err
 		}
-		return nil, fmt.Errorf("secrets key %s: %w", path, err)
+		return nil, fmt.Errorf("key file %s: %w", path, err)
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return nil, fmt.Errorf("secrets key %s: %w", path, err)
+		return nil, fmt.Errorf("key file %s: %w", path, err)
 	}
 	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("secrets key %s is not a regular file: move it away; a new key cannot open secrets stored under the old one: %w",
+		return nil, fmt.Errorf("key file %s is not a regular file: move it away"+
+			" (what was sealed or signed under the old key does not work with a new one): %w",
 			path, errdefs.ErrPrecondition)
 	}
 	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
-		return nil, fmt.Errorf("secrets key %s has mode %04o, so other users may read it: run `chmod 600 %s`: %w",
+		return nil, fmt.Errorf("key file %s has mode %04o, so other users may read it: run `chmod 600 %s`: %w",
 			path, perm, path, errdefs.ErrPrecondition)
 	}
-	key, err := io.ReadAll(io.LimitReader(f, KeySize+1))
+	key, err := io.ReadAll(io.LimitReader(f, int64(n)+1))
 	if err != nil {
-		return nil, fmt.Errorf("secrets key %s: %w", path, err)
+		return nil, fmt.Errorf("key file %s: %w", path, err)
 	}
-	if len(key) != KeySize {
-		return nil, fmt.Errorf("secrets key %s holds %d bytes, not %d: restore it from a backup"+
-			" (removing it makes a new key, which cannot open the secrets already stored): %w",
-			path, len(key), KeySize, errdefs.ErrPrecondition)
+	if len(key) != n {
+		size := int64(len(key))
+		if len(key) > n { // only n+1 bytes were read
+			size = max(size, fi.Size())
+		}
+		return nil, fmt.Errorf("key file %s holds %d bytes, not %d: restore it from a backup"+
+			" (removing it makes a new key, and what was sealed or signed under the old one stops working): %w",
+			path, size, n, errdefs.ErrPrecondition)
 	}
 	return key, nil
 }
 
-// createKey writes a fresh key to path unless a key file appears there
-// first, and returns the key in the file. The key is written to a temporary
+// createKey writes a fresh key of n bytes to path unless a key file appears
+// there first, and returns the key in the file. The key is written to a temporary
 // file and hard-linked into place, which fails if path exists: two
 // processes starting at once end up with the same key, where a rename (as
 // internal/atomicfile does) would let the second replace a key the first
 // may already have sealed with.
-func createKey(path string) ([]byte, error) {
-	key := make([]byte, KeySize)
+func createKey(path string, n int) ([]byte, error) {
+	key := make([]byte, n)
 	rand.Read(key)
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("create secrets key: %w", err)
+		return nil, fmt.Errorf("create key file %s: %w", path, err)
 	}
 	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-") // mode 0600
 	if err != nil {
-		return nil, fmt.Errorf("create secrets key: %w", err)
+		return nil, fmt.Errorf("create key file %s: %w", path, err)
 	}
 	tmp := f.Name()
 	defer os.Remove(tmp)
@@ -127,12 +149,12 @@ func createKey(path string) ([]byte, error) {
 		err = cerr
 	}
 	if err != nil {
-		return nil, fmt.Errorf("create secrets key %s: %w", path, err)
+		return nil, fmt.Errorf("create key file %s: %w", path, err)
 	}
 	if err := os.Link(tmp, path); errors.Is(err, fs.ErrExist) {
-		return readKey(path)
+		return readKey(path, n)
 	} else if err != nil {
-		return nil, fmt.Errorf("create secrets key %s: %w", path, err)
+		return nil, fmt.Errorf("create key file %s: %w", path, err)
 	}
 	if d, err := os.Open(dir); err == nil {
 		d.Sync()

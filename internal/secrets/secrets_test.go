@@ -195,3 +195,65 @@ func TestBadKeyFile(t *testing.T) {
 		})
 	}
 }
+
+func TestLoadOrCreateKey(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "home")
+	path := filepath.Join(dir, "e2b-token.key")
+	key, err := LoadOrCreateKey(path, 48)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil || fi.Mode().Perm() != 0o600 || fi.Size() != 48 || len(key) != 48 {
+		t.Fatalf("key file: %v, %v, key of %d bytes; want 48 bytes, mode 0600", fi, err, len(key))
+	}
+	if di, err := os.Stat(dir); err != nil || di.Mode().Perm() != 0o700 {
+		t.Errorf("key directory: %v, %v; want mode 0700", di, err)
+	}
+	if bytes.Equal(key, make([]byte, 48)) {
+		t.Error("the new key is all zeros")
+	}
+	if b, _ := os.ReadFile(path); !bytes.Equal(b, key) {
+		t.Errorf("the file holds %x, the key is %x", b, key)
+	}
+	again, err := LoadOrCreateKey(path, 48)
+	if err != nil || !bytes.Equal(again, key) {
+		t.Fatalf("a later load = %x, %v; want the same key", again, err)
+	}
+	if fi2, _ := os.Stat(path); !os.SameFile(fi, fi2) {
+		t.Error("LoadOrCreateKey replaced an existing key file")
+	}
+	other, err := LoadOrCreateKey(filepath.Join(dir, "other.key"), 48)
+	if err != nil || bytes.Equal(other, key) {
+		t.Errorf("another file's key = %x, %v; want a different key", other, err)
+	}
+
+	// The size is checked against what the caller asks for.
+	_, err = LoadOrCreateKey(path, 32)
+	if !errors.Is(err, errdefs.ErrPrecondition) || !strings.Contains(err.Error(), "holds 48 bytes, not 32") {
+		t.Errorf("loading a 48-byte key as 32 bytes: %v", err)
+	}
+	if _, err := LoadOrCreateKey(filepath.Join(dir, "zero.key"), 0); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Errorf("a key of 0 bytes: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "zero.key")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a refused size made a file: %v", err)
+	}
+}
+
+func TestLoadOrCreateKeyOnce(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "e2b-token.key")
+	const n = 8
+	keys := make([][]byte, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { keys[i], errs[i] = LoadOrCreateKey(path, 32) })
+	}
+	wg.Wait()
+	for i := range n {
+		if errs[i] != nil || !bytes.Equal(keys[i], keys[0]) {
+			t.Errorf("load %d = %x, %v; want %x", i, keys[i], errs[i], keys[0])
+		}
+	}
+}

@@ -2,10 +2,13 @@ package service
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/subtle"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
+	"regexp"
 	"strings"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
@@ -15,17 +18,38 @@ import (
 	"github.com/airlockhq/airlock/internal/store"
 )
 
-// An API key reads "alk_<key ID without its prefix>_<secret>"; only the
-// secret's sha256 is stored.
+// An API key of the airlock format reads "alk_<key ID without its
+// prefix>_<secret>"; only the secret's sha256 is stored.
 const keyPrefix = "alk_"
 
 func formatKey(id, secret string) string {
 	return keyPrefix + strings.TrimPrefix(id, "key") + "_" + secret
 }
 
-// Authenticate returns the principal of an API key.
+// An API key of the e2b format reads "e2b_" and e2bKeyBytes random bytes in
+// lowercase hex, as E2B's SDKs expect (they refuse keys not matching
+// ^e2b_[0-9a-f]+$). It does not name its key ID: the key is found by its
+// hash, the sha256 of the whole key. Each format checks that the key it
+// found is of that format, so a key works only as it was made.
+const (
+	e2bKeyPrefix = "e2b_"
+	e2bKeyBytes  = 20
+)
+
+var e2bKeyPattern = regexp.MustCompile(`^e2b_[0-9a-f]{40}$`)
+
+func newE2BKey() string {
+	b := make([]byte, e2bKeyBytes)
+	rand.Read(b)
+	return e2bKeyPrefix + hex.EncodeToString(b)
+}
+
+// Authenticate returns the principal of an API key of either format.
 func (s *Service) Authenticate(ctx context.Context, token string) (Principal, error) {
 	bad := fmt.Errorf("the API key is not valid: send \"Authorization: Bearer <key>\" with a key from POST /v1/keys or the admin key file: %w", errdefs.ErrUnauthenticated)
+	if strings.HasPrefix(token, e2bKeyPrefix) {
+		return s.authenticateE2B(ctx, token, bad)
+	}
 	rest, ok := strings.CutPrefix(token, keyPrefix)
 	idPart, secret, ok2 := strings.Cut(rest, "_")
 	if !ok || !ok2 || !idPattern.MatchString("key"+idPart) {
@@ -38,7 +62,27 @@ func (s *Service) Authenticate(ctx context.Context, token string) (Principal, er
 	if err != nil {
 		return Principal{}, err
 	}
-	if subtle.ConstantTimeCompare(hashSecret(secret), k.Hash) != 1 {
+	if subtle.ConstantTimeCompare(hashSecret(secret), k.Hash) != 1 || k.Format != apiv1.KeyFormatAirlock {
+		return Principal{}, bad
+	}
+	return Principal{KeyID: k.ID, Role: k.Role}, nil
+}
+
+// authenticateE2B looks a key of the e2b format up by its hash; bad is the
+// answer to a key that is not one.
+func (s *Service) authenticateE2B(ctx context.Context, token string, bad error) (Principal, error) {
+	if !e2bKeyPattern.MatchString(token) {
+		return Principal{}, bad
+	}
+	hash := hashSecret(token)
+	k, err := s.st.GetKeyByHash(ctx, hash)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return Principal{}, bad
+	}
+	if err != nil {
+		return Principal{}, err
+	}
+	if subtle.ConstantTimeCompare(hash, k.Hash) != 1 || k.Format != apiv1.KeyFormatE2B {
 		return Principal{}, bad
 	}
 	return Principal{KeyID: k.ID, Role: k.Role}, nil
@@ -58,16 +102,32 @@ func (s *Service) CreateKey(ctx context.Context, p Principal, req apiv1.CreateKe
 	if req.Role != apiv1.RoleUser && req.Role != apiv1.RoleAdmin {
 		return apiv1.KeyCreated{}, fmt.Errorf("role %q is not \"admin\" or \"user\": %w", truncate(req.Role, 20), errdefs.ErrInvalid)
 	}
-	return s.newKey(ctx, req.Name, req.Role)
+	if req.Format == "" {
+		req.Format = apiv1.KeyFormatAirlock
+	}
+	if req.Format != apiv1.KeyFormatAirlock && req.Format != apiv1.KeyFormatE2B {
+		return apiv1.KeyCreated{}, fmt.Errorf("format %q is not \"airlock\" or \"e2b\": %w", truncate(req.Format, 20), errdefs.ErrInvalid)
+	}
+	return s.newKey(ctx, req.Name, req.Role, req.Format)
 }
 
-func (s *Service) newKey(ctx context.Context, name, role string) (apiv1.KeyCreated, error) {
-	id, secret := ids.New("key"), ids.Secret()
-	k := store.Key{ID: id, Name: name, Role: role, Hash: hashSecret(secret), CreatedAt: s.now()}
+func (s *Service) newKey(ctx context.Context, name, role, format string) (apiv1.KeyCreated, error) {
+	id := ids.New("key")
+	var key string
+	var hash []byte
+	switch format {
+	case apiv1.KeyFormatE2B:
+		key = newE2BKey()
+		hash = hashSecret(key)
+	default:
+		secret := ids.Secret()
+		key, hash = formatKey(id, secret), hashSecret(secret)
+	}
+	k := store.Key{ID: id, Name: name, Role: role, Hash: hash, Format: format, CreatedAt: s.now()}
 	if err := s.st.InsertKey(ctx, k); err != nil {
 		return apiv1.KeyCreated{}, fmt.Errorf("record key: %w", err)
 	}
-	return apiv1.KeyCreated{ID: id, Name: name, Role: role, Key: formatKey(id, secret), CreatedAt: k.CreatedAt}, nil
+	return apiv1.KeyCreated{ID: id, Name: name, Role: role, Format: format, Key: key, CreatedAt: k.CreatedAt}, nil
 }
 
 // ListKeys lists the keys, a page at a time; a user key sees only itself.
@@ -79,7 +139,7 @@ func (s *Service) ListKeys(ctx context.Context, p Principal, limit int, pageToke
 	all := []apiv1.Key{}
 	for _, k := range keys {
 		if p.owns(k.ID) {
-			all = append(all, apiv1.Key{ID: k.ID, Name: k.Name, Role: k.Role, CreatedAt: k.CreatedAt})
+			all = append(all, apiv1.Key{ID: k.ID, Name: k.Name, Role: k.Role, Format: k.Format, CreatedAt: k.CreatedAt})
 		}
 	}
 	items, next, err := page(all, func(k apiv1.Key) string { return k.ID }, limit, pageToken)
@@ -95,8 +155,11 @@ func (s *Service) DeleteKey(ctx context.Context, p Principal, id string) error {
 		return err
 	}
 	k, err := s.st.GetKey(ctx, id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return fmt.Errorf("key %q not found: %w", id, errdefs.ErrNotFound) // as checkID says
+	}
 	if err != nil {
-		return fmt.Errorf("key %s: %w", id, err)
+		return err
 	}
 	if k.Role == apiv1.RoleAdmin {
 		n, err := s.st.CountKeys(ctx, apiv1.RoleAdmin)
@@ -120,7 +183,7 @@ func (s *Service) EnsureAdminKey(ctx context.Context, path string) (string, erro
 	if n > 0 {
 		return "", nil
 	}
-	k, err := s.newKey(ctx, "admin", apiv1.RoleAdmin)
+	k, err := s.newKey(ctx, "admin", apiv1.RoleAdmin, apiv1.KeyFormatAirlock)
 	if err != nil {
 		return "", err
 	}

@@ -12,11 +12,13 @@ package service
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"runtime"
+	"slices"
 	"sync"
 	"time"
 
@@ -60,6 +62,12 @@ type Config struct {
 	// and every secret call is refused with an error wrapping
 	// errdefs.ErrPrecondition.
 	Secrets *secrets.Box
+	// TokenKey is the server secret, at least 32 bytes, from which each
+	// sandbox's envd access token is derived (SandboxAccessToken), so that
+	// the token is the same on every connect without being stored. The
+	// server keeps it in $AIRLOCK_HOME/e2b-token.key. Empty: the service
+	// makes a random one, and the tokens then change when it restarts.
+	TokenKey []byte
 }
 
 // Validate checks the configuration and fills in defaults.
@@ -88,6 +96,15 @@ func (c *Config) Validate() error {
 	case "allow", "deny":
 	default:
 		return fmt.Errorf("default egress %q is not \"allow\" or \"deny\": %w", c.DefaultEgress, errdefs.ErrInvalid)
+	}
+	switch n := len(c.TokenKey); {
+	case n == 0:
+		c.TokenKey = make([]byte, tokenKeySize) // tokens change on restart
+		rand.Read(c.TokenKey)
+	case n < tokenKeySize:
+		return fmt.Errorf("the token key is %d bytes, under %d: %w", n, tokenKeySize, errdefs.ErrInvalid)
+	default:
+		c.TokenKey = slices.Clone(c.TokenKey)
 	}
 	if c.MaxSandboxes < 1 || c.MaxStarts < 1 || c.MaxQueuedStarts < 0 {
 		return fmt.Errorf("limits must be positive (max sandboxes %d, max starts %d, queued starts %d): %w",

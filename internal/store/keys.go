@@ -2,7 +2,10 @@ package store
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/airlockhq/airlock/internal/errdefs"
@@ -16,15 +19,19 @@ type Key struct {
 	Name string
 	// Role is "admin" or "user".
 	Role string
-	// Hash is the sha256 of the secret part of the key.
+	// Hash is the sha256 of the key's secret. No two keys have the same
+	// hash, so a key can be found by it (GetKeyByHash).
 	Hash []byte
+	// Format is how the key reads: "airlock" or "e2b"; "" means "airlock".
+	Format string
 	// CreatedAt is when the key was made; the zero time means now.
 	CreatedAt time.Time
 }
 
-const keyColumns = "id, name, role, hash, created_at"
+const keyColumns = "id, name, role, hash, format, created_at"
 
-// InsertKey stores k. A key with the same ID is a conflict.
+// InsertKey stores k. A key with the same ID or the same hash is a
+// conflict.
 func (s *Store) InsertKey(ctx context.Context, k Key) error {
 	if err := requireID("insert key", k.ID); err != nil {
 		return err
@@ -32,8 +39,14 @@ func (s *Store) InsertKey(ctx context.Context, k Key) error {
 	if k.CreatedAt.IsZero() {
 		k.CreatedAt = now()
 	}
-	_, err := s.db.ExecContext(ctx, "INSERT INTO keys ("+keyColumns+") VALUES (?, ?, ?, ?, ?)",
-		k.ID, k.Name, k.Role, nonNil(k.Hash), nanos(k.CreatedAt))
+	if k.Format == "" {
+		k.Format = "airlock"
+	}
+	_, err := s.db.ExecContext(ctx, "INSERT INTO keys ("+keyColumns+") VALUES (?, ?, ?, ?, ?, ?)",
+		k.ID, k.Name, k.Role, nonNil(k.Hash), k.Format, nanos(k.CreatedAt))
+	if isUniqueViolation(err) && strings.Contains(err.Error(), "keys.hash") {
+		return fmt.Errorf("insert key %s: another key has the same hash: %w", k.ID, errdefs.ErrConflict)
+	}
 	if isUniqueViolation(err) {
 		return fmt.Errorf("insert key %s: the ID is taken: %w", k.ID, errdefs.ErrConflict)
 	}
@@ -46,6 +59,19 @@ func (s *Store) InsertKey(ctx context.Context, k Key) error {
 // GetKey returns the key with the given ID.
 func (s *Store) GetKey(ctx context.Context, id string) (Key, error) {
 	return getByID(ctx, s.db, "key", "keys", keyColumns, id, scanKey)
+}
+
+// GetKeyByHash returns the key whose Hash is hash. The error does not show
+// the hash.
+func (s *Store) GetKeyByHash(ctx context.Context, hash []byte) (Key, error) {
+	k, err := scanKey(s.db.QueryRowContext(ctx, "SELECT "+keyColumns+" FROM keys WHERE hash = ?", nonNil(hash)))
+	if errors.Is(err, sql.ErrNoRows) {
+		return Key{}, fmt.Errorf("key with that hash: %w", errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return Key{}, fmt.Errorf("get key by hash: %w", classify(err))
+	}
+	return k, nil
 }
 
 // ListKeys returns every key in the order they were created.
@@ -93,7 +119,7 @@ func (s *Store) CountKeys(ctx context.Context, role string) (int, error) {
 func scanKey(r scanner) (Key, error) {
 	var k Key
 	var created int64
-	if err := r.Scan(&k.ID, &k.Name, &k.Role, &k.Hash, &created); err != nil {
+	if err := r.Scan(&k.ID, &k.Name, &k.Role, &k.Hash, &k.Format, &created); err != nil {
 		return Key{}, err
 	}
 	k.Hash = nonNil(k.Hash)

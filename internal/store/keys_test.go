@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,9 +15,9 @@ func TestKeys(t *testing.T) {
 	s := newStore(t)
 	ctx := context.Background()
 	keys := []Key{
-		{ID: "keyb", Name: "first", Role: "admin", Hash: []byte{0xde, 0xad}, CreatedAt: t0},
-		{ID: "keya", Name: "second", Role: "user", Hash: []byte{0xbe, 0xef}, CreatedAt: t0.Add(time.Second)},
-		{ID: "keyc", Name: "third", Role: "user", Hash: []byte{0x00}, CreatedAt: t0.Add(2 * time.Second)},
+		{ID: "keyb", Name: "first", Role: "admin", Hash: []byte{0xde, 0xad}, Format: "airlock", CreatedAt: t0},
+		{ID: "keya", Name: "second", Role: "user", Hash: []byte{0xbe, 0xef}, Format: "e2b", CreatedAt: t0.Add(time.Second)},
+		{ID: "keyc", Name: "third", Role: "user", Hash: []byte{0x00}, Format: "airlock", CreatedAt: t0.Add(2 * time.Second)},
 	}
 	for _, k := range keys {
 		if err := s.InsertKey(ctx, k); err != nil {
@@ -96,5 +97,64 @@ func TestKeyCreatedAtDefaultsToNow(t *testing.T) {
 	}
 	if k.CreatedAt.Before(before) || k.CreatedAt.After(time.Now()) || k.CreatedAt.Location() != time.UTC {
 		t.Errorf("CreatedAt %v is not now in UTC", k.CreatedAt)
+	}
+}
+
+func TestKeyByHash(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	keys := []Key{
+		{ID: "keya", Name: "a", Role: "user", Hash: []byte{0xaa, 0x01}, Format: "e2b", CreatedAt: t0},
+		{ID: "keyb", Name: "b", Role: "admin", Hash: []byte{0xaa, 0x02}, Format: "airlock", CreatedAt: t0},
+	}
+	for _, k := range keys {
+		if err := s.InsertKey(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, want := range keys {
+		got, err := s.GetKeyByHash(ctx, want.Hash)
+		if err != nil || !reflect.DeepEqual(got, want) {
+			t.Errorf("GetKeyByHash(%x) = %+v, %v; want %+v", want.Hash, got, err, want)
+		}
+	}
+	for _, h := range [][]byte{{0xaa}, {0xaa, 0x01, 0x00}, {0xaa, 0x03}, {}, nil} {
+		if k, err := s.GetKeyByHash(ctx, h); !errors.Is(err, errdefs.ErrNotFound) || strings.Contains(err.Error(), "aa") {
+			t.Errorf("GetKeyByHash(%x) = %+v, %v; want not found, without the hash", h, k, err)
+		}
+	}
+
+	// No two keys share a hash, whatever their IDs and formats.
+	dup := Key{ID: "keyc", Name: "c", Role: "user", Hash: []byte{0xaa, 0x01}, Format: "airlock"}
+	err := s.InsertKey(ctx, dup)
+	if !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "another key has the same hash") {
+		t.Errorf("InsertKey with a taken hash = %v, want a conflict saying so", err)
+	}
+	if _, err := s.GetKey(ctx, "keyc"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("the refused key was stored: %v", err)
+	}
+	if got, err := s.GetKeyByHash(ctx, dup.Hash); err != nil || got.ID != "keya" {
+		t.Errorf("the hash now finds %+v, %v; want keya", got, err)
+	}
+	if err := s.DeleteKey(ctx, "keya"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GetKeyByHash(ctx, keys[0].Hash); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("GetKeyByHash after delete = %v, want not found", err)
+	}
+	// The hash of a deleted key is free again.
+	if err := s.InsertKey(ctx, dup); err != nil {
+		t.Errorf("InsertKey with a freed hash: %v", err)
+	}
+}
+
+func TestKeyFormatDefault(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	if err := s.InsertKey(ctx, Key{ID: "key1", Name: "k", Role: "user", Hash: []byte{1}}); err != nil {
+		t.Fatal(err)
+	}
+	if k, err := s.GetKey(ctx, "key1"); err != nil || k.Format != "airlock" {
+		t.Errorf("format of a key stored without one: %q, %v; want airlock", k.Format, err)
 	}
 }

@@ -125,6 +125,12 @@ CREATE TABLE secrets (
 	UNIQUE (owner, name)
 ) STRICT;
 `},
+	{4, "add keys.format, index keys by hash", `
+-- "airlock" or "e2b"; a key of the e2b format does not name its ID, so it
+-- is found by the hash of its secret.
+ALTER TABLE keys ADD COLUMN format TEXT NOT NULL DEFAULT 'airlock';
+CREATE UNIQUE INDEX keys_hash ON keys (hash);
+`},
 }
 
 // schemaVersion reads the version of the schema from PRAGMA user_version.

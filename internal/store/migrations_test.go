@@ -27,6 +27,7 @@ var migrationTests = []migrationTest{
 	{version: 1, after: checkSchema1},
 	{version: 2, before: fillSchema1, after: checkSchema2},
 	{version: 3, before: fillSchema1, after: checkSchema3},
+	{version: 4, before: fillKeys3, after: checkSchema4},
 }
 
 // fillSchema1 writes sandboxes with and without a lease in the version 1
@@ -103,6 +104,86 @@ func checkSchema3(t *testing.T, db *sql.DB) {
 	}
 	if err := db.QueryRow("SELECT count(*) FROM secrets WHERE owner = 'key1'").Scan(&n); err != nil || n != 2 {
 		t.Errorf("%d secrets of key1, %v; want 2", n, err)
+	}
+}
+
+// fillKeys3 writes keys in the version 3 shape (without a format), with
+// sandboxes.
+func fillKeys3(t *testing.T, db *sql.DB) {
+	fillSchema1(t, db)
+	for i := range 3 {
+		q := fmt.Sprintf("INSERT INTO keys (id, name, role, hash, created_at) VALUES ('key%d', 'k%d', 'user', x'0%d', %d)", i, i, i, i)
+		if _, err := db.Exec(q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+}
+
+// checkSchema4: the keys are kept with format "airlock", hashes are unique
+// and looked up through their index, and format is required and typed.
+func checkSchema4(t *testing.T, db *sql.DB) {
+	var n int
+	if err := db.QueryRow("SELECT count(*) FROM sandboxes").Scan(&n); err != nil || n != 3 {
+		t.Fatalf("%d sandboxes after the migration, %v; want 3", n, err)
+	}
+	rows, err := db.Query("SELECT id, format FROM keys ORDER BY seq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for rows.Next() {
+		var id, format string
+		if err := rows.Scan(&id, &format); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, id+"="+format)
+	}
+	rows.Close()
+	if want := []string{"key0=airlock", "key1=airlock", "key2=airlock"}; !slices.Equal(got, want) {
+		t.Errorf("keys after the migration %q, want %q", got, want)
+	}
+	const key = "INSERT INTO keys (id, name, role, hash, format, created_at) VALUES ('%s', 'k', 'user', %s, '%s', 1)"
+	if _, err := db.Exec(fmt.Sprintf(key, "keye2b", "x'ee'", "e2b")); err != nil {
+		t.Fatal(err)
+	}
+	var id string
+	if err := db.QueryRow("SELECT id FROM keys WHERE hash = x'ee'").Scan(&id); err != nil || id != "keye2b" {
+		t.Errorf("key by hash %q, %v; want keye2b", id, err)
+	}
+	var plan string
+	prows, err := db.Query("EXPLAIN QUERY PLAN SELECT id FROM keys WHERE hash = x'ee'")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for prows.Next() {
+		var id, parent, notused int
+		var detail string
+		prows.Scan(&id, &parent, &notused, &detail)
+		plan += detail + "\n"
+	}
+	prows.Close()
+	if !strings.Contains(plan, "keys_hash") {
+		t.Errorf("the lookup by hash does not use the index:\n%s", plan)
+	}
+	for _, tc := range []struct {
+		name     string
+		query    string
+		wantCode int
+	}{
+		{"hash unique", fmt.Sprintf(key, "keynew", "x'01'", "e2b"), sqlite3.SQLITE_CONSTRAINT_UNIQUE},
+		{"hash unique across formats", fmt.Sprintf(key, "keynew", "x'ee'", "airlock"), sqlite3.SQLITE_CONSTRAINT_UNIQUE},
+		{"format not null", "UPDATE keys SET format = NULL WHERE id = 'key0'", sqlite3.SQLITE_CONSTRAINT_NOTNULL},
+		{"strict types", "UPDATE keys SET format = x'01' WHERE id = 'key0'", sqlite3.SQLITE_CONSTRAINT_DATATYPE},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := db.Exec(tc.query)
+			if code := sqliteCode(err); code != tc.wantCode {
+				t.Errorf("%s: code %d (%v), want %d", tc.query, code, err, tc.wantCode)
+			}
+		})
+	}
+	if err := db.QueryRow("SELECT count(*) FROM keys").Scan(&n); err != nil || n != 4 {
+		t.Errorf("%d keys, %v; want 4", n, err)
 	}
 }
 

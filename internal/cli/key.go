@@ -1,0 +1,206 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"text/tabwriter"
+	"time"
+
+	"github.com/airlockhq/airlock/internal/apiclient"
+	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/errdefs"
+)
+
+func keyCommands() []command {
+	return []command{
+		{"create", "create an API key and print it once", runKeyCreate},
+		{"ls", "list the API keys", runKeyList},
+		{"rm", "revoke API keys", runKeyRemove},
+	}
+}
+
+func runKey(ctx context.Context, env *Env, args []string) error {
+	return runGroup(ctx, env, "key",
+		"Manages the API keys of an airlock server (`airlock serve`). An admin key sees and\n"+
+			"manages everything; a user key sees and touches only the sandboxes it created.\n"+
+			"Creating and revoking keys needs an admin key.",
+		keyCommands(), args)
+}
+
+const keyCreateAbout = `Creates an API key on the airlock server and prints it on stdout. The key
+is shown this once: the server keeps only a hash of it, so store it now.
+With --json it prints {"id", "name", "role", "format", "key", "created_at"}
+instead. Needs an admin key.
+
+A key reads alk_…; with --e2b it reads e2b_ and 40 hex digits, the form
+E2B's SDKs accept as E2B_API_KEY (see airlock serve --e2b-listen). Either
+works on both APIs, with the same role: a user key sees and touches only
+the sandboxes it created, an admin key everything.
+
+  airlock key create --name ci-runner
+  export E2B_API_KEY=$(airlock key create --name notebook --e2b)
+  airlock key create --name ops --role admin --json`
+
+func runKeyCreate(ctx context.Context, env *Env, args []string) error {
+	fs := newFlagSet("key create", "airlock key create [FLAGS]", keyCreateAbout, env)
+	sf := addServerFlags(fs)
+	name := fs.String("name", defaultKeyName(), "`label` of the key, one line of at most 128 bytes")
+	role := fs.String("role", apiv1.RoleUser, "role of the key: user or admin")
+	e2b := fs.Bool("e2b", false, "make a key of E2B's form, e2b_ and 40 hex digits")
+	asJSON := fs.Bool("json", false, "print the key and what it is as JSON")
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return fmt.Errorf("key create: unexpected arguments %q (name the key with --name): %w", pos, errdefs.ErrInvalid)
+	}
+	if *role != apiv1.RoleUser && *role != apiv1.RoleAdmin {
+		return fmt.Errorf("key create: --role %q is not user or admin: %w", *role, errdefs.ErrInvalid)
+	}
+	c, err := sf.client(env)
+	if err != nil {
+		return err
+	}
+	req := apiv1.CreateKey{Name: *name, Role: *role, Format: apiv1.KeyFormatAirlock}
+	if *e2b {
+		req.Format = apiv1.KeyFormatE2B
+	}
+	k, err := c.CreateKey(ctx, req)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		err = printJSON(env.Stdout, k)
+	} else {
+		_, err = fmt.Fprintln(env.Stdout, k.Key)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(env.Stderr, "created key %s (%s, %s, format %s); it is shown only this once: the server keeps just a hash\n",
+		k.ID, k.Name, k.Role, k.Format)
+	return nil
+}
+
+// defaultKeyName labels a key with who made it where, as ssh-keygen does.
+func defaultKeyName() string {
+	user := os.Getenv("USER")
+	if user == "" {
+		user = "airlock"
+	}
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		return user
+	}
+	return user + "@" + host
+}
+
+const keyListAbout = `Lists the API keys with their role and format, as a table or as a JSON
+array; never their secrets. An admin key lists every key, a user key only
+itself.
+
+  airlock key ls
+  airlock key ls --json | jq -r '.[] | select(.format == "e2b") | .id'`
+
+func runKeyList(ctx context.Context, env *Env, args []string) error {
+	fs := newFlagSet("key ls", "airlock key ls [FLAGS]", keyListAbout, env)
+	sf := addServerFlags(fs)
+	asJSON := fs.Bool("json", false, "print a JSON array")
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return fmt.Errorf("key ls: unexpected arguments %q: %w", pos, errdefs.ErrInvalid)
+	}
+	c, err := sf.client(env)
+	if err != nil {
+		return err
+	}
+	items, err := listAllKeys(ctx, c)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(env.Stdout, items)
+	}
+	return printKeyTable(env.Stdout, items, time.Now())
+}
+
+// listAllKeys follows the pages of the key list to its end.
+func listAllKeys(ctx context.Context, c *apiclient.Client) ([]apiv1.Key, error) {
+	items := []apiv1.Key{}
+	seen := map[string]bool{}
+	lo := apiclient.ListOptions{Limit: 1000}
+	for {
+		page, err := c.ListKeys(ctx, lo)
+		if err != nil {
+			return nil, err
+		}
+		items = append(items, page.Items...)
+		if page.NextPageToken == "" {
+			return items, nil
+		}
+		if seen[page.NextPageToken] {
+			return nil, fmt.Errorf("list keys: the server answered page token %q twice", page.NextPageToken)
+		}
+		seen[page.NextPageToken] = true
+		lo.PageToken = page.NextPageToken
+	}
+}
+
+func printKeyTable(w io.Writer, items []apiv1.Key, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tNAME\tROLE\tFORMAT\tCREATED")
+	for _, k := range items {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", k.ID, k.Name, k.Role, k.Format, age(now, k.CreatedAt))
+	}
+	return tw.Flush()
+}
+
+const keyRemoveAbout = `Revokes API keys and prints the ID of each one revoked: calls made with
+a revoked key are refused from then on. Its sandboxes are not touched (an
+admin key still sees them). The last admin key cannot be revoked: create
+another admin key first. Needs an admin key.
+
+  airlock key rm key8h2j4k6m8n1p3q5r7
+  airlock key ls --json | jq -r '.[] | select(.name == "ci-runner") | .id' | xargs airlock key rm`
+
+func runKeyRemove(ctx context.Context, env *Env, args []string) error {
+	fs := newFlagSet("key rm", "airlock key rm [FLAGS] ID...", keyRemoveAbout, env)
+	sf := addServerFlags(fs)
+	ids, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(ids) == 0 {
+		return fmt.Errorf("key rm: give the IDs of the keys to revoke (see `airlock key ls`): %w", errdefs.ErrInvalid)
+	}
+	c, err := sf.client(env)
+	if err != nil {
+		return err
+	}
+	errs := make([]error, len(ids))
+	for i, id := range ids {
+		if errs[i] = c.DeleteKey(ctx, id); errs[i] == nil {
+			fmt.Fprintln(env.Stdout, id)
+		}
+	}
+	if len(ids) == 1 {
+		return errs[0]
+	}
+	code := 0
+	for i, err := range errs {
+		if err != nil {
+			fmt.Fprintf(env.Stderr, "airlock: key rm %s: %s\n", ids[i], Message(err))
+			code = max(code, ExitCode(err))
+		}
+	}
+	if code != 0 {
+		return &ExitError{Code: code}
+	}
+	return nil
+}
