@@ -33,8 +33,13 @@ unit:
 	CGO_ENABLED=1 $(GO) test -race -count=1 . ./internal/... ./cmd/...
 
 # The network tests make test hosts in network namespaces with iproute2's ip.
+# The E2B SDK tests run E2B's JavaScript SDK, installed from e2e/e2bsdk's
+# lockfile (again only when the lockfile is newer than the install).
 e2e: setup
 	@command -v ip >/dev/null || { apt-get update -qq && apt-get install -y -qq iproute2; }
+	@if command -v node >/dev/null && command -v npm >/dev/null; then \
+		cd e2e/e2bsdk && { [ node_modules/.package-lock.json -nt package-lock.json ] || npm ci --no-audit --no-fund; }; \
+	fi
 	AIRLOCK_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m ./e2e/...
 
 test: vet unit e2e

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -15,6 +16,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/airlockhq/airlock/internal/api"
+	"github.com/airlockhq/airlock/internal/e2b"
+	"github.com/airlockhq/airlock/internal/e2b/envd"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/gateway"
 	"github.com/airlockhq/airlock/internal/sandbox"
@@ -36,9 +39,14 @@ through the host's resolvers (/etc/resolv.conf) or --dns-upstream, and
 upstreams of hosts with credentials are verified with the host's roots
 (SSL_CERT_FILE is honoured).
 
+With --e2b-listen it also serves E2B's API on a second address, for code
+written for E2B's SDKs (see docs/e2b.md): point both E2B_API_URL and
+E2B_SANDBOX_URL at it.
+
   airlock serve
   airlock serve --listen 0.0.0.0:7700 --max-sandboxes 64
-  airlock serve --default-egress allow --dns-upstream 127.0.0.1:5353`
+  airlock serve --default-egress allow --dns-upstream 127.0.0.1:5353
+  airlock serve --e2b-listen 127.0.0.1:3000`
 
 func runServe(ctx context.Context, env *Env, args []string) error {
 	fs := newFlagSet("serve", "airlock serve [FLAGS]", serveAbout, env)
@@ -50,6 +58,8 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	ping := fs.Duration("ping-interval", 15*time.Second, "how often idle event streams get a `: ping`")
 	defaultEgress := fs.String("default-egress", "deny", "egress of sandboxes created without a network policy: allow or deny")
 	dnsUpstream := fs.String("dns-upstream", "", "resolver `HOST:PORT` the gateways ask (default: the host's, from /etc/resolv.conf)")
+	e2bListen := fs.String("e2b-listen", "", "`address` to serve E2B's API on (default: not served)")
+	e2bDomain := fs.String("e2b-domain", "", "sandbox `domain` returned to E2B SDKs (default: none, the SDK's own E2B_DOMAIN)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -75,6 +85,15 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 		return fmt.Errorf("serve: listen on %s: %v: %w", *listen, err, errdefs.ErrInvalid)
 	}
 	defer ln.Close()
+	var e2bLn net.Listener
+	if *e2bListen != "" {
+		if e2bLn, err = net.Listen("tcp", *e2bListen); err != nil {
+			return fmt.Errorf("serve: listen on %s: %v: %w", *e2bListen, err, errdefs.ErrInvalid)
+		}
+		defer e2bLn.Close()
+	} else if *e2bDomain != "" {
+		return fmt.Errorf("serve: --e2b-domain needs --e2b-listen: %w", errdefs.ErrInvalid)
+	}
 	log := env.Log
 
 	if err := os.MkdirAll(env.Dir.Root, 0o755); err != nil {
@@ -86,6 +105,11 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	}
 	defer st.Close()
 	box, err := secrets.OpenBox(env.Dir.SecretsKey())
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	// Signs the envd access tokens of the E2B API: kept, so that they stay.
+	tokenKey, err := secrets.LoadOrCreateKey(filepath.Join(env.Dir.Root, "e2b-token.key"), 32)
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
@@ -107,7 +131,7 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	svc, err = service.New(ctx, service.Config{
 		Dir: env.Dir, Runtime: rt, Store: st, Log: log, Metrics: service.NewMetrics(reg),
 		MaxSandboxes: *maxSandboxes, MaxStarts: *maxStarts, MaxQueuedStarts: *maxQueued,
-		DefaultEgress: *defaultEgress, Secrets: box,
+		DefaultEgress: *defaultEgress, Secrets: box, TokenKey: tokenKey,
 	})
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
@@ -124,11 +148,23 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	apiSrv := api.New(api.Config{Service: svc, Store: st, Log: log, Registry: reg,
 		MetricsOpen: isLoopback(ln.Addr()), PingInterval: *ping})
 	httpSrv := &http.Server{Handler: apiSrv, ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	go func() { errc <- httpSrv.Serve(ln) }()
 	pctx, pcancel := context.WithCancel(ctx)
 	defer pcancel()
 	go purgeIdempotent(pctx, st, log)
+	var e2bSrv *http.Server
+	if e2bLn != nil {
+		envdSrv := envd.New(svc, log)
+		defer envdSrv.Close()
+		h, err := e2b.New(e2b.Config{Service: svc, Log: log, Domain: *e2bDomain, Envd: envdSrv})
+		if err != nil {
+			return fmt.Errorf("serve: %w", err)
+		}
+		e2bSrv = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+		go func() { errc <- e2bSrv.Serve(e2bLn) }()
+		fmt.Fprintf(env.Stdout, "airlock serving E2B's API on http://%s\n", e2bLn.Addr())
+	}
 	fmt.Fprintf(env.Stdout, "airlock serving on http://%s (accelerator %s)\n", ln.Addr(), rt.Accel())
 
 	sigs := make(chan os.Signal, 1)
@@ -148,6 +184,11 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	defer cancel()
 	if err := httpSrv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		log.Warn("http shutdown", "err", err)
+	}
+	if e2bSrv != nil {
+		if err := e2bSrv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			log.Warn("E2B http shutdown", "err", err)
+		}
 	}
 	svc.Close()
 	fmt.Fprintln(env.Stdout, "airlock stopped; sandboxes keep running")

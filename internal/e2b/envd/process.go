@@ -1,0 +1,553 @@
+package envd
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/service"
+)
+
+// maxProcessTimeout is the longest process lifetime the service takes.
+const maxProcessTimeout = 7 * 24 * time.Hour
+
+// retention is how long a process that was seen to end answers a Connect
+// with its end, as envd keeps it; maxRetained bounds how many are kept.
+const (
+	retention   = 30 * time.Second
+	maxRetained = 4096
+)
+
+// note is what this layer keeps beside a command it started: E2B's tag
+// and the ProcessConfig as the client gave it (cwd unresolved).
+type note struct {
+	Tag    *string       `json:"tag,omitempty"`
+	Config processConfig `json:"config"`
+}
+
+// exitKey names a process that ended: its sandbox and pid.
+type exitKey struct {
+	sandbox string
+	pid     uint32
+}
+
+// retainedExit is the end of a process, kept for a late Connect.
+type retainedExit struct {
+	tag     *string
+	end     endEvent
+	expires time.Time
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+func quote(s string) string {
+	return strconv.Quote(truncate(s, 100))
+}
+
+// toCommand turns a StartRequest into the service's command request.
+func toCommand(sr startRequest, user string, timeout time.Duration) (apiv1.CommandRequest, error) {
+	cfg := sr.Process
+	if cfg.Cmd == "" {
+		return apiv1.CommandRequest{}, errorf(codeInvalidArgument, "field process.cmd: is required")
+	}
+	cr := apiv1.CommandRequest{Argv: append([]string{cfg.Cmd}, cfg.Args...), Env: cfg.Envs, User: user, Stdin: true}
+	if sr.Stdin != nil {
+		cr.Stdin = *sr.Stdin
+	}
+	if cfg.Cwd != nil && *cfg.Cwd != "" {
+		cwd, err := resolve(*cfg.Cwd, user)
+		if err != nil {
+			return cr, err
+		}
+		cr.Cwd = cwd
+	}
+	if sr.PTY != nil {
+		if sr.PTY.Cols == 0 || sr.PTY.Rows == 0 || sr.PTY.Cols > 10000 || sr.PTY.Rows > 10000 {
+			return cr, errorf(codeInvalidArgument, "field pty.size: cols and rows must be 1 to 10000, not %d and %d", sr.PTY.Cols, sr.PTY.Rows)
+		}
+		cr.PTY = &apiv1.PTY{Rows: uint16(sr.PTY.Rows), Cols: uint16(sr.PTY.Cols)}
+		cr.Stdin = true // a terminal's input is its stdin
+	}
+	if timeout > 0 {
+		timeout = min(timeout, maxProcessTimeout)
+		cr.TimeoutS = int((timeout + time.Second - 1) / time.Second)
+	}
+	return cr, nil
+}
+
+// start is Process.Start: it runs a command and streams its events. The
+// process outlives the stream; Connect-Timeout-Ms is its lifetime.
+func (s *Server) start(ctx context.Context, req Request, r *http.Request, m message, c call, out *streamWriter) error {
+	sr, err := readStartRequest(m)
+	if err != nil {
+		return err
+	}
+	user, err := basicUser(r)
+	if err != nil {
+		return err
+	}
+	cr, err := toCommand(sr, user, c.timeout)
+	if err != nil {
+		return err
+	}
+	sess, err := s.svc.CreateCommand(ctx, req.Principal, req.SandboxID, cr)
+	if err != nil {
+		return err
+	}
+	b, _ := json.Marshal(note{Tag: sr.Tag, Config: sr.Process})
+	if err := s.svc.SetCommandNote(ctx, req.Principal, sess.ID, b); err != nil {
+		return fmt.Errorf("keep the process's tag: %w", err)
+	}
+	st, err := s.svc.Attach(ctx, service.AttachAuth{Principal: &req.Principal}, sess.ID, 0)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	return s.follow(ctx, r, out, st, follow{sandbox: req.SandboxID, command: sess.ID, principal: req.Principal, pty: cr.PTY != nil, tag: sr.Tag})
+}
+
+// connect is Process.Connect: it re-attaches to a running process from
+// the present on.
+func (s *Server) connect(ctx context.Context, req Request, r *http.Request, m message, c call, out *streamWriter) error {
+	sel, err := readSelector(m)
+	if err != nil {
+		return err
+	}
+	rc, err := s.findProcess(ctx, req, sel)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		if pid, ex, ok := s.retainedExit(req.SandboxID, sel); ok {
+			if err := out.send(eventResponse{Event: processEvent{Start: &startEvent{PID: pid}}}); err != nil {
+				return err
+			}
+			end := ex.end
+			return out.send(eventResponse{Event: processEvent{End: &end}})
+		}
+	}
+	if err != nil {
+		return err
+	}
+	st, err := s.svc.AttachNow(ctx, req.Principal, rc.ID)
+	if errors.Is(err, errdefs.ErrConflict) {
+		return errorf(codeNotFound, "process with %s not found", sel.String)
+	}
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	n := readNote(rc)
+	pid := pidOf(rc)
+	if err := out.send(eventResponse{Event: processEvent{Start: &startEvent{PID: pid}}}); err != nil {
+		return err
+	}
+	return s.follow(ctx, r, out, st, follow{sandbox: req.SandboxID, pty: rc.Request.PTY != nil, tag: n.Tag, pid: pid})
+}
+
+// follow says how to translate a command's stream.
+type follow struct {
+	sandbox   string
+	command   string
+	principal service.Principal
+	pty       bool    // output is a terminal's: data.pty
+	tag       *string // kept with the process's end
+	pid       uint32  // the start event was sent already (Connect); 0 for Start
+}
+
+// startedPID returns the pid of a command whose stream lost its start
+// event (its oldest output was dropped before it was read), 0 if it never
+// started.
+func (s *Server) startedPID(ctx context.Context, f follow) uint32 {
+	c, err := s.svc.GetCommand(ctx, f.principal, f.command)
+	if err != nil || c.PID == nil || *c.PID <= 0 {
+		return 0
+	}
+	return uint32(*c.PID)
+}
+
+// follow sends a command's events as process events, with keepalives
+// while it is quiet, to the end event; the first write error ends it.
+func (s *Server) follow(ctx context.Context, r *http.Request, out *streamWriter, st *service.Stream, f follow) error {
+	ctx, cancel := context.WithCancel(ctx)
+	type next struct {
+		ev  service.Event
+		err error
+	}
+	events := make(chan next)
+	// The reader ends with ctx; it is waited for before the stream closes.
+	defer func() {
+		cancel()
+		for range events {
+		}
+	}()
+	go func() {
+		defer close(events)
+		for {
+			ev, err := st.Next(ctx)
+			select {
+			case events <- next{ev, err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	interval := keepaliveInterval(r)
+	keepalive := time.NewTicker(interval)
+	defer keepalive.Stop()
+	started := f.pid != 0
+	var failed []byte // stderr of a process that could not start
+	// An event other than start first: either the process never ran (the
+	// service logs why and an exit), or its start was dropped with the
+	// oldest output. The command's record tells which.
+	startLost := func() error {
+		if started || f.command == "" {
+			return nil
+		}
+		if f.pid = s.startedPID(ctx, f); f.pid == 0 {
+			return nil
+		}
+		started = true
+		return out.send(eventResponse{Event: processEvent{Start: &startEvent{PID: f.pid}}})
+	}
+	checked := false
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-keepalive.C:
+			if started {
+				if err := out.send(eventResponse{Event: processEvent{Keepalive: &struct{}{}}}); err != nil {
+					return err
+				}
+			}
+		case n := <-events:
+			if n.err != nil {
+				if errors.Is(n.err, io.EOF) {
+					return errorf(codeUnknown, "the process's output ended without its exit")
+				}
+				return n.err
+			}
+			ev := n.ev
+			if !checked && !started && ev.Name != apiv1.EventStart {
+				checked = true
+				if err := startLost(); err != nil {
+					return err
+				}
+			}
+			var pe processEvent
+			switch ev.Name {
+			case apiv1.EventStart:
+				if f.pid != 0 {
+					continue
+				}
+				var x apiv1.StartEvent
+				json.Unmarshal(ev.Data, &x)
+				f.pid, started = uint32(x.PID), true
+				pe.Start = &startEvent{PID: f.pid}
+			case apiv1.EventStdout, apiv1.EventStderr:
+				var x apiv1.DataEvent
+				json.Unmarshal(ev.Data, &x)
+				if !started {
+					// The process never ran: the service wrote why on stderr.
+					if len(failed) < 4096 {
+						failed = append(failed, x.Data...)
+					}
+					continue
+				}
+				switch {
+				case f.pty:
+					pe.Data = &dataEvent{PTY: x.Data}
+				case ev.Name == apiv1.EventStdout:
+					pe.Data = &dataEvent{Stdout: x.Data}
+				default:
+					pe.Data = &dataEvent{Stderr: x.Data}
+				}
+			case apiv1.EventExit:
+				if !started {
+					msg := strings.TrimSpace(string(bytes.ToValidUTF8(failed, nil)))
+					if msg == "" {
+						msg = "the process could not start"
+					}
+					return errorf(codeInvalidArgument, "%s", truncate(msg, 1000))
+				}
+				var x apiv1.ExitEvent
+				json.Unmarshal(ev.Data, &x)
+				end := toEnd(x)
+				s.retain(f.sandbox, f.pid, f.tag, end)
+				return out.send(eventResponse{Event: processEvent{End: &end}})
+			default: // gap: output the server no longer keeps
+				continue
+			}
+			if err := out.send(eventResponse{Event: pe}); err != nil {
+				return err
+			}
+			keepalive.Reset(interval)
+		}
+	}
+}
+
+// keepaliveInterval reads Keepalive-Ping-Interval (seconds), 90 s when it
+// is missing or not a positive integer, as envd does.
+func keepaliveInterval(r *http.Request) time.Duration {
+	n, err := strconv.Atoi(r.Header.Get("Keepalive-Ping-Interval"))
+	if err != nil || n <= 0 {
+		return 90 * time.Second
+	}
+	return time.Duration(min(n, 3600)) * time.Second
+}
+
+// toEnd turns a command's exit into envd's end event, worded as Go's
+// os.ProcessState reports it ("exit status 1", "signal: killed").
+func toEnd(x apiv1.ExitEvent) endEvent {
+	var end endEvent
+	switch {
+	case x.Signal != nil:
+		name := *x.Signal
+		status := "signal: " + strings.ToLower(name)
+		if sig := unix.SignalNum("SIG" + name); sig != 0 {
+			status = "signal: " + sig.String()
+		}
+		end.ExitCode, end.Status, end.Error = -1, status, &status
+	case x.ExitCode < 0:
+		msg := "the process was lost: its exit status is unknown"
+		end.ExitCode, end.Status, end.Error = -1, "unknown", &msg
+	default:
+		status := "exit status " + itoa(int64(x.ExitCode))
+		end.ExitCode, end.Exited, end.Status = int32(x.ExitCode), true, status
+		if x.ExitCode != 0 {
+			end.Error = &status
+		}
+	}
+	return end
+}
+
+// retain keeps a process's end for a late Connect.
+func (s *Server) retain(sbx string, pid uint32, tag *string, end endEvent) {
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, ex := range s.exits {
+		if now.After(ex.expires) {
+			delete(s.exits, k)
+		}
+	}
+	if len(s.exits) < maxRetained {
+		s.exits[exitKey{sbx, pid}] = retainedExit{tag: tag, end: end, expires: now.Add(retention)}
+	}
+}
+
+// retainedExit finds a retained end by the selector.
+func (s *Server) retainedExit(sbx string, sel selector) (uint32, retainedExit, bool) {
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, ex := range s.exits {
+		if k.sandbox != sbx || now.After(ex.expires) {
+			continue
+		}
+		if !sel.ByTag && k.pid == sel.PID || sel.ByTag && ex.tag != nil && *ex.tag == sel.Tag {
+			return k.pid, ex, true
+		}
+	}
+	return 0, retainedExit{}, false
+}
+
+func readNote(rc service.RunningCommand) note {
+	var n note
+	if len(rc.Note) > 0 {
+		json.Unmarshal(rc.Note, &n)
+	}
+	return n
+}
+
+// configOf is the ProcessConfig of a command: as the client gave it when
+// this layer started it, else from the command's request.
+func configOf(rc service.RunningCommand) processConfig {
+	if n := readNote(rc); n.Config.Cmd != "" {
+		return n.Config
+	}
+	req := rc.Request
+	cfg := processConfig{Envs: req.Env}
+	if len(req.Argv) > 0 {
+		cfg.Cmd, cfg.Args = req.Argv[0], req.Argv[1:]
+	} else {
+		cfg.Cmd, cfg.Args = "/bin/sh", []string{"-c", req.Cmd}
+	}
+	if req.Cwd != "" {
+		cwd := req.Cwd
+		cfg.Cwd = &cwd
+	}
+	return cfg
+}
+
+// findProcess returns the running command the selector names: by pid, or
+// the newest with the tag.
+func (s *Server) findProcess(ctx context.Context, req Request, sel selector) (service.RunningCommand, error) {
+	rcs, err := s.svc.RunningCommands(ctx, req.Principal, req.SandboxID)
+	if err != nil {
+		return service.RunningCommand{}, err
+	}
+	for i := len(rcs) - 1; i >= 0; i-- {
+		rc := rcs[i]
+		if sel.ByTag {
+			if n := readNote(rc); n.Tag != nil && *n.Tag == sel.Tag {
+				return rc, nil
+			}
+		} else if pidOf(rc) == sel.PID {
+			return rc, nil
+		}
+	}
+	return service.RunningCommand{}, fmt.Errorf("process with %s not found: %w", sel.String, errdefs.ErrNotFound)
+}
+
+// list is Process.List: the sandbox's running processes.
+func (s *Server) list(ctx context.Context, req Request, r *http.Request, m message) (any, error) {
+	rcs, err := s.svc.RunningCommands(ctx, req.Principal, req.SandboxID)
+	if err != nil {
+		return nil, err
+	}
+	res := listResponse{Processes: []processInfo{}}
+	for _, rc := range rcs {
+		res.Processes = append(res.Processes, processInfo{
+			Config: configOf(rc), PID: pidOf(rc), Tag: readNote(rc).Tag,
+		})
+	}
+	return res, nil
+}
+
+// gone turns the service's conflict for a process that just exited into
+// envd's not_found.
+func gone(err error, sel selector) error {
+	if errors.Is(err, errdefs.ErrConflict) {
+		return errorf(codeNotFound, "process with %s not found", sel.String)
+	}
+	return err
+}
+
+// sendInput is Process.SendInput.
+func (s *Server) sendInput(ctx context.Context, req Request, r *http.Request, m message) (any, error) {
+	sel, err := readSelector(m)
+	if err != nil {
+		return nil, err
+	}
+	im, _, err := m.sub("input")
+	if err != nil {
+		return nil, err
+	}
+	which, err := im.oneof("stdin", "pty")
+	if err != nil {
+		return nil, err
+	}
+	if which == "" {
+		return nil, errorf(codeUnimplemented, "field input: give stdin or pty")
+	}
+	data, err := im.bytes(which)
+	if err != nil {
+		return nil, err
+	}
+	rc, err := s.findProcess(ctx, req, sel)
+	if err != nil {
+		return nil, err
+	}
+	if !rc.Request.Stdin {
+		return nil, errorf(codeFailedPrecondition, "process with %s was started without stdin: start it with stdin true", sel.String)
+	}
+	if err := s.svc.Stdin(ctx, req.Principal, rc.ID, bytes.NewReader(data), false); err != nil {
+		return nil, gone(err, sel)
+	}
+	return empty{}, nil
+}
+
+// closeStdin is Process.CloseStdin.
+func (s *Server) closeStdin(ctx context.Context, req Request, r *http.Request, m message) (any, error) {
+	sel, err := readSelector(m)
+	if err != nil {
+		return nil, err
+	}
+	rc, err := s.findProcess(ctx, req, sel)
+	if err != nil {
+		return nil, err
+	}
+	if !rc.Request.Stdin {
+		return nil, errorf(codeFailedPrecondition, "process with %s was started without stdin", sel.String)
+	}
+	if err := s.svc.Stdin(ctx, req.Principal, rc.ID, bytes.NewReader(nil), true); err != nil {
+		return nil, gone(err, sel)
+	}
+	return empty{}, nil
+}
+
+// sendSignal is Process.SendSignal: SIGTERM or SIGKILL to the process's
+// group.
+func (s *Server) sendSignal(ctx context.Context, req Request, r *http.Request, m message) (any, error) {
+	sel, err := readSelector(m)
+	if err != nil {
+		return nil, err
+	}
+	sig, err := m.enum("signal", signalValues)
+	if err != nil {
+		return nil, err
+	}
+	name := ""
+	switch sig {
+	case 15:
+		name = "TERM"
+	case 9:
+		name = "KILL"
+	default:
+		return nil, errorf(codeUnimplemented, "invalid signal: %d: send SIGNAL_SIGTERM or SIGNAL_SIGKILL", sig)
+	}
+	rc, err := s.findProcess(ctx, req, sel)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.svc.Signal(ctx, req.Principal, rc.ID, name); err != nil {
+		return nil, gone(err, sel)
+	}
+	return empty{}, nil
+}
+
+// update is Process.Update: a terminal's new size.
+func (s *Server) update(ctx context.Context, req Request, r *http.Request, m message) (any, error) {
+	sel, err := readSelector(m)
+	if err != nil {
+		return nil, err
+	}
+	pty, err := readPTY(m, "pty")
+	if err != nil {
+		return nil, err
+	}
+	rc, err := s.findProcess(ctx, req, sel)
+	if err != nil {
+		return nil, err
+	}
+	if pty == nil {
+		return empty{}, nil
+	}
+	if pty.Rows > 10000 || pty.Cols > 10000 {
+		return nil, errorf(codeInvalidArgument, "field pty.size: cols and rows must be 1 to 10000")
+	}
+	if err := s.svc.Resize(ctx, req.Principal, rc.ID, int(pty.Rows), int(pty.Cols)); err != nil {
+		return nil, gone(err, sel)
+	}
+	return empty{}, nil
+}
+
+// pidOf is a running command's guest pid.
+func pidOf(rc service.RunningCommand) uint32 {
+	if rc.PID == nil || *rc.PID < 0 {
+		return 0
+	}
+	return uint32(*rc.PID)
+}
