@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"slices"
@@ -137,16 +138,34 @@ func TestDNSRateLimit(t *testing.T) {
 }
 
 // A guest cannot make the gateway hold more than dnsTCPConns DNS
-// connections: the next waits until one closes.
+// connections: the next waits until one closes. The DNS server drops an
+// idle connection after its read timeout (2 s), which also frees a slot,
+// and on a loaded host a slot now and then comes free early (seen about
+// once in 30 runs under -race), so a try that does not show the limit is
+// made again; a broken limit fails every try.
 func TestDNSTCPConnectionLimit(t *testing.T) {
 	n := newTestNet(t, policy.Policy{Egress: "allow"}, netOptions{})
 	n.dns.set("ok.test", "203.0.113.5")
+	var why string
+	for try := 1; try <= 3; try++ {
+		if why = dnsLimitHolds(t, n); why == "" {
+			return
+		}
+		t.Logf("try %d: %s", try, why)
+	}
+	t.Fatal(why)
+}
+
+// dnsLimitHolds fills the gateway's DNS connection slots and checks that
+// one more query waits for a slot; it says why not.
+func dnsLimitHolds(t *testing.T, n *testNet) string {
 	var idle []net.Conn
 	defer func() {
 		for _, c := range idle {
 			c.Close()
 		}
 	}()
+	start := time.Now()
 	for range dnsTCPConns {
 		c, err := n.dial(GatewayIP + ":53")
 		if err != nil {
@@ -161,8 +180,11 @@ func TestDNSTCPConnectionLimit(t *testing.T) {
 	}()
 	select {
 	case err := <-answered:
-		t.Fatalf("a query over connection %d was answered at once (%v)", dnsTCPConns+1, err)
+		return fmt.Sprintf("a query over connection %d was answered at once (%v) after %s", dnsTCPConns+1, err, time.Since(start).Round(time.Millisecond))
 	case <-time.After(300 * time.Millisecond):
+	}
+	if took := time.Since(start); took > 1500*time.Millisecond {
+		return fmt.Sprintf("the connections took %s to open: an idle one may have been dropped", took.Round(time.Millisecond))
 	}
 	idle[0].Close()
 	select {
@@ -173,4 +195,5 @@ func TestDNSTCPConnectionLimit(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no answer after a connection closed")
 	}
+	return ""
 }
