@@ -9,7 +9,8 @@
 // (memory per idle sandbox, concurrent creates) against one bare VM or
 // one create alone, and the network (TCP throughput, connect latency and
 // DNS latency through a sandbox's gateway) against the same program on the
-// host.
+// host, and E2B's JavaScript SDK (create to first output, a command's
+// round trip) against the same work over the native API.
 // Absolute timings vary from host to host (and from minute to minute under
 // software emulation); the ratios to the baselines are what compare across
 // runs.
@@ -49,13 +50,17 @@ const (
 	ScenarioNetThroughput = "net_tcp_throughput"
 	ScenarioNetConnect    = "net_connect_latency"
 	ScenarioNetDNS        = "net_dns_latency"
+
+	ScenarioE2BCreate  = "e2b_create_to_first_output"
+	ScenarioE2BExecRTT = "e2b_exec_rtt"
 )
 
 // Scenarios lists every scenario in the order Run runs them.
 func Scenarios() []string {
 	return []string{ScenarioBoot, ScenarioSnapshot, ScenarioExecRTT, ScenarioThroughput,
 		ScenarioNetThroughput, ScenarioNetConnect, ScenarioNetDNS, ScenarioPause,
-		ScenarioSuspend, ScenarioIdlePSS, ScenarioConcurrent, ScenarioAPICreate, ScenarioAPIExecRTT}
+		ScenarioSuspend, ScenarioIdlePSS, ScenarioConcurrent, ScenarioE2BCreate, ScenarioE2BExecRTT,
+		ScenarioAPICreate, ScenarioAPIExecRTT}
 }
 
 // Defaults of the Config fields left zero.
@@ -119,6 +124,10 @@ type Config struct {
 	// SnapshotRuns is how many samples each side of
 	// snapshot_create_to_first_output takes. Default 5.
 	SnapshotRuns int
+	// E2BSDK is the directory whose node_modules holds E2B's JavaScript
+	// SDK (npm e2b), which the e2b_ scenarios run under node. Default
+	// DefaultE2BSDK, relative to the working directory.
+	E2BSDK string
 	// Scenarios selects the scenarios to run by name; empty means all.
 	// They run in the order of Scenarios() whatever the order here.
 	Scenarios []string
@@ -283,6 +292,8 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		{ScenarioSuspend, r.suspendWake},
 		{ScenarioIdlePSS, r.idlePSS},
 		{ScenarioConcurrent, r.concurrentCreate},
+		{ScenarioE2BCreate, r.e2bCreate},
+		{ScenarioE2BExecRTT, r.e2bExecRTT},
 		{ScenarioAPICreate, r.apiCreate},
 		{ScenarioAPIExecRTT, r.apiExecRTT},
 	}

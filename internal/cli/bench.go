@@ -43,6 +43,10 @@ the ratios compare across runs):
                               of the same snapshot beside them; then N cold boots
                               vs a bare QEMU booted to its agent beside them
   concurrent_create           N sandbox creates at once vs one create alone
+  e2b_create_to_first_output  E2B's JS SDK: Sandbox.create('base') to the first output
+                              of commands.run('echo hi') vs the same over the native API
+  e2b_exec_rtt                E2B's JS SDK: commands.run('true') round trip vs the
+                              native API's exec of the same /bin/bash -l -c true
   api_create_to_first_output  HTTP API create, command, attach to the first stdout
                               of echo hi vs runtime create and exec in-process
   api_exec_rtt                HTTP API exec of true (and a command session to its
@@ -53,6 +57,10 @@ a server on one of this host's own addresses, which the sandbox's policy
 opens literally. The api_ scenarios serve the API in-process from a temporary data directory
 that shares this one's boot artifacts and templates. idle_pss and
 concurrent_create run N sandboxes at once (--sandboxes, default 20).
+The e2b_ scenarios serve E2B's API beside it and run E2B's SDK (npm e2b)
+under node, timed inside node; they need node and the SDK installed in
+--e2b-sdk DIR's node_modules (default e2e/e2bsdk, from the source tree:
+cd e2e/e2bsdk && npm ci), and fail saying so without them.
 A scenario that fails after measuring (a concurrent create that failed) is
 in the report, with its error, and the command then fails.
 
@@ -64,6 +72,7 @@ Progress goes to stderr.
   airlock bench --only api_create_to_first_output,api_exec_rtt --api-runs 3
   airlock bench --only pause_resume,suspend_wake_512 --suspend-runs 3
   airlock bench --only idle_pss,concurrent_create --sandboxes 10
+  airlock bench --only e2b_create_to_first_output,e2b_exec_rtt --e2b-sdk e2e/e2bsdk
   airlock bench --json -o bench.json`
 
 func runBench(ctx context.Context, env *Env, args []string) error {
@@ -77,6 +86,7 @@ func runBench(ctx context.Context, env *Env, args []string) error {
 	suspendRuns := fs.Int("suspend-runs", bench.DefaultSuspendRuns, "rounds of suspend and wake per side in the suspend_wake_512 scenario")
 	sandboxes := fs.Int("sandboxes", bench.DefaultSandboxes, "sandboxes at once in the idle_pss and concurrent_create scenarios")
 	snapshotRuns := fs.Int("snapshot-runs", bench.DefaultSnapshotRuns, "samples per side in the snapshot_create_to_first_output scenario")
+	e2bSDK := fs.String("e2b-sdk", bench.DefaultE2BSDK, "`dir` whose node_modules holds E2B's JS SDK (npm e2b), for the e2b_ scenarios")
 	only := fs.String("only", "", "comma-separated `scenarios` to run (default: all): "+strings.Join(bench.Scenarios(), ", "))
 	accel := fs.String("accel", "auto", "accelerator: auto, kvm or tcg")
 	asJSON := fs.Bool("json", false, "print JSON even on a terminal")
@@ -103,8 +113,8 @@ func runBench(ctx context.Context, env *Env, args []string) error {
 		Dir: env.Dir, Accel: *accel, Template: *tpl,
 		BootRuns: *runs, ExecRuns: *execRuns, ThroughputMiB: *mib, APIRuns: *apiRuns,
 		PauseRuns: *pauseRuns, SuspendRuns: *suspendRuns, Sandboxes: *sandboxes, SnapshotRuns: *snapshotRuns,
-		Scenarios: splitScenarios(*only),
-		Progress:  env.Stderr, Log: env.Log,
+		E2BSDK: *e2bSDK, Scenarios: splitScenarios(*only),
+		Progress: env.Stderr, Log: env.Log,
 	}
 	if err := cfg.Validate(); err != nil {
 		return err
