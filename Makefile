@@ -20,8 +20,9 @@ setup: build
 
 # Running airlock means serving its API (AIRLOCK_LISTEN to change where).
 AIRLOCK_LISTEN ?= 127.0.0.1:7700
+AIRLOCK_SERVE_FLAGS ?=
 run: setup
-	$(BIN)/airlock serve --listen $(AIRLOCK_LISTEN)
+	$(BIN)/airlock serve --listen $(AIRLOCK_LISTEN) $(AIRLOCK_SERVE_FLAGS)
 
 vet:
 	$(GO) vet ./...
