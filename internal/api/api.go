@@ -22,6 +22,7 @@ import (
 
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/secrets"
 	"github.com/airlockhq/airlock/internal/service"
 	"github.com/airlockhq/airlock/internal/store"
 )
@@ -44,6 +45,10 @@ type Config struct {
 	// PingInterval is how often an idle event stream gets a ": ping"
 	// comment. Default 15 s.
 	PingInterval time.Duration
+	// Secrets seals the remembered answers of idempotent requests that
+	// hold a secret (a new key, a secret's value) and keys their
+	// fingerprints; nil keeps them as they are.
+	Secrets *secrets.Box
 }
 
 // Server is the HTTP API.

@@ -29,6 +29,17 @@ func streamedBody(rt route) bool {
 	return false
 }
 
+// sensitive reports routes whose request or answer holds a secret: a
+// secret's value, or a new API key. Their remembered answer is sealed and
+// their fingerprint keyed, when the server has a secrets box, so the
+// store holds neither in a form that can be read or guessed at.
+func sensitive(rt route) bool {
+	return rt.method == http.MethodPost && (rt.path == "/v1/keys" || rt.path == "/v1/secrets")
+}
+
+// idempotencyAD binds a sealed answer to its key and Idempotency-Key.
+func idempotencyAD(keyID, key string) (string, string) { return "idempotency:" + keyID, key }
+
 // idempotent runs a mutating request once per (API key, Idempotency-Key):
 // a retry gets the first answer back, and a different request under the
 // same key is refused.
@@ -36,17 +47,25 @@ func (s *Server) idempotent(w *statusWriter, r *http.Request, rt route, p servic
 	if len(key) > MaxIdempotencyKey {
 		return fmt.Errorf("Idempotency-Key is longer than %d bytes: %w", MaxIdempotencyKey, errdefs.ErrInvalid)
 	}
-	h := sha256.New()
-	fmt.Fprintf(h, "%s\n%s\n", r.Method, r.URL.RequestURI())
+	var fp bytes.Buffer
+	fmt.Fprintf(&fp, "%s\n%s\n", r.Method, r.URL.RequestURI())
 	if !streamedBody(rt) {
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxJSONBody))
 		if err != nil {
 			return fmt.Errorf("the body is over %d bytes: %w", MaxJSONBody, errdefs.ErrTooLarge)
 		}
-		h.Write(body)
+		fp.Write(body)
 		r.Body = io.NopCloser(bytes.NewReader(body))
 	}
-	sum := h.Sum(nil)
+	box := s.cfg.Secrets
+	seal := box != nil && sensitive(rt)
+	var sum []byte
+	if seal {
+		sum = box.MAC(fp.Bytes())
+	} else {
+		h := sha256.Sum256(fp.Bytes())
+		sum = h[:]
+	}
 
 	// One request per key at a time, so a quick retry waits for the first.
 	lockKey := p.KeyID + "\x00" + key
@@ -66,12 +85,19 @@ func (s *Server) idempotent(w *statusWriter, r *http.Request, rt route, p servic
 		if !bytes.Equal(prev.RequestHash, sum) {
 			return fmt.Errorf("Idempotency-Key %q was used for a different request: use a new key: %w", truncate(key, 40), errdefs.ErrConflict)
 		}
+		body := prev.Body
+		if seal && len(body) > 0 {
+			owner, name := idempotencyAD(p.KeyID, key)
+			if body, err = box.Open(owner, name, body); err != nil {
+				return fmt.Errorf("open the remembered answer: %w", err)
+			}
+		}
 		w.Header().Set("Idempotent-Replayed", "true")
-		if len(prev.Body) > 0 {
+		if len(body) > 0 {
 			w.Header().Set("Content-Type", "application/json")
 		}
 		w.WriteHeader(prev.Status)
-		w.Write(prev.Body)
+		w.Write(body)
 		return nil
 	case !errors.Is(err, errdefs.ErrNotFound):
 		return err
@@ -89,10 +115,20 @@ func (s *Server) idempotent(w *statusWriter, r *http.Request, rt route, p servic
 	if rec.status >= 500 || rec.overflow {
 		return nil
 	}
+	answer := rec.body.Bytes()
+	if seal && len(answer) > 0 {
+		owner, name := idempotencyAD(p.KeyID, key)
+		sealed, err := box.Seal(owner, name, answer)
+		if err != nil {
+			s.log.Warn("remember idempotent answer", "err", err)
+			return nil
+		}
+		answer = sealed
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := s.cfg.Store.PutIdempotent(ctx, store.Idempotent{
-		KeyID: p.KeyID, Key: key, RequestHash: sum, Status: rec.status, Body: rec.body.Bytes(), CreatedAt: time.Now().UTC(),
+		KeyID: p.KeyID, Key: key, RequestHash: sum, Status: rec.status, Body: answer, CreatedAt: time.Now().UTC(),
 	}); err != nil {
 		s.log.Warn("remember idempotent answer", "err", err)
 	}

@@ -3,6 +3,7 @@ package api
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -32,6 +33,7 @@ type secretServer struct {
 	adminID     string
 	userID      string
 	log         *syncBuffer // what the server and the service logged
+	st          *store.Store
 }
 
 // syncBuffer is a bytes.Buffer safe for the server's goroutines.
@@ -86,9 +88,9 @@ func newSecretServer(t *testing.T) *secretServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(New(Config{Service: svc, Store: st, Log: log}))
+	srv := httptest.NewServer(New(Config{Service: svc, Store: st, Log: log, Secrets: box}))
 	t.Cleanup(srv.Close)
-	return &secretServer{url: srv.URL, svc: svc, admin: admin, user: user.Key, adminID: ap.KeyID, userID: user.ID, log: logs}
+	return &secretServer{url: srv.URL, svc: svc, admin: admin, user: user.Key, adminID: ap.KeyID, userID: user.ID, log: logs, st: st}
 }
 
 // answer is what a request got back.
@@ -345,6 +347,48 @@ func TestSecretsIdempotency(t *testing.T) {
 	}
 	if v, err := s.svc.SecretValue(context.Background(), s.userID, "openai"); err != nil || v != "v1" {
 		t.Errorf("value %q, %v after the refused retry, want v1", v, err)
+	}
+}
+
+// What the store remembers of idempotent requests that hold a secret is
+// sealed (a new key) and keyed (a secret's value): neither can be read or
+// guessed from the database alone, and a retry still gets its answer.
+func TestIdempotentSecretsSealed(t *testing.T) {
+	s := newSecretServer(t)
+	ctx := context.Background()
+	keyBody := `{"name": "ci", "role": "user"}`
+	first := s.do(t, "POST", "/v1/keys", s.admin, keyBody, "Idempotency-Key", "mint-1")
+	again := s.do(t, "POST", "/v1/keys", s.admin, keyBody, "Idempotency-Key", "mint-1")
+	var made apiv1.KeyCreated
+	if first.status != 201 || json.Unmarshal(first.body, &made) != nil || made.Key == "" {
+		t.Fatalf("create key: %d %s", first.status, first.body)
+	}
+	if again.status != 201 || !bytes.Equal(first.body, again.body) || again.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry: %d %s", again.status, again.body)
+	}
+	row, err := s.st.GetIdempotent(ctx, s.adminID, "mint-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(row.Body, []byte(made.Key)) || bytes.Contains(row.Body, []byte(`"key"`)) {
+		t.Errorf("the store holds the new key in clear: %q", row.Body)
+	}
+	plain := sha256.Sum256([]byte("POST\n/v1/keys\n" + keyBody))
+	if bytes.Equal(row.RequestHash, plain[:]) {
+		t.Errorf("the fingerprint of a key request is a plain sha256")
+	}
+
+	secretBody := `{"name": "openai", "value": "sk-guessable"}`
+	if a := s.do(t, "POST", "/v1/secrets", s.user, secretBody, "Idempotency-Key", "put-1"); a.status != 201 {
+		t.Fatalf("put secret: %d %s", a.status, a.body)
+	}
+	row, err = s.st.GetIdempotent(ctx, s.userID, "put-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain = sha256.Sum256([]byte("POST\n/v1/secrets\n" + secretBody))
+	if bytes.Equal(row.RequestHash, plain[:]) {
+		t.Errorf("the fingerprint of a secret's value is a plain sha256: it could be tested against guesses")
 	}
 }
 

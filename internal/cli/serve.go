@@ -145,7 +145,7 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 		fmt.Fprintf(env.Stdout, "admin API key (shown once; also in %s):\n  %s\n", keyPath, key)
 	}
 
-	apiSrv := api.New(api.Config{Service: svc, Store: st, Log: log, Registry: reg,
+	apiSrv := api.New(api.Config{Service: svc, Store: st, Log: log, Registry: reg, Secrets: box,
 		MetricsOpen: isLoopback(ln.Addr()), PingInterval: *ping})
 	httpSrv := &http.Server{Handler: apiSrv, ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 2)

@@ -14,7 +14,9 @@ package secrets
 import (
 	"crypto/aes"
 	"crypto/cipher"
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -38,7 +40,8 @@ const (
 // Box seals and opens secret values under one key. It is safe for
 // concurrent use: it holds no state beyond the key.
 type Box struct {
-	aead cipher.AEAD
+	aead   cipher.AEAD
+	macKey []byte // for MAC: derived from the key, never the key itself
 }
 
 // OpenBox loads the key in the file at path, creating the file (mode 0600,
@@ -80,7 +83,18 @@ func newBox(key []byte) (*Box, error) {
 	if err != nil {
 		return nil, fmt.Errorf("secrets key: %w", err)
 	}
-	return &Box{aead: aead}, nil
+	mac := hmac.New(sha256.New, key)
+	mac.Write([]byte("airlock secrets: mac key"))
+	return &Box{aead: aead, macKey: mac.Sum(nil)}, nil
+}
+
+// MAC returns a keyed digest of data (HMAC-SHA256 under a key derived from
+// the box's): a fingerprint of a request that may hold a secret, which
+// cannot be tested against guesses without the key file.
+func (b *Box) MAC(data []byte) []byte {
+	mac := hmac.New(sha256.New, b.macKey)
+	mac.Write(data)
+	return mac.Sum(nil)
 }
 
 // readKey reads and checks an existing key file of n bytes.

@@ -2,6 +2,7 @@ package secrets
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"os"
@@ -255,5 +256,34 @@ func TestLoadOrCreateKeyOnce(t *testing.T) {
 		if errs[i] != nil || !bytes.Equal(keys[i], keys[0]) {
 			t.Errorf("load %d = %x, %v; want %x", i, keys[i], errs[i], keys[0])
 		}
+	}
+}
+
+func TestMAC(t *testing.T) {
+	dir := t.TempDir()
+	a, err := OpenBox(filepath.Join(dir, "a.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := OpenBox(filepath.Join(dir, "a.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := OpenBox(filepath.Join(dir, "b.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := []byte("POST\n/v1/secrets\n{\"value\":\"x\"}")
+	if !bytes.Equal(a.MAC(data), again.MAC(data)) {
+		t.Error("the same key gives another MAC")
+	}
+	if bytes.Equal(a.MAC(data), b.MAC(data)) {
+		t.Error("two keys give the same MAC")
+	}
+	if bytes.Equal(a.MAC(data), a.MAC(append(data, '!'))) {
+		t.Error("two inputs give the same MAC")
+	}
+	if sum := sha256.Sum256(data); bytes.Equal(a.MAC(data), sum[:]) {
+		t.Error("the MAC is a plain sha256")
 	}
 }
