@@ -14,7 +14,9 @@ import (
 
 const setupAbout = `Installs the Debian packages airlock needs (as root), fetches Debian's
 cloud kernel, builds the initramfs with the guest agent, builds the
-templates (tiny: busybox; base: Debian bookworm with python3), checks
+templates (tiny: busybox; base: Debian bookworm with python3;
+code-interpreter: base with Jupyter, numpy, pandas and matplotlib and the
+server of E2B's runCode on port 49999), checks
 whether KVM can run the guest or software emulation (TCG) must be used, and
 makes each template's snapshot, which new sandboxes are cloned from.
 Every step is skipped when its result is already there; a failed step

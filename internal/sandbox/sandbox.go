@@ -82,6 +82,10 @@ type Config struct {
 	// ColdBoot boots every sandbox from scratch instead of cloning its
 	// template's snapshot (TemplateSnapshot). Default false: clones.
 	ColdBoot bool
+	// StartTimeout bounds how long Create waits for a template's start
+	// command to answer on its ready port (template.Settings.ReadyPort).
+	// Default 60 s.
+	StartTimeout time.Duration
 	// Network configures the sandboxes' gateways.
 	Network NetworkConfig
 	// Log receives the runtime's diagnostics.
@@ -338,7 +342,7 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (*Sandbox, error) {
 	if !r.cfg.ColdBoot && !spec.ColdBoot {
 		sb, err := r.clone(ctx, spec, tpl)
 		if err == nil {
-			return sb, nil
+			return r.started(ctx, sb)
 		}
 		if ctx.Err() != nil || errors.Is(err, errdefs.ErrConflict) {
 			return nil, fmt.Errorf("create sandbox: %w", err)
@@ -348,6 +352,18 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (*Sandbox, error) {
 	sb, err := r.boot(ctx, spec, tpl)
 	if err != nil {
 		return nil, fmt.Errorf("create sandbox: %w", err)
+	}
+	return r.started(ctx, sb)
+}
+
+// started runs the template's start command in a created sandbox
+// (startTemplate) and destroys the sandbox if it does not come up.
+func (r *Runtime) started(ctx context.Context, sb *Sandbox) (*Sandbox, error) {
+	if err := r.startTemplate(ctx, sb); err != nil {
+		if derr := sb.Destroy(context.WithoutCancel(ctx)); derr != nil {
+			r.log.Warn("destroying a sandbox whose start command failed", "sandbox", sb.ID, "err", derr)
+		}
+		return nil, fmt.Errorf("create sandbox: template %s: %w", sb.Template.Ref(), err)
 	}
 	return sb, nil
 }

@@ -25,7 +25,7 @@ import (
 
 // DefaultTemplates returns the built-in templates setup makes unless told
 // otherwise.
-func DefaultTemplates() []string { return []string{"tiny", "base"} }
+func DefaultTemplates() []string { return []string{"tiny", "base", "code-interpreter"} }
 
 // Config says what setup prepares.
 type Config struct {
@@ -163,11 +163,16 @@ const upToDate = "up to date"
 // ensureTemplate makes the built-in template name unless a valid one exists.
 func ensureTemplate(ctx context.Context, store *template.Store, name string, cfg Config, out io.Writer) (string, error) {
 	if !cfg.Force {
+		b, _ := template.LookupBuiltin(name)
 		if t, err := store.Resolve(name); err == nil {
-			if err := store.Verify(ctx, t); err == nil {
+			switch err := store.Verify(ctx, t); {
+			case err != nil:
+				fmt.Fprintf(out, "stored %s is damaged; rebuilding\n", t.Ref())
+			case t.Recipe != b.Defaults.Recipe:
+				fmt.Fprintf(out, "stored %s was made from another recipe; rebuilding\n", t.Ref())
+			default:
 				return upToDate, nil
 			}
-			fmt.Fprintf(out, "stored %s is damaged; rebuilding\n", t.Ref())
 		}
 	}
 	t, err := store.BuildBuiltin(ctx, name, template.BuildConfig{Cache: cfg.Dir.Cache(), Mirror: cfg.Mirror, Out: out})

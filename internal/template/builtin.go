@@ -4,7 +4,10 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"debug/elf"
+	_ "embed"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -26,6 +29,36 @@ const Suite = "bookworm"
 
 // basePackages are installed into the base template on top of minbase.
 var basePackages = []string{"python3", "bash", "coreutils", "procps", "ca-certificates", "curl"}
+
+// codeInterpreterPackages are installed into the code-interpreter
+// template on top of basePackages: Jupyter's Python kernel and client,
+// and the data libraries E2B's code interpreter offers.
+var codeInterpreterPackages = []string{
+	"python3-ipykernel", "python3-jupyter-client", "python3-matplotlib-inline",
+	"python3-numpy", "python3-pandas", "python3-matplotlib",
+}
+
+// codeInterpreterServer is the server of E2B's code interpreter protocol
+// (port 49999: /execute, /contexts, /health) over Jupyter kernels.
+//
+//go:embed codeinterpreter/server.py
+var codeInterpreterServer []byte
+
+// Where the code-interpreter template holds its server, and the port it
+// serves on (E2B's).
+const (
+	CodeInterpreterServerPath = "/opt/airlock/code-interpreter/server.py"
+	CodeInterpreterPort       = 49999
+)
+
+// codeInterpreterRecipe identifies what the code-interpreter template is
+// made of, so that setup rebuilds it when its packages or server change.
+func codeInterpreterRecipe() string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\n%s\n%s\n", Suite, strings.Join(basePackages, ","), strings.Join(codeInterpreterPackages, ","))
+	h.Write(codeInterpreterServer)
+	return "sha256:" + hex.EncodeToString(h.Sum(nil))
+}
 
 // BuildConfig says where and how built-in templates are made.
 type BuildConfig struct {
@@ -69,6 +102,17 @@ func Builtins() []Builtin {
 			Defaults: Settings{VCPUs: 1, MemoryMiB: 512, DiskMiB: 2048},
 			Describe: "Debian " + Suite + " minbase with " + strings.Join(basePackages, ", "),
 			build:    buildBase,
+		},
+		{
+			Name: "code-interpreter",
+			Defaults: Settings{
+				VCPUs: 2, MemoryMiB: 1024, DiskMiB: 4096,
+				StartCmd:  "exec /usr/bin/python3 " + CodeInterpreterServerPath,
+				ReadyPort: CodeInterpreterPort, ReadyPath: "/health",
+				Recipe: codeInterpreterRecipe(),
+			},
+			Describe: "base with Jupyter's Python kernel, numpy, pandas and matplotlib, and a server of E2B's code interpreter protocol on port 49999",
+			build:    buildCodeInterpreter,
 		},
 	}
 }
@@ -282,9 +326,42 @@ func staticBusybox(ctx context.Context) (string, error) {
 	return "", fmt.Errorf("find busybox: busybox-static installs no static bin/busybox: %w", errdefs.ErrPrecondition)
 }
 
-// buildBase makes a Debian minbase tree with debootstrap, caching the
-// packages under cfg.Cache, and strips apt's lists and caches.
+// buildBase makes a Debian minbase tree with basePackages.
 func buildBase(ctx context.Context, root string, cfg BuildConfig) error {
+	return debootstrapTree(ctx, root, cfg, basePackages, nil)
+}
+
+// buildCodeInterpreter makes the base tree with codeInterpreterPackages
+// too, drops documentation, and adds the code interpreter's server and
+// E2B's working directory /home/user.
+func buildCodeInterpreter(ctx context.Context, root string, cfg BuildConfig) error {
+	if err := debootstrapTree(ctx, root, cfg, basePackages, codeInterpreterPackages); err != nil {
+		return err
+	}
+	for _, pattern := range []string{"usr/share/doc/*", "usr/share/man/*", "usr/share/info/*"} {
+		matches, _ := filepath.Glob(filepath.Join(root, pattern))
+		for _, m := range matches {
+			if err := os.RemoveAll(m); err != nil {
+				return err
+			}
+		}
+	}
+	server := filepath.Join(root, CodeInterpreterServerPath)
+	if err := os.MkdirAll(filepath.Dir(server), 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(server, codeInterpreterServer, 0o644); err != nil {
+		return err
+	}
+	return os.MkdirAll(filepath.Join(root, "home", "user"), 0o755)
+}
+
+// debootstrapTree makes a Debian minbase tree with the given packages
+// with debootstrap, caching the packages under cfg.Cache, then installs
+// extra with apt-get in the tree (debootstrap's own dependency resolver
+// is too simple for large package sets such as Jupyter's), and strips
+// apt's lists and caches.
+func debootstrapTree(ctx context.Context, root string, cfg BuildConfig, packages, extra []string) error {
 	if _, err := exec.LookPath("debootstrap"); err != nil {
 		return fmt.Errorf("debootstrap not found (apt-get install debootstrap): %w", errdefs.ErrPrecondition)
 	}
@@ -305,7 +382,7 @@ func buildBase(ctx context.Context, root string, cfg BuildConfig) error {
 	}
 	fmt.Fprintf(cfg.Out, "debootstrap %s from %s\n", Suite, mirror)
 	args := []string{
-		"--variant=minbase", "--include=" + strings.Join(basePackages, ","),
+		"--variant=minbase", "--include=" + strings.Join(packages, ","),
 		"--cache-dir=" + pkgCache, Suite, root, mirror,
 	}
 	if err := runStreaming(ctx, cfg.Out, "debootstrap", args...); err != nil {
@@ -313,6 +390,11 @@ func buildBase(ctx context.Context, root string, cfg BuildConfig) error {
 			err = fmt.Errorf("debootstrap.log ends with:\n%s\n%w", tail(log, 20), err)
 		}
 		return err
+	}
+	if len(extra) > 0 {
+		if err := aptInstall(ctx, root, cfg, extra); err != nil {
+			return err
+		}
 	}
 	for _, pattern := range []string{
 		"var/lib/apt/lists/*", "var/cache/apt/*.bin", "var/cache/apt/archives/*.deb",
@@ -381,7 +463,11 @@ func runStreaming(ctx context.Context, out io.Writer, name string, args ...strin
 				}
 				continue
 			}
-			if p, _, _ := strings.Cut(msg, " "); p != phase {
+			p, _, _ := strings.Cut(msg, " ")
+			if p == "Validating" {
+				p = "Retrieving" // debootstrap alternates the two per package
+			}
+			if p != phase {
 				phase = p
 				fmt.Fprintf(out, "%s: %s (%ds)\n", name, msg, int(time.Since(start).Seconds()))
 			}
@@ -406,4 +492,44 @@ func tail(b []byte, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return string(bytes.Join(lines, []byte("\n")))
+}
+
+// aptInstall installs packages into the debootstrapped tree at root with
+// apt-get run chrooted into it, its package downloads kept in
+// cfg.Cache/apt-archives for later builds. The tree borrows the host's
+// resolv.conf while apt runs.
+func aptInstall(ctx context.Context, root string, cfg BuildConfig, packages []string) error {
+	archives := filepath.Join(cfg.Cache, "apt-archives")
+	inTree := filepath.Join(root, "var", "cache", "apt", "archives")
+	for _, d := range []string{filepath.Join(archives, "partial"), inTree} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	if err := unix.Mount(archives, inTree, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind %s into the tree: %w", archives, err)
+	}
+	defer unix.Unmount(inTree, unix.MNT_DETACH)
+	resolv := filepath.Join(root, "etc", "resolv.conf")
+	if b, err := os.ReadFile("/etc/resolv.conf"); err == nil {
+		if err := os.WriteFile(resolv, b, 0o644); err != nil {
+			return err
+		}
+		defer os.Remove(resolv)
+	}
+	env := []string{"DEBIAN_FRONTEND=noninteractive", "LC_ALL=C", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	fmt.Fprintf(cfg.Out, "apt-get install %s\n", strings.Join(packages, " "))
+	for _, args := range [][]string{
+		{"apt-get", "update", "-q"},
+		append([]string{"apt-get", "install", "-q", "-y", "--no-install-recommends"}, packages...),
+	} {
+		cmd := exec.CommandContext(ctx, "chroot", append([]string{root}, args...)...)
+		cmd.Env = env
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("chroot %s: %v; its output ended with:\n%s", strings.Join(args, " "), err, tail(out, 20))
+		}
+		fmt.Fprintf(cfg.Out, "%s: done\n", strings.Join(args[:2], " "))
+	}
+	return nil
 }

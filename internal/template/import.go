@@ -93,6 +93,7 @@ func (s *Store) Import(ctx context.Context, name, tag, rootfsDir string, default
 	r := record{
 		Name: name, Tag: tag, Digest: contentDigest,
 		VCPUs: defaults.VCPUs, MemoryMiB: defaults.MemoryMiB, DiskMiB: defaults.DiskMiB,
+		StartCmd: defaults.StartCmd, ReadyPort: defaults.ReadyPort, ReadyPath: defaults.ReadyPath, Recipe: defaults.Recipe,
 		SizeBytes: size, CreatedAt: time.Now().UTC().Truncate(time.Second),
 	}
 	b, err := json.MarshalIndent(r, "", "  ")

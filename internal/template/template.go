@@ -40,12 +40,39 @@ type Settings struct {
 	MemoryMiB int `json:"memory_mib"`
 	// DiskMiB is the size in MiB the guest grows its root filesystem to.
 	DiskMiB int `json:"disk_mib"`
+	// StartCmd, if set, is a shell command the runtime starts in the
+	// background in every sandbox of the template once the guest is
+	// initialised (a server the template exists for, such as the code
+	// interpreter's). Its output goes to StartLog in the guest.
+	StartCmd string `json:"start_cmd,omitempty"`
+	// ReadyPort, if set, is a guest TCP port on which an HTTP GET of
+	// ReadyPath must answer 200 before a create returns.
+	ReadyPort int `json:"ready_port,omitempty"`
+	// ReadyPath is the path ReadyPort is probed at; default "/".
+	ReadyPath string `json:"ready_path,omitempty"`
+	// Recipe identifies how a built-in template was made (its packages
+	// and files); setup rebuilds a built-in template whose recipe changed.
+	Recipe string `json:"recipe,omitempty"`
 }
 
-// validate checks that every setting is positive.
+// StartLog is the file in the guest that a template's StartCmd writes
+// its output to.
+const StartLog = "/var/log/airlock-start.log"
+
+// validate checks that every size is positive and the readiness probe is
+// well formed.
 func (s Settings) validate() error {
 	if s.VCPUs <= 0 || s.MemoryMiB <= 0 || s.DiskMiB <= 0 {
 		return fmt.Errorf("template settings %+v: vcpus, memory and disk must be positive: %w", s, errdefs.ErrInvalid)
+	}
+	if s.ReadyPort < 0 || s.ReadyPort > 65535 {
+		return fmt.Errorf("template settings: ready_port %d is not a port number: %w", s.ReadyPort, errdefs.ErrInvalid)
+	}
+	if s.ReadyPath != "" && !strings.HasPrefix(s.ReadyPath, "/") {
+		return fmt.Errorf("template settings: ready_path %q must start with /: %w", s.ReadyPath, errdefs.ErrInvalid)
+	}
+	if strings.ContainsRune(s.StartCmd, 0) {
+		return fmt.Errorf("template settings: start_cmd must not contain NUL bytes: %w", errdefs.ErrInvalid)
 	}
 	return nil
 }
@@ -64,6 +91,11 @@ type Template struct {
 	VCPUs     int
 	MemoryMiB int
 	DiskMiB   int
+	// StartCmd, ReadyPort, ReadyPath and Recipe are as in Settings.
+	StartCmd  string
+	ReadyPort int
+	ReadyPath string
+	Recipe    string
 	// SizeBytes is the size of the image file.
 	SizeBytes int64
 	// CreatedAt is when the image was imported.
@@ -75,7 +107,8 @@ func (t Template) Ref() string { return t.Name + ":" + t.Tag }
 
 // Settings returns the template's default sandbox settings.
 func (t Template) Settings() Settings {
-	return Settings{VCPUs: t.VCPUs, MemoryMiB: t.MemoryMiB, DiskMiB: t.DiskMiB}
+	return Settings{VCPUs: t.VCPUs, MemoryMiB: t.MemoryMiB, DiskMiB: t.DiskMiB,
+		StartCmd: t.StartCmd, ReadyPort: t.ReadyPort, ReadyPath: t.ReadyPath, Recipe: t.Recipe}
 }
 
 // record is the stored form of a template's settings, sha256-<hex>.json.
@@ -86,6 +119,10 @@ type record struct {
 	VCPUs     int       `json:"vcpus"`
 	MemoryMiB int       `json:"memory_mib"`
 	DiskMiB   int       `json:"disk_mib"`
+	StartCmd  string    `json:"start_cmd,omitempty"`
+	ReadyPort int       `json:"ready_port,omitempty"`
+	ReadyPath string    `json:"ready_path,omitempty"`
+	Recipe    string    `json:"recipe,omitempty"`
 	SizeBytes int64     `json:"size_bytes"`
 	CreatedAt time.Time `json:"created_at"`
 }
@@ -222,6 +259,7 @@ func (s *Store) load(ref string) (Template, error) {
 	return Template{
 		Name: r.Name, Tag: r.Tag, Digest: ref, Image: img,
 		VCPUs: r.VCPUs, MemoryMiB: r.MemoryMiB, DiskMiB: r.DiskMiB,
+		StartCmd: r.StartCmd, ReadyPort: r.ReadyPort, ReadyPath: r.ReadyPath, Recipe: r.Recipe,
 		SizeBytes: r.SizeBytes, CreatedAt: r.CreatedAt,
 	}, nil
 }

@@ -84,7 +84,8 @@ func TestImportResolveList(t *testing.T) {
 		t.Fatalf("List of an empty store = %v, %v", got, err)
 	}
 
-	settings := Settings{VCPUs: 1, MemoryMiB: 256, DiskMiB: 256}
+	settings := Settings{VCPUs: 1, MemoryMiB: 256, DiskMiB: 256,
+		StartCmd: "exec server", ReadyPort: 8080, ReadyPath: "/health", Recipe: "sha256:x"}
 	tpl, err := s.Import(ctx, "tiny", "", smallTree(t, "one\n"), settings)
 	if err != nil {
 		t.Fatal(err)
