@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -40,6 +41,9 @@ var (
 func sharedNet(t *testing.T) *netEnv {
 	t.Helper()
 	netOnce.Do(func() {
+		// newTestNet fails the first test that asks with its reason; the
+		// others get this.
+		netErr = errors.New("the network tests' test host could not be made: see the first test that asked for it")
 		// The namespace and servers outlive the first test that asks.
 		tn := newTestNet(&cleanupLater{T: t})
 		srv, err := launchServer(tn.serverEnv(), tn.serverArgs()...)

@@ -96,14 +96,31 @@ func newHome() (string, error) {
 	return home, nil
 }
 
+// freeAddr returns a loopback address with a port nobody listens on, and
+// never the same one twice in this test binary: a port is only bound later
+// by the server it is for, and meanwhile the kernel may offer it again.
 func freeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
+	addrsMu.Lock()
+	defer addrsMu.Unlock()
+	for range 100 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return "", err
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		if !handedOut[addr] {
+			handedOut[addr] = true
+			return addr, nil
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
+	return "", fmt.Errorf("no fresh loopback port in 100 tries")
 }
+
+var (
+	addrsMu   sync.Mutex
+	handedOut = map[string]bool{} // addresses freeAddr returned; guarded by addrsMu
+)
 
 func launchServer(env []string, args ...string) (*server, error) {
 	home, err := newHome()

@@ -92,7 +92,7 @@ func newTestNet(t testing.TB) *testNet {
 		{"addr", "add", tn.hostIP.String() + "/29", "dev", tn.hostIf},
 		{"-6", "addr", "add", ip6host.String() + "/64", "dev", tn.hostIf, "nodad"},
 		{"link", "set", tn.hostIf, "up"},
-		{"route", "add", metadataIP.String() + "/32", "dev", tn.hostIf},
+		{"route", "replace", metadataIP.String() + "/32", "dev", tn.hostIf},
 		{"-n", tn.ns, "addr", "add", tn.ip.String() + "/29", "dev", peer},
 		{"-n", tn.ns, "addr", "add", tn.other.String() + "/29", "dev", peer},
 		{"-n", tn.ns, "addr", "add", metadataIP.String() + "/32", "dev", peer},
