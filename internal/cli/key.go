@@ -132,24 +132,9 @@ func runKeyList(ctx context.Context, env *Env, args []string) error {
 
 // listAllKeys follows the pages of the key list to its end.
 func listAllKeys(ctx context.Context, c *apiclient.Client) ([]apiv1.Key, error) {
-	items := []apiv1.Key{}
-	seen := map[string]bool{}
-	lo := apiclient.ListOptions{Limit: 1000}
-	for {
-		page, err := c.ListKeys(ctx, lo)
-		if err != nil {
-			return nil, err
-		}
-		items = append(items, page.Items...)
-		if page.NextPageToken == "" {
-			return items, nil
-		}
-		if seen[page.NextPageToken] {
-			return nil, fmt.Errorf("list keys: the server answered page token %q twice", page.NextPageToken)
-		}
-		seen[page.NextPageToken] = true
-		lo.PageToken = page.NextPageToken
-	}
+	return listAll(ctx, "keys", func(lo apiclient.ListOptions) (apiv1.List[apiv1.Key], error) {
+		return c.ListKeys(ctx, lo)
+	})
 }
 
 func printKeyTable(w io.Writer, items []apiv1.Key, now time.Time) error {

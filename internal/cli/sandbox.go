@@ -177,11 +177,19 @@ func runSandboxList(ctx context.Context, env *Env, args []string) error {
 
 // listAllSandboxes follows the pages of a sandbox list to its end.
 func listAllSandboxes(ctx context.Context, c *apiclient.Client, f apiclient.SandboxFilter) ([]apiv1.Sandbox, error) {
-	var items []apiv1.Sandbox
+	return listAll(ctx, "sandboxes", func(lo apiclient.ListOptions) (apiv1.List[apiv1.Sandbox], error) {
+		return c.ListSandboxes(ctx, f, lo)
+	})
+}
+
+// listAll follows the pages of a list (of what: "keys", ...) to its end,
+// asking for pages of 1000 with list.
+func listAll[T any](ctx context.Context, what string, list func(apiclient.ListOptions) (apiv1.List[T], error)) ([]T, error) {
+	items := []T{}
 	seen := map[string]bool{}
 	lo := apiclient.ListOptions{Limit: 1000}
 	for {
-		page, err := c.ListSandboxes(ctx, f, lo)
+		page, err := list(lo)
 		if err != nil {
 			return nil, err
 		}
@@ -190,7 +198,7 @@ func listAllSandboxes(ctx context.Context, c *apiclient.Client, f apiclient.Sand
 			return items, nil
 		}
 		if seen[page.NextPageToken] {
-			return nil, fmt.Errorf("list sandboxes: the server answered page token %q twice", page.NextPageToken)
+			return nil, fmt.Errorf("list %s: the server answered page token %q twice", what, page.NextPageToken)
 		}
 		seen[page.NextPageToken] = true
 		lo.PageToken = page.NextPageToken

@@ -161,24 +161,9 @@ func runSecretList(ctx context.Context, env *Env, args []string) error {
 
 // listAllSecrets follows the pages of the secret list to its end.
 func listAllSecrets(ctx context.Context, c *apiclient.Client) ([]apiv1.Secret, error) {
-	items := []apiv1.Secret{}
-	seen := map[string]bool{}
-	lo := apiclient.ListOptions{Limit: 1000}
-	for {
-		page, err := c.ListSecrets(ctx, lo)
-		if err != nil {
-			return nil, err
-		}
-		items = append(items, page.Items...)
-		if page.NextPageToken == "" {
-			return items, nil
-		}
-		if seen[page.NextPageToken] {
-			return nil, fmt.Errorf("list secrets: the server answered page token %q twice", page.NextPageToken)
-		}
-		seen[page.NextPageToken] = true
-		lo.PageToken = page.NextPageToken
-	}
+	return listAll(ctx, "secrets", func(lo apiclient.ListOptions) (apiv1.List[apiv1.Secret], error) {
+		return c.ListSecrets(ctx, lo)
+	})
 }
 
 func printSecretTable(w io.Writer, items []apiv1.Secret, now time.Time) error {
