@@ -9,13 +9,20 @@ set -eu
 cd "$(dirname "$0")/.."
 want=$(sed -n 's/^go \([0-9][0-9.]*\)$/\1/p' go.mod)
 want_minor=$(echo "$want" | cut -d. -f2)
+want_patch=$(echo "$want" | cut -d. -f3)
+want_patch=${want_patch:-0}
 
-minor_of() { "$1" env GOVERSION 2>/dev/null | sed -n 's/^go1\.\([0-9]*\).*/\1/p'; }
+# version_of prints a toolchain's "minor patch" (go1.26.8 -> "26 8").
+version_of() { "$1" env GOVERSION 2>/dev/null | sed -n 's/^go1\.\([0-9]*\)\.\{0,1\}\([0-9]*\).*/\1 \2/p'; }
 
 new_enough() {
 	[ -x "$1" ] || return 1
-	m=$(minor_of "$1")
-	[ -n "$m" ] && [ "$m" -ge "$want_minor" ]
+	v=$(version_of "$1")
+	[ -n "$v" ] || return 1
+	m=${v% *}
+	p=${v#* }
+	p=${p:-0}
+	[ "$m" -gt "$want_minor" ] || { [ "$m" -eq "$want_minor" ] && [ "$p" -ge "$want_patch" ]; }
 }
 
 apt_install() {
