@@ -30,7 +30,9 @@ vet:
 
 # Host packages under the race detector (it needs cgo), then the end-to-end
 # tests that boot real VMs.
+# The VM tests of minimal images compile a musl program with musl-gcc.
 unit:
+	@command -v musl-gcc >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends musl-tools; }
 	CGO_ENABLED=1 $(GO) test -race -count=1 . ./internal/... ./cmd/...
 
 # The network tests make test hosts in network namespaces with iproute2's ip.

@@ -1,7 +1,8 @@
 // Package agent is the guest side of airlock: PID 1 of every sandbox VM. It
 // loads the kernel modules the VM needs, waits for the host on a
 // virtio-serial port, and then serves requests: init (mount the sandbox's
-// disk and switch into it), exec, and file operations.
+// disk and switch into it), exec, file operations, and freezing the root
+// filesystem while the host copies the disk.
 package agent
 
 import (
@@ -32,16 +33,18 @@ type Config struct {
 
 // Agent serves the host's requests. Create it with New.
 type Agent struct {
-	cfg    Config
-	log    *slog.Logger
-	reaper *reaper
+	cfg     Config
+	log     *slog.Logger
+	reaper  *reaper
+	freezer *freezer
 
 	initialized atomic.Bool
 	nextID      atomic.Uint64
 
-	mu         sync.Mutex          // guards the fields below
-	defaultEnv map[string]string   // environment every process starts with
-	procs      map[string]*process // processes by ID, kept after their exit (see exitedTTL)
+	mu         sync.Mutex             // guards the fields below
+	defaultEnv map[string]string      // environment every process starts with
+	image      agentproto.ImageConfig // the template's defaults (agentproto.ImageConfigFile)
+	procs      map[string]*process    // processes by ID, kept after their exit (see exitedTTL)
 }
 
 // New returns an agent. Call Serve to run it.
@@ -50,10 +53,11 @@ func New(cfg Config) *Agent {
 		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	a := &Agent{
-		cfg:    cfg,
-		log:    cfg.Log,
-		reaper: newReaper(),
-		procs:  map[string]*process{},
+		cfg:     cfg,
+		log:     cfg.Log,
+		reaper:  newReaper(),
+		freezer: &freezer{system: cfg.System, log: cfg.Log},
+		procs:   map[string]*process{},
 	}
 	return a
 }
@@ -245,6 +249,12 @@ func (a *Agent) handle(st net.Conn) {
 		a.handleAttach(st, req.Attach)
 	case agentproto.OpRefresh:
 		a.handleRefresh(st, req.Refresh)
+	case agentproto.OpFreeze:
+		a.handleFreeze(st, req.Freeze)
+	case agentproto.OpThaw:
+		a.handleThaw(st)
+	case agentproto.OpSync:
+		a.handleSync(st)
 	case agentproto.OpRead, agentproto.OpWrite, agentproto.OpStat, agentproto.OpList,
 		agentproto.OpMkdir, agentproto.OpMove, agentproto.OpRemove, agentproto.OpTarOut, agentproto.OpTarIn:
 		if !a.initialized.Load() {

@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"os/signal"
-	"os/user"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -123,13 +124,22 @@ type execSpec struct {
 func (a *Agent) prepare(req *agentproto.ExecRequest) (*execSpec, error) {
 	argv := req.Argv
 	if req.Cmd != "" {
-		argv = []string{"/bin/sh", "-c", req.Cmd}
+		if !executable(shell) {
+			return nil, &agentproto.Error{Code: agentproto.CodeNotFound, Message: "this template has no " + shell + "; pass argv instead"}
+		}
+		argv = []string{shell, "-c", req.Cmd}
 	}
 	env := map[string]string{
 		"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 		"LANG": "C.UTF-8",
 	}
 	a.mu.Lock()
+	image := a.image
+	for _, kv := range image.Env {
+		if k, v, ok := strings.Cut(kv, "="); ok && k != "" {
+			env[k] = v
+		}
+	}
 	for k, v := range a.defaultEnv {
 		env[k] = v
 	}
@@ -137,17 +147,17 @@ func (a *Agent) prepare(req *agentproto.ExecRequest) (*execSpec, error) {
 
 	spec := &execSpec{argv: argv}
 	home := "/"
-	if a.cfg.System || req.User != "" {
-		name := req.User
-		if name == "" {
-			name = "root"
-		}
-		cred, h, u, err := lookupUser(name)
+	userName := req.User
+	if userName == "" {
+		userName = image.User
+	}
+	if a.cfg.System || userName != "" {
+		u, err := lookupUser(userName, passwdFile, groupFile)
 		if err != nil {
 			return nil, err
 		}
-		spec.cred, home = cred, h
-		env["HOME"], env["USER"], env["LOGNAME"] = h, u, u
+		spec.cred, home = u.cred, u.home
+		env["HOME"], env["USER"], env["LOGNAME"] = u.home, u.name, u.name
 	}
 	if req.PTY != nil {
 		env["TERM"] = "xterm-256color"
@@ -161,6 +171,11 @@ func (a *Agent) prepare(req *agentproto.ExecRequest) (*execSpec, error) {
 	sort.Strings(spec.env)
 
 	spec.dir = req.Cwd
+	if spec.dir == "" && image.WorkingDir != "" {
+		if fi, err := os.Stat(image.WorkingDir); err == nil && fi.IsDir() {
+			spec.dir = image.WorkingDir
+		}
+	}
 	if spec.dir == "" {
 		spec.dir = home
 		if fi, err := os.Stat(home); err != nil || !fi.IsDir() {
@@ -178,40 +193,162 @@ func (a *Agent) prepare(req *agentproto.ExecRequest) (*execSpec, error) {
 	return spec, nil
 }
 
-// lookupUser resolves a user name or numeric "uid[:gid]" in the sandbox's
-// /etc/passwd.
-func lookupUser(name string) (*syscall.Credential, string, string, error) {
-	if uidStr, gidStr, ok := strings.Cut(name, ":"); ok || isDigits(name) {
+// shell runs the commands given as a string (ExecRequest.Cmd).
+const shell = "/bin/sh"
+
+// The sandbox's user and group databases, which an image may lack.
+const (
+	passwdFile = "/etc/passwd"
+	groupFile  = "/etc/group"
+)
+
+// account is the identity a process runs as.
+type account struct {
+	cred *syscall.Credential
+	home string
+	name string // USER and LOGNAME: the user's name, or the uid without one
+}
+
+// lookupUser resolves who a process runs as: name is a user of the
+// passwd file, or a numeric "uid[:gid]", which needs no passwd file (a
+// uid it lists gets that user's home, name, group and supplementary
+// groups unless a gid is given); empty means root, who needs no passwd
+// file either. The files are read here rather than through os/user, which
+// with cgo asks the host's NSS instead: the agent is built without cgo,
+// and its tests, run with it, must read what it reads.
+func lookupUser(name, passwd, group string) (account, error) {
+	users, perr := readPasswd(passwd)
+	if name == "" {
+		if u, ok := users.byName("root"); ok {
+			return u.account(group, -1), nil
+		}
+		return account{cred: &syscall.Credential{}, home: rootHome(), name: "root"}, nil
+	}
+	uidStr, gidStr, hasGID := strings.Cut(name, ":")
+	if hasGID || isDigits(name) {
 		uid, err1 := strconv.ParseUint(uidStr, 10, 32)
 		gid := uid
 		var err2 error
-		if ok {
+		if hasGID {
 			gid, err2 = strconv.ParseUint(gidStr, 10, 32)
 		}
 		if err1 != nil || err2 != nil {
-			return nil, "", "", &agentproto.Error{Code: agentproto.CodeInvalid, Message: fmt.Sprintf("user %q is not a name or uid[:gid]", name)}
+			return account{}, &agentproto.Error{Code: agentproto.CodeInvalid, Message: fmt.Sprintf("user %q is not a name or uid[:gid]", name)}
 		}
-		home := "/"
-		if u, err := user.LookupId(uidStr); err == nil {
-			home = u.HomeDir
-		}
-		return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, home, uidStr, nil
-	}
-	u, err := user.Lookup(name)
-	if err != nil {
-		return nil, "", "", &agentproto.Error{Code: agentproto.CodeInvalid, Message: fmt.Sprintf("user %q does not exist in the sandbox", name)}
-	}
-	uid, _ := strconv.ParseUint(u.Uid, 10, 32)
-	gid, _ := strconv.ParseUint(u.Gid, 10, 32)
-	cred := &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
-	if gids, err := u.GroupIds(); err == nil {
-		for _, g := range gids {
-			if n, err := strconv.ParseUint(g, 10, 32); err == nil {
-				cred.Groups = append(cred.Groups, uint32(n))
+		if u, ok := users.byUID(uint32(uid)); ok {
+			g := int64(-1)
+			if hasGID {
+				g = int64(gid)
 			}
+			return u.account(group, g), nil
+		}
+		return account{cred: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, home: "/", name: uidStr}, nil
+	}
+	if errors.Is(perr, fs.ErrNotExist) {
+		return account{}, &agentproto.Error{Code: agentproto.CodeInvalid, Message: fmt.Sprintf("user %q: this template has no %s; give a numeric uid[:gid]", name, passwd)}
+	}
+	u, ok := users.byName(name)
+	if !ok {
+		return account{}, &agentproto.Error{Code: agentproto.CodeInvalid, Message: fmt.Sprintf("user %q does not exist in the sandbox", name)}
+	}
+	return u.account(group, -1), nil
+}
+
+// rootHome is root's home without a passwd file: /root if the image has
+// it.
+func rootHome() string {
+	if fi, err := os.Stat("/root"); err == nil && fi.IsDir() {
+		return "/root"
+	}
+	return "/"
+}
+
+// passwdEntry is one line of a passwd file.
+type passwdEntry struct {
+	name     string
+	uid, gid uint32
+	home     string
+}
+
+type passwdEntries []passwdEntry
+
+func (p passwdEntries) byName(name string) (passwdEntry, bool) {
+	for _, e := range p {
+		if e.name == name {
+			return e, true
 		}
 	}
-	return cred, u.HomeDir, u.Username, nil
+	return passwdEntry{}, false
+}
+
+func (p passwdEntries) byUID(uid uint32) (passwdEntry, bool) {
+	for _, e := range p {
+		if e.uid == uid {
+			return e, true
+		}
+	}
+	return passwdEntry{}, false
+}
+
+// account is the identity of the user, with gid as its group when it is
+// not negative, and the supplementary groups the group file gives it.
+func (e passwdEntry) account(group string, gid int64) account {
+	cred := &syscall.Credential{Uid: e.uid, Gid: e.gid}
+	if gid >= 0 {
+		cred.Gid = uint32(gid)
+	}
+	cred.Groups = supplementaryGroups(group, e.name, cred.Gid)
+	home := e.home
+	if home == "" {
+		home = "/"
+	}
+	return account{cred: cred, home: home, name: e.name}
+}
+
+// readPasswd reads a passwd file: name:password:uid:gid:gecos:home:shell.
+// Malformed lines are skipped.
+func readPasswd(path string) (passwdEntries, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var out passwdEntries
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Split(line, ":")
+		if len(f) < 7 || f[0] == "" || strings.HasPrefix(f[0], "#") {
+			continue
+		}
+		uid, err1 := strconv.ParseUint(f[2], 10, 32)
+		gid, err2 := strconv.ParseUint(f[3], 10, 32)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		out = append(out, passwdEntry{name: f[0], uid: uint32(uid), gid: uint32(gid), home: f[5]})
+	}
+	return out, nil
+}
+
+// supplementaryGroups lists the groups of a group file
+// (name:password:gid:members) that name is a member of, besides primary.
+// Without a group file there are none.
+func supplementaryGroups(path, name string, primary uint32) []uint32 {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var out []uint32
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Split(line, ":")
+		if len(f) < 4 {
+			continue
+		}
+		gid, err := strconv.ParseUint(f[2], 10, 32)
+		if err != nil || uint32(gid) == primary || !slices.Contains(strings.Split(f[3], ","), name) {
+			continue
+		}
+		out = append(out, uint32(gid))
+	}
+	return out
 }
 
 func isDigits(s string) bool {
@@ -226,14 +363,17 @@ func isDigits(s string) bool {
 	return true
 }
 
+// executable reports whether p is a file that can be run.
+func executable(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0
+}
+
 // lookPath finds an executable the way a shell would, with the process's
 // own PATH.
 func lookPath(name, pathEnv, dir string) (string, error) {
 	notFound := &agentproto.Error{Code: agentproto.CodeNotFound, Message: fmt.Sprintf("%s: command not found", name)}
-	check := func(p string) bool {
-		fi, err := os.Stat(p)
-		return err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0
-	}
+	check := executable
 	if strings.Contains(name, "/") {
 		p := name
 		if !filepath.IsAbs(p) {

@@ -2,10 +2,16 @@ package agent
 
 import (
 	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 	"unsafe"
@@ -36,8 +42,16 @@ func (a *Agent) handleInit(st net.Conn, req *agentproto.InitRequest) {
 			return
 		}
 	}
+	var image agentproto.ImageConfig
+	if a.cfg.System {
+		var warn string
+		if image, warn = readImageConfig(agentproto.ImageConfigFile); warn != "" {
+			res.Warnings = append(res.Warnings, warn)
+		}
+	}
 	a.mu.Lock()
 	a.defaultEnv = req.Env
+	a.image = image
 	a.mu.Unlock()
 	a.initialized.Store(true)
 	reply(st, agentproto.Result{Init: res})
@@ -79,33 +93,6 @@ func systemInit(req *agentproto.InitRequest, res *agentproto.InitResult) error {
 		return fmt.Errorf("grow root filesystem: %w", err)
 	}
 	res.DiskBytes = size
-	mounts := []struct {
-		src, dir, fstype, data string
-		flags                  uintptr
-	}{
-		{"proc", "proc", "proc", "", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC},
-		{"sysfs", "sys", "sysfs", "", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC},
-		{"devtmpfs", "dev", "devtmpfs", "mode=0755", unix.MS_NOSUID},
-		{"devpts", "dev/pts", "devpts", "newinstance,ptmxmode=0666,mode=0620,gid=5", unix.MS_NOSUID | unix.MS_NOEXEC},
-		{"tmpfs", "dev/shm", "tmpfs", "mode=1777", unix.MS_NOSUID | unix.MS_NODEV},
-		{"tmpfs", "tmp", "tmpfs", "mode=1777", unix.MS_NOSUID | unix.MS_NODEV},
-		{"tmpfs", "run", "tmpfs", "mode=0755", unix.MS_NOSUID | unix.MS_NODEV},
-	}
-	for _, m := range mounts {
-		dir := filepath.Join(newRoot, m.dir)
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return fmt.Errorf("create mount point /%s: %w", m.dir, err)
-		}
-		if err := unix.Mount(m.src, dir, m.fstype, m.flags, m.data); err != nil {
-			return fmt.Errorf("mount /%s: %w", m.dir, err)
-		}
-	}
-	// /dev/ptmx must be the new devpts instance's, so ptys work inside.
-	ptmx := filepath.Join(newRoot, "dev/ptmx")
-	os.Remove(ptmx)
-	if err := os.Symlink("pts/ptmx", ptmx); err != nil {
-		return fmt.Errorf("link /dev/ptmx: %w", err)
-	}
 	// Switch root: the initramfs cannot be pivoted away, so move the new
 	// root over / and chroot into it.
 	if err := os.Chdir(newRoot); err != nil {
@@ -120,9 +107,70 @@ func systemInit(req *agentproto.InitRequest, res *agentproto.InitResult) error {
 	if err := os.Chdir("/"); err != nil {
 		return err
 	}
-	writeHostname(req.Hostname)
-	if err := setupNetwork(req.Network); err != nil {
+	// Mounted from inside the root, so that a symlink in the image where
+	// a mount point should be resolves within it. The image may lack any
+	// of these directories (a tree of one static binary has none): they
+	// are made. /proc, /sys, /dev and /dev/pts are needed to run anything;
+	// the others are worth a warning only.
+	mounts := []struct {
+		src, dir, fstype, data string
+		flags                  uintptr
+		optional               bool
+	}{
+		{"proc", "/proc", "proc", "", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, false},
+		{"sysfs", "/sys", "sysfs", "", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, false},
+		{"devtmpfs", "/dev", "devtmpfs", "mode=0755", unix.MS_NOSUID, false},
+		{"devpts", "/dev/pts", "devpts", "newinstance,ptmxmode=0666,mode=0620,gid=5", unix.MS_NOSUID | unix.MS_NOEXEC, false},
+		{"tmpfs", "/dev/shm", "tmpfs", "mode=1777", unix.MS_NOSUID | unix.MS_NODEV, true},
+		{"tmpfs", "/tmp", "tmpfs", "mode=1777", unix.MS_NOSUID | unix.MS_NODEV, true},
+		{"tmpfs", "/run", "tmpfs", "mode=0755", unix.MS_NOSUID | unix.MS_NODEV, true},
+	}
+	for _, m := range mounts {
+		if err := mountAt(m.dir, m.src, m.fstype, m.flags, m.data); err != nil {
+			if !m.optional {
+				return err
+			}
+			res.Warnings = append(res.Warnings, err.Error())
+		}
+	}
+	// /dev/ptmx must be the new devpts instance's, so ptys work inside.
+	os.Remove("/dev/ptmx")
+	if err := os.Symlink("pts/ptmx", "/dev/ptmx"); err != nil {
+		return fmt.Errorf("link /dev/ptmx: %w", err)
+	}
+	// The sandbox's own files are conveniences: an image that cannot take
+	// one (its /etc is not a directory, say) still runs commands.
+	if err := writeHostname("/", req.Hostname); err != nil {
+		res.Warnings = append(res.Warnings, err.Error())
+	}
+	warnings, err := setupNetwork(req.Network)
+	res.Warnings = append(res.Warnings, warnings...)
+	if err != nil {
 		return fmt.Errorf("network: %w", err)
+	}
+	return nil
+}
+
+// mountAt mounts a filesystem on dir, making the directory first. A
+// symlink there that leads nowhere (an image's /run -> /var/run without
+// /var/run, say) gets its target made.
+func mountAt(dir, src, fstype string, flags uintptr, data string) error {
+	p := dir
+	if fi, err := os.Lstat(dir); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+		if _, err := os.Stat(dir); err != nil {
+			if target, err := os.Readlink(dir); err == nil {
+				if !filepath.IsAbs(target) {
+					target = filepath.Join(filepath.Dir(dir), target)
+				}
+				p = target
+			}
+		}
+	}
+	if err := os.MkdirAll(p, 0o755); err != nil {
+		return fmt.Errorf("create mount point %s: %w", dir, err)
+	}
+	if err := unix.Mount(src, dir, fstype, flags, data); err != nil {
+		return fmt.Errorf("mount %s: %w", dir, err)
 	}
 	return nil
 }
@@ -226,25 +274,59 @@ func refresh(req *agentproto.RefreshRequest) error {
 	return mixEntropy(req.Entropy)
 }
 
-// writeHostname makes /etc/hosts resolve the hostname, as tools expect.
-func writeHostname(name string) {
+// writeHostname writes the hostname to /etc/hostname and makes /etc/hosts
+// resolve it, as tools expect, under root (the sandbox's "/"). An image
+// without /etc gets one.
+func writeHostname(root, name string) error {
 	if name == "" {
-		return
+		return nil
 	}
-	os.WriteFile("/etc/hostname", []byte(name+"\n"), 0o644)
-	b, err := os.ReadFile("/etc/hosts")
-	if err == nil && strings.Contains(string(b), " "+name+"\n") {
-		return
+	etc := filepath.Join(root, "etc")
+	if err := os.MkdirAll(etc, 0o755); err != nil {
+		return fmt.Errorf("write the hostname: %w", err)
 	}
-	f, err := os.OpenFile("/etc/hosts", os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err := os.WriteFile(filepath.Join(root, agentproto.HostnameFile), []byte(name+"\n"), 0o644); err != nil {
+		return fmt.Errorf("write the hostname: %w", err)
+	}
+	hosts := filepath.Join(root, agentproto.HostsFile)
+	b, err := os.ReadFile(hosts)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("add the hostname to %s: %w", agentproto.HostsFile, err)
+	}
+	add := addHostsLine(b, name)
+	if add == "" {
+		return nil
+	}
+	f, err := os.OpenFile(hosts, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
 	if err != nil {
-		return
+		return fmt.Errorf("add the hostname to %s: %w", agentproto.HostsFile, err)
 	}
-	defer f.Close()
-	if len(b) == 0 {
-		fmt.Fprintf(f, "127.0.0.1 localhost\n::1 localhost\n")
+	if _, err := f.WriteString(add); err != nil {
+		f.Close()
+		return fmt.Errorf("add the hostname to %s: %w", agentproto.HostsFile, err)
 	}
-	fmt.Fprintf(f, "127.0.1.1 %s\n", name)
+	return f.Close()
+}
+
+// addHostsLine returns what a hosts file holding hosts must gain to
+// resolve name: nothing when a line resolves it already; the localhost
+// entries too when it is empty; a newline first when its last line has
+// none.
+func addHostsLine(hosts []byte, name string) string {
+	for _, line := range strings.Split(string(hosts), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 1 && !strings.HasPrefix(f[0], "#") && slices.Contains(f[1:], name) {
+			return ""
+		}
+	}
+	var add string
+	switch {
+	case len(bytes.TrimSpace(hosts)) == 0:
+		add = agentproto.HostsHeader
+	case !bytes.HasSuffix(hosts, []byte("\n")):
+		add = "\n"
+	}
+	return add + agentproto.HostsLine(name)
 }
 
 // Boot prepares PID 1: the mounts the initramfs needs, the console as
@@ -319,4 +401,23 @@ func OpenPort(timeout time.Duration) (*os.File, error) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// readImageConfig reads the template's command defaults. A template
+// without the file has none; a file that cannot be read or parsed is
+// ignored with a warning, never fatal: commands still run.
+func readImageConfig(path string) (agentproto.ImageConfig, string) {
+	var c agentproto.ImageConfig
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return c, ""
+	}
+	if err != nil {
+		return c, fmt.Sprintf("read %s: %v", path, err)
+	}
+	defer f.Close()
+	if err := json.NewDecoder(io.LimitReader(f, 1<<20)).Decode(&c); err != nil {
+		return agentproto.ImageConfig{}, fmt.Sprintf("read %s: %v", path, err)
+	}
+	return c, ""
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -17,58 +18,51 @@ import (
 	"github.com/airlockhq/airlock/internal/agentproto"
 )
 
-// Where the gateway's CA certificate goes in the sandbox's filesystem: a
-// file of its own (which update-ca-certificates keeps), and appended to the
-// system bundle that OpenSSL, Go and curl read.
-const (
-	caCertFile   = "/usr/local/share/ca-certificates/airlock-gateway.crt"
-	caBundleFile = "/etc/ssl/certs/ca-certificates.crt"
-)
-
 // setupNetwork brings loopback up and, with cfg, the interface whose
 // hardware address is cfg.MAC: its address, MTU, the default route through
 // the gateway, the gateway as the only resolver, no IPv6, and the
 // gateway's CA in the trust store. It runs inside the sandbox's root, so
-// the files it writes are the sandbox's.
-func setupNetwork(cfg *agentproto.NetworkConfig) error {
+// the files it writes are the sandbox's. Files it cannot write are
+// warnings; the interface and the route are errors.
+func setupNetwork(cfg *agentproto.NetworkConfig) (warnings []string, err error) {
 	// IPv6 off before any interface is up, so none gets even a link-local
 	// address (the gateway drops IPv6 all the same).
 	for _, p := range []string{"/proc/sys/net/ipv6/conf/all/disable_ipv6", "/proc/sys/net/ipv6/conf/default/disable_ipv6"} {
 		os.WriteFile(p, []byte("1\n"), 0o644) // absent when the kernel has no IPv6
 	}
 	if err := ifUp("lo", netip.MustParsePrefix("127.0.0.1/8"), 0); err != nil {
-		return fmt.Errorf("loopback: %w", err)
+		return nil, fmt.Errorf("loopback: %w", err)
 	}
 	if cfg == nil {
-		return nil
+		return nil, nil
 	}
 	addr, err := netip.ParsePrefix(cfg.Address)
 	if err != nil || !addr.Addr().Is4() {
-		return fmt.Errorf("network address %q is not an IPv4 prefix", cfg.Address)
+		return nil, fmt.Errorf("network address %q is not an IPv4 prefix", cfg.Address)
 	}
 	gw, err := netip.ParseAddr(cfg.Gateway)
 	if err != nil || !gw.Is4() {
-		return fmt.Errorf("gateway %q is not an IPv4 address", cfg.Gateway)
+		return nil, fmt.Errorf("gateway %q is not an IPv4 address", cfg.Gateway)
 	}
 	name, err := ifaceByMAC(cfg.MAC)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := ifUp(name, addr, cfg.MTU); err != nil {
-		return fmt.Errorf("interface %s: %w", name, err)
+		return nil, fmt.Errorf("interface %s: %w", name, err)
 	}
 	if err := defaultRoute(name, gw); err != nil {
-		return fmt.Errorf("default route: %w", err)
+		return nil, fmt.Errorf("default route: %w", err)
 	}
-	if err := writeResolvConf(gw); err != nil {
-		return err
+	if err := writeResolvConf("/", gw); err != nil {
+		warnings = append(warnings, err.Error())
 	}
 	if len(cfg.CACert) > 0 {
-		if err := trustCA(cfg.CACert); err != nil {
-			return fmt.Errorf("add the gateway's CA to the trust store: %w", err)
+		if err := trustCA("/", cfg.CACert); err != nil {
+			warnings = append(warnings, fmt.Sprintf("add the gateway's CA to the trust store: %v", err))
 		}
 	}
-	return nil
+	return warnings, nil
 }
 
 // ifaceByMAC finds the network interface with hardware address mac.
@@ -207,38 +201,58 @@ func ifIndex(name string) (int, error) {
 	return n, nil
 }
 
-// writeResolvConf makes the gateway the sandbox's only resolver. A
-// symlink there (to a resolver daemon's file) is replaced by a file.
-func writeResolvConf(gw netip.Addr) error {
-	os.MkdirAll("/etc", 0o755)
-	if fi, err := os.Lstat("/etc/resolv.conf"); err == nil && fi.Mode()&os.ModeSymlink != 0 {
-		os.Remove("/etc/resolv.conf")
+// writeResolvConf makes the gateway the only resolver of the tree at root
+// (the sandbox's "/"). A symlink there (to a resolver daemon's file) is
+// replaced by a file; an image without /etc gets one.
+func writeResolvConf(root string, gw netip.Addr) error {
+	p := filepath.Join(root, agentproto.ResolvConfFile)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return fmt.Errorf("write %s: %w", agentproto.ResolvConfFile, err)
 	}
-	if err := os.WriteFile("/etc/resolv.conf", []byte("nameserver "+gw.String()+"\noptions edns0\n"), 0o644); err != nil {
-		return fmt.Errorf("write /etc/resolv.conf: %w", err)
+	if fi, err := os.Lstat(p); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+		os.Remove(p)
+	}
+	if err := os.WriteFile(p, []byte(agentproto.ResolvConf(gw.String())), 0o644); err != nil {
+		return fmt.Errorf("write %s: %w", agentproto.ResolvConfFile, err)
 	}
 	return nil
 }
 
-// trustCA adds pem to the sandbox's trust store: its own file, and the
-// system bundle, which is created when the image has none.
-func trustCA(pem []byte) error {
+// trustCA adds pem to the trust store of the tree at root: to the first
+// system bundle the image has (agentproto.CABundles), or to a new one at
+// the usual place when it has none, and to a file of its own where the
+// image has update-ca-certificates' directory of local certificates.
+func trustCA(root string, pem []byte) error {
 	if !bytes.HasSuffix(pem, []byte("\n")) {
 		pem = append(pem, '\n')
 	}
-	if err := os.MkdirAll(filepath.Dir(caCertFile), 0o755); err != nil {
+	if fi, err := os.Stat(filepath.Join(root, filepath.Dir(agentproto.CACertFile))); err == nil && fi.IsDir() {
+		if err := os.WriteFile(filepath.Join(root, agentproto.CACertFile), pem, 0o644); err != nil {
+			return err
+		}
+	}
+	bundles := agentproto.CABundles()
+	bundle := filepath.Join(root, bundles[0])
+	for _, b := range bundles {
+		if fi, err := os.Stat(filepath.Join(root, b)); err == nil && fi.Mode().IsRegular() {
+			bundle = filepath.Join(root, b)
+			break
+		}
+	}
+	if err := os.MkdirAll(filepath.Dir(bundle), 0o755); err != nil {
 		return err
 	}
-	if err := os.WriteFile(caCertFile, pem, 0o644); err != nil {
+	b, err := os.ReadFile(bundle)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
-	if err := os.MkdirAll(filepath.Dir(caBundleFile), 0o755); err != nil {
-		return err
-	}
-	if b, err := os.ReadFile(caBundleFile); err == nil && bytes.Contains(b, pem) {
+	if bytes.Contains(b, pem) {
 		return nil
 	}
-	f, err := os.OpenFile(caBundleFile, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if len(b) > 0 && !bytes.HasSuffix(b, []byte("\n")) {
+		pem = append([]byte("\n"), pem...) // the last certificate's end line must stay a line
+	}
+	f, err := os.OpenFile(bundle, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
 	if err != nil {
 		return err
 	}

@@ -232,6 +232,38 @@ func (c *Client) Refresh(ctx context.Context, req agentproto.RefreshRequest) err
 	return nil
 }
 
+// Freeze freezes the guest's root filesystem for at most timeout of the
+// guest's running time (see agentproto.OpFreeze): once it returns, the
+// disk holds everything written before and changes no more until Thaw.
+func (c *Client) Freeze(ctx context.Context, timeout time.Duration) error {
+	req := agentproto.FreezeRequest{TimeoutMS: timeout.Milliseconds()}
+	if _, err := c.call(ctx, agentproto.Request{Op: agentproto.OpFreeze, Freeze: &req}); err != nil {
+		return fmt.Errorf("freeze the guest's filesystem: %w", err)
+	}
+	return nil
+}
+
+// Thaw ends a freeze. Thawing a guest that is not frozen does nothing; the
+// result says whether this thaw ended a freeze.
+func (c *Client) Thaw(ctx context.Context) (agentproto.ThawResult, error) {
+	res, err := c.call(ctx, agentproto.Request{Op: agentproto.OpThaw})
+	if err != nil {
+		return agentproto.ThawResult{}, fmt.Errorf("thaw the guest's filesystem: %w", err)
+	}
+	if res.Thaw == nil {
+		return agentproto.ThawResult{}, fmt.Errorf("thaw the guest's filesystem: the agent answered without a result")
+	}
+	return *res.Thaw, nil
+}
+
+// Sync writes the guest's dirty data to its disk.
+func (c *Client) Sync(ctx context.Context) error {
+	if _, err := c.call(ctx, agentproto.Request{Op: agentproto.OpSync}); err != nil {
+		return fmt.Errorf("sync the guest's filesystems: %w", err)
+	}
+	return nil
+}
+
 func isFileOp(op string) bool {
 	switch op {
 	case agentproto.OpRead, agentproto.OpWrite, agentproto.OpStat, agentproto.OpList, agentproto.OpMkdir,

@@ -33,6 +33,19 @@ const (
 	// makes its random numbers diverge from any other restore of the same
 	// state.
 	OpRefresh = "refresh"
+	// OpFreeze freezes the guest's root filesystem (FIFREEZE): its dirty
+	// data and journal are written to the disk, which then stays as it is
+	// until OpThaw or the request's deadline, whichever comes first;
+	// writers in the guest wait meanwhile, readers do not. A freeze while
+	// frozen is CodeState.
+	OpFreeze = "freeze"
+	// OpThaw ends a freeze (FITHAW). Thawing a guest that is not frozen
+	// does nothing; the result says whether a freeze was ended and
+	// whether the last one had ended at its deadline instead.
+	OpThaw = "thaw"
+	// OpSync writes the guest's dirty data and journal to its disk
+	// (sync(2)), so that the disk at rest holds what was written before.
+	OpSync = "sync"
 )
 
 // Request opens every stream. Op selects which of the other fields apply.
@@ -45,6 +58,8 @@ type Request struct {
 	Attach *AttachReq   `json:"attach,omitempty"`
 	// Refresh is the refresh operation's parameters.
 	Refresh *RefreshRequest `json:"refresh,omitempty"`
+	// Freeze is the freeze operation's parameters.
+	Freeze *FreezeRequest `json:"freeze,omitempty"`
 	// Path is the file operations' subject, absolute inside the sandbox.
 	Path string `json:"path,omitempty"`
 	// To is the destination of a move.
@@ -103,10 +118,44 @@ type RefreshRequest struct {
 	Entropy []byte `json:"entropy"`
 }
 
+// MaxFreeze bounds a freeze's deadline.
+const MaxFreeze = time.Hour
+
+// FreezeRequest freezes the guest's root filesystem.
+type FreezeRequest struct {
+	// TimeoutMS is how long the freeze may last, in milliseconds: the
+	// guest thaws on its own then, so that a host that dies while its
+	// guest is frozen does not leave it frozen for good. It counts the
+	// guest's running time: a paused or suspended guest's freeze does not
+	// run out meanwhile. It must be positive and at most MaxFreeze.
+	TimeoutMS int64 `json:"timeout_ms"`
+}
+
+// Validate checks the request before anything is frozen.
+func (f *FreezeRequest) Validate() error {
+	if f.TimeoutMS <= 0 || f.TimeoutMS > MaxFreeze.Milliseconds() {
+		return fmt.Errorf("freeze timeout %d ms: must be positive and at most %s", f.TimeoutMS, MaxFreeze)
+	}
+	return nil
+}
+
+// ThawResult answers a thaw.
+type ThawResult struct {
+	// Thawed is true when this thaw ended a freeze: the root filesystem
+	// stayed frozen from the freeze's answer until this thaw.
+	Thawed bool `json:"thawed"`
+	// Expired is true when the last freeze ended at its deadline, before
+	// any thaw was asked for.
+	Expired bool `json:"expired,omitempty"`
+}
+
 // InitResult describes the guest after init.
 type InitResult struct {
 	Kernel    string `json:"kernel"`
 	DiskBytes int64  `json:"disk_bytes"`
+	// Warnings are what init could not do and went on without: files of
+	// the sandbox it could not write, optional mounts it could not make.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // PTY asks for a terminal of the given size.
@@ -120,10 +169,13 @@ type ExecRequest struct {
 	// Argv is the program and its arguments; exclusive with Cmd.
 	Argv []string `json:"argv,omitempty"`
 	// Cmd is a shell command run with /bin/sh -c; exclusive with Argv.
-	Cmd  string            `json:"cmd,omitempty"`
-	Env  map[string]string `json:"env,omitempty"`
-	Cwd  string            `json:"cwd,omitempty"`
-	User string            `json:"user,omitempty"`
+	// A template without /bin/sh runs argv only.
+	Cmd string            `json:"cmd,omitempty"`
+	Env map[string]string `json:"env,omitempty"`
+	Cwd string            `json:"cwd,omitempty"`
+	// User is a name from the sandbox's /etc/passwd, or a numeric
+	// "uid[:gid]", which needs no /etc/passwd. Empty means root.
+	User string `json:"user,omitempty"`
 	// Stdin true connects the process's stdin to the MsgStdin stream;
 	// otherwise it reads /dev/null.
 	Stdin bool `json:"stdin,omitempty"`
@@ -233,6 +285,7 @@ type Result struct {
 	Stat  *Stat       `json:"stat,omitempty"`
 	Items []Stat      `json:"items,omitempty"`
 	Pong  *PongResult `json:"pong,omitempty"`
+	Thaw  *ThawResult `json:"thaw,omitempty"`
 }
 
 // PongResult answers a ping.

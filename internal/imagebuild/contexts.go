@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/airlockhq/airlock/internal/atomicfile"
 	"github.com/airlockhq/airlock/internal/errdefs"
@@ -196,4 +197,40 @@ func (c ctxReader) Read(p []byte) (int, error) {
 		return 0, err
 	}
 	return c.r.Read(p)
+}
+
+// Prune removes the contexts uploaded more than age ago that inUse does
+// not name, and what uploads cut short by a crash left that long ago. It
+// returns how many contexts it removed.
+func (c *Contexts) Prune(age time.Duration, inUse map[string]bool) (int, error) {
+	ents, err := os.ReadDir(c.dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("prune build contexts: %w", err)
+	}
+	n := 0
+	var errs []error
+	for _, e := range ents {
+		fi, err := e.Info()
+		if err != nil || time.Since(fi.ModTime()) < age {
+			continue
+		}
+		name := e.Name()
+		if ok, _ := filepath.Match(tempPattern, name); ok {
+			errs = append(errs, os.Remove(filepath.Join(c.dir, name)))
+			continue
+		}
+		id, isTar := strings.CutSuffix(name, ".tar")
+		if !isTar || !contextID.MatchString(id) || inUse[id] {
+			continue
+		}
+		if err := c.Remove(id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			errs = append(errs, err)
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
 }

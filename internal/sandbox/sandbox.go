@@ -167,6 +167,9 @@ type Spec struct {
 	// Network is the egress policy of the sandbox's gateway; nil denies
 	// all egress. It must be valid (policy.Policy.Validate).
 	Network *policy.Policy `json:"network,omitempty"`
+	// NoStart skips the template's start command (a template build's
+	// sandbox runs steps, not the template's server).
+	NoStart bool `json:"no_start,omitempty"`
 }
 
 // Limits bound what one sandbox may ask for, to protect the host.
@@ -342,7 +345,7 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (*Sandbox, error) {
 	if !r.cfg.ColdBoot && !spec.ColdBoot {
 		sb, err := r.clone(ctx, spec, tpl)
 		if err == nil {
-			return r.started(ctx, sb)
+			return r.started(ctx, sb, spec)
 		}
 		if ctx.Err() != nil || errors.Is(err, errdefs.ErrConflict) {
 			return nil, fmt.Errorf("create sandbox: %w", err)
@@ -353,12 +356,15 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (*Sandbox, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create sandbox: %w", err)
 	}
-	return r.started(ctx, sb)
+	return r.started(ctx, sb, spec)
 }
 
 // started runs the template's start command in a created sandbox
 // (startTemplate) and destroys the sandbox if it does not come up.
-func (r *Runtime) started(ctx context.Context, sb *Sandbox) (*Sandbox, error) {
+func (r *Runtime) started(ctx context.Context, sb *Sandbox, spec Spec) (*Sandbox, error) {
+	if spec.NoStart {
+		return sb, nil
+	}
 	if err := r.startTemplate(ctx, sb); err != nil {
 		if derr := sb.Destroy(context.WithoutCancel(ctx)); derr != nil {
 			r.log.Warn("destroying a sandbox whose start command failed", "sandbox", sb.ID, "err", derr)
@@ -460,6 +466,9 @@ func initStep(sb *Sandbox) step {
 			Env: sb.Spec.Env, RootDevice: "/dev/vda", Network: sb.guestNetwork(),
 		})
 		sb.Init = res
+		for _, w := range res.Warnings {
+			sb.log.Warn("the guest's init went on without something", "warning", w)
+		}
 		return sb.explain(err)
 	}, nil}
 }

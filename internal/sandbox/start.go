@@ -36,6 +36,10 @@ func (r *Runtime) startTemplate(ctx context.Context, sb *Sandbox) error {
 	if tpl.StartCmd == "" && tpl.ReadyPort == 0 {
 		return nil
 	}
+	timeout := r.cfg.StartTimeout
+	if timeout <= 0 {
+		timeout = defaultStartTimeout
+	}
 	start := time.Now()
 	if tpl.StartCmd != "" {
 		// The inner shell records how the command ended, so that a log
@@ -52,12 +56,16 @@ func (r *Runtime) startTemplate(ctx context.Context, sb *Sandbox) error {
 			return fmt.Errorf("start %q: the shell exited with status %d: %s", tpl.StartCmd, exit.ExitCode, strings.TrimSpace(out.String()))
 		}
 	}
+	if tpl.ReadyCmd != "" {
+		if err := sb.waitReadyCmd(ctx, tpl.ReadyCmd, time.Until(start.Add(timeout))); err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			return fmt.Errorf("%w; %s ends with:\n%s", err, template.StartLog, sb.startLog(ctx))
+		}
+	}
 	if tpl.ReadyPort == 0 {
 		return nil
-	}
-	timeout := r.cfg.StartTimeout
-	if timeout <= 0 {
-		timeout = defaultStartTimeout
 	}
 	if err := sb.waitReady(ctx, uint16(tpl.ReadyPort), tpl.ReadyPath, timeout); err != nil {
 		if ctx.Err() != nil {
@@ -143,4 +151,49 @@ func (s *Sandbox) waitReady(ctx context.Context, port uint16, path string, timeo
 // shellQuote quotes s for /bin/sh.
 func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// readyCmdPoll is how often a template's ready command is run while it
+// fails, and readyCmdTimeout bounds one run.
+const (
+	readyCmdPoll    = 100 * time.Millisecond
+	readyCmdTimeout = 10 * time.Second
+)
+
+// waitReadyCmd runs cmd in the guest until it exits 0, for at most
+// timeout. The error of a command that never succeeds quotes its last
+// output.
+func (s *Sandbox) waitReadyCmd(ctx context.Context, cmd string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var last string
+	for tries := 1; ; tries++ {
+		var out bytes.Buffer
+		p, err := s.Exec(ctx, agentproto.ExecRequest{Cmd: cmd, TimeoutMS: readyCmdTimeout.Milliseconds()}, agentclient.Stdio{Stdout: &out, Stderr: &out})
+		if err == nil {
+			var exit agentproto.Exit
+			if exit, err = s.Wait(p); err == nil {
+				if exit.ExitCode == 0 {
+					return nil
+				}
+				last = fmt.Sprintf("exit code %d: %s", exit.ExitCode, strings.TrimSpace(tailString(out.String(), 512)))
+			}
+		}
+		if err != nil && ctx.Err() == nil {
+			last = err.Error()
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("ready command %q did not succeed in %s (%d tries; last: %s)", cmd, timeout.Round(time.Second), tries, last)
+		case <-time.After(readyCmdPoll):
+		}
+	}
+}
+
+// tailString is the last n bytes of s.
+func tailString(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
 }

@@ -160,8 +160,7 @@ func (s *Sandbox) refresh(ctx context.Context) error {
 	entropy := make([]byte, 64)
 	rand.Read(entropy)
 	err := s.Agent().Refresh(ctx, agentproto.RefreshRequest{TimeUnixNano: time.Now().UnixNano(), Entropy: entropy})
-	var ae *agentclient.Error
-	if errors.As(err, &ae) && ae.Code == agentproto.CodeInvalid && strings.Contains(ae.Message, `"`+agentproto.OpRefresh+`"`) {
+	if unknownOp(err, agentproto.OpRefresh) {
 		// A guest booted before its agent learnt refresh: it runs on with
 		// a clock that lags by the pause.
 		s.log.Warn("the guest agent predates refresh: its clock and random state were not renewed")
@@ -170,12 +169,47 @@ func (s *Sandbox) refresh(ctx context.Context) error {
 	return s.explain(err)
 }
 
+// unknownOp reports whether err is an agent's answer that it does not
+// know operation op: it predates it.
+func unknownOp(err error, op string) bool {
+	var ae *agentclient.Error
+	return errors.As(err, &ae) && ae.Code == agentproto.CodeInvalid && strings.Contains(ae.Message, `"`+op+`"`)
+}
+
+// syncTimeout bounds the guest's writing out of its dirty data before a
+// suspend.
+const syncTimeout = time.Minute
+
+// syncGuest has the guest write its dirty data to its disk, so that the
+// disk of the suspended sandbox holds what was written before the suspend
+// (Runtime.SaveSuspendedDisk copies it): otherwise the last writes live
+// only in the saved RAM. A paused guest runs for it and is paused again.
+// A guest whose agent predates sync is saved as it is.
+func (s *Sandbox) syncGuest(ctx context.Context, status string) error {
+	if status != vm.StatusRunning && status != vm.StatusPaused {
+		return nil // not a guest that can run: nothing is written either
+	}
+	return s.inGuest(ctx, status == vm.StatusPaused, nil, func(ctx context.Context, c *agentclient.Client) error {
+		ctx, cancel := context.WithTimeout(ctx, syncTimeout)
+		defer cancel()
+		err := c.Sync(ctx)
+		if unknownOp(err, agentproto.OpSync) {
+			s.log.Warn("the guest agent predates sync: the suspended disk may lack the last writes")
+			return nil
+		}
+		return err
+	})
+}
+
 // Suspend saves the sandbox's whole state (RAM and devices) to StateName in
 // its directory and ends its VM: the QEMU process goes, its memory is
 // freed, the agent session is closed and the owner lock released. The
 // directory (disk, saved state, logs, record) stays for Runtime.Wake,
 // which can run in another process, or Runtime.Remove. The Sandbox must
 // not be used afterwards.
+//
+// The guest first writes its dirty data out (a paused one runs briefly
+// for that), so that the disk at rest holds what was written before.
 //
 // A running or paused sandbox can be suspended. If the save fails, the
 // sandbox is left as it was (running again if it ran) and the error says
@@ -192,6 +226,9 @@ func (s *Sandbox) Suspend(ctx context.Context) error {
 	was, err := s.vm.Status(ctx)
 	if err != nil {
 		return fmt.Errorf("suspend sandbox %s: %w", s.ID, s.vmErr(err))
+	}
+	if err := s.syncGuest(ctx, was); err != nil {
+		return fmt.Errorf("suspend sandbox %s: write out the guest's data: %w", s.ID, err)
 	}
 	if err := s.vm.SaveState(ctx, filepath.Join(s.Dir, StateName), false); err != nil {
 		err = s.vmErr(err)

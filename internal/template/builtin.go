@@ -30,6 +30,12 @@ const Suite = "bookworm"
 // basePackages are installed into the base template on top of minbase.
 var basePackages = []string{"python3", "bash", "coreutils", "procps", "ca-certificates", "curl"}
 
+// baseExtraPackages are installed into the base template with apt-get
+// after debootstrap: what agents reach for first besides a shell and
+// Python (pip and venv for Python packages, git, and a C toolchain for
+// the packages that build native code).
+var baseExtraPackages = []string{"python3-pip", "python3-venv", "git", "build-essential"}
+
 // codeInterpreterPackages are installed into the code-interpreter
 // template on top of basePackages: Jupyter's Python kernel and client,
 // and the data libraries E2B's code interpreter offers.
@@ -51,11 +57,19 @@ const (
 	CodeInterpreterPort       = 49999
 )
 
+// baseRecipe identifies what the base template is made of, so that setup
+// rebuilds it when its packages change.
+func baseRecipe() string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\n%s\n%s\n", Suite, strings.Join(basePackages, ","), strings.Join(baseExtraPackages, ","))
+	return "sha256:" + hex.EncodeToString(h.Sum(nil))
+}
+
 // codeInterpreterRecipe identifies what the code-interpreter template is
 // made of, so that setup rebuilds it when its packages or server change.
 func codeInterpreterRecipe() string {
 	h := sha256.New()
-	fmt.Fprintf(h, "%s\n%s\n%s\n", Suite, strings.Join(basePackages, ","), strings.Join(codeInterpreterPackages, ","))
+	fmt.Fprintf(h, "%s\n%s\n%s\n%s\n", Suite, strings.Join(basePackages, ","), strings.Join(baseExtraPackages, ","), strings.Join(codeInterpreterPackages, ","))
 	h.Write(codeInterpreterServer)
 	return "sha256:" + hex.EncodeToString(h.Sum(nil))
 }
@@ -99,8 +113,8 @@ func Builtins() []Builtin {
 		},
 		{
 			Name:     "base",
-			Defaults: Settings{VCPUs: 1, MemoryMiB: 512, DiskMiB: 2048},
-			Describe: "Debian " + Suite + " minbase with " + strings.Join(basePackages, ", "),
+			Defaults: Settings{VCPUs: 1, MemoryMiB: 512, DiskMiB: 2048, Recipe: baseRecipe()},
+			Describe: "Debian " + Suite + " minbase with " + strings.Join(append(slices.Clone(basePackages), baseExtraPackages...), ", "),
 			build:    buildBase,
 		},
 		{
@@ -326,16 +340,17 @@ func staticBusybox(ctx context.Context) (string, error) {
 	return "", fmt.Errorf("find busybox: busybox-static installs no static bin/busybox: %w", errdefs.ErrPrecondition)
 }
 
-// buildBase makes a Debian minbase tree with basePackages.
+// buildBase makes a Debian minbase tree with basePackages and
+// baseExtraPackages.
 func buildBase(ctx context.Context, root string, cfg BuildConfig) error {
-	return debootstrapTree(ctx, root, cfg, basePackages, nil)
+	return debootstrapTree(ctx, root, cfg, basePackages, baseExtraPackages)
 }
 
 // buildCodeInterpreter makes the base tree with codeInterpreterPackages
 // too, drops documentation, and adds the code interpreter's server and
 // E2B's working directory /home/user.
 func buildCodeInterpreter(ctx context.Context, root string, cfg BuildConfig) error {
-	if err := debootstrapTree(ctx, root, cfg, basePackages, codeInterpreterPackages); err != nil {
+	if err := debootstrapTree(ctx, root, cfg, basePackages, append(slices.Clone(baseExtraPackages), codeInterpreterPackages...)); err != nil {
 		return err
 	}
 	for _, pattern := range []string{"usr/share/doc/*", "usr/share/man/*", "usr/share/info/*"} {

@@ -24,6 +24,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/airlockhq/airlock/internal/agentproto"
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/digest"
 	"github.com/airlockhq/airlock/internal/errdefs"
@@ -53,6 +54,41 @@ type Settings struct {
 	// Recipe identifies how a built-in template was made (its packages
 	// and files); setup rebuilds a built-in template whose recipe changed.
 	Recipe string `json:"recipe,omitempty"`
+	// ReadyCmd, if set, is a shell command run after StartCmd until it
+	// exits 0: a create answers only once it has.
+	ReadyCmd string `json:"ready_cmd,omitempty"`
+	// Config is the image configuration a built template keeps (also
+	// written into the image for the guest agent: ImageConfigPath).
+	Config *ImageConfig `json:"config,omitempty"`
+	// Source says what a built template was made from.
+	Source *Source `json:"source,omitempty"`
+	// Parents are the stored images a built template was made through
+	// (its base and each step's result): they stay, as the build cache,
+	// while it does.
+	Parents []string `json:"parents,omitempty"`
+}
+
+// ImageConfig is the part of an OCI image's configuration a template keeps:
+// the default environment, working directory and user of every command.
+type ImageConfig struct {
+	Env        []string `json:"env,omitempty"`
+	WorkingDir string   `json:"working_dir,omitempty"`
+	User       string   `json:"user,omitempty"`
+}
+
+// ImageConfigPath is where a template's ImageConfig is written in its image.
+// The guest agent reads it at init for the defaults of every command.
+const ImageConfigPath = agentproto.ImageConfigFile
+
+// Source says what a built template was made from.
+type Source struct {
+	// From is the base as given: a template ref, docker://REF, oci-archive:ID,
+	// or sandbox:ID for a saved sandbox.
+	From string `json:"from"`
+	// Resolved is the base pinned: the template or image digest.
+	Resolved string `json:"resolved,omitempty"`
+	// Steps is how many build steps were applied on top of it.
+	Steps int `json:"steps"`
 }
 
 // StartLog is the file in the guest that a template's StartCmd writes
@@ -71,8 +107,11 @@ func (s Settings) validate() error {
 	if s.ReadyPath != "" && !strings.HasPrefix(s.ReadyPath, "/") {
 		return fmt.Errorf("template settings: ready_path %q must start with /: %w", s.ReadyPath, errdefs.ErrInvalid)
 	}
-	if strings.ContainsRune(s.StartCmd, 0) {
-		return fmt.Errorf("template settings: start_cmd must not contain NUL bytes: %w", errdefs.ErrInvalid)
+	if strings.ContainsRune(s.StartCmd, 0) || strings.ContainsRune(s.ReadyCmd, 0) {
+		return fmt.Errorf("template settings: start_cmd and ready_cmd must not contain NUL bytes: %w", errdefs.ErrInvalid)
+	}
+	if s.ReadyCmd != "" && s.StartCmd == "" {
+		return fmt.Errorf("template settings: ready_cmd needs a start_cmd whose readiness it checks: %w", errdefs.ErrInvalid)
 	}
 	return nil
 }
@@ -96,6 +135,11 @@ type Template struct {
 	ReadyPort int
 	ReadyPath string
 	Recipe    string
+	ReadyCmd  string
+	// Config, Source and Parents are as in Settings.
+	Config  *ImageConfig
+	Source  *Source
+	Parents []string
 	// SizeBytes is the size of the image file.
 	SizeBytes int64
 	// CreatedAt is when the image was imported.
@@ -108,7 +152,8 @@ func (t Template) Ref() string { return t.Name + ":" + t.Tag }
 // Settings returns the template's default sandbox settings.
 func (t Template) Settings() Settings {
 	return Settings{VCPUs: t.VCPUs, MemoryMiB: t.MemoryMiB, DiskMiB: t.DiskMiB,
-		StartCmd: t.StartCmd, ReadyPort: t.ReadyPort, ReadyPath: t.ReadyPath, Recipe: t.Recipe}
+		StartCmd: t.StartCmd, ReadyPort: t.ReadyPort, ReadyPath: t.ReadyPath, Recipe: t.Recipe,
+		ReadyCmd: t.ReadyCmd, Config: t.Config, Source: t.Source, Parents: t.Parents}
 }
 
 // record is the stored form of a template's settings, sha256-<hex>.json.
@@ -123,8 +168,24 @@ type record struct {
 	ReadyPort int       `json:"ready_port,omitempty"`
 	ReadyPath string    `json:"ready_path,omitempty"`
 	Recipe    string    `json:"recipe,omitempty"`
+	ReadyCmd  string    `json:"ready_cmd,omitempty"`
 	SizeBytes int64     `json:"size_bytes"`
 	CreatedAt time.Time `json:"created_at"`
+
+	Config  *ImageConfig `json:"config,omitempty"`
+	Source  *Source      `json:"source,omitempty"`
+	Parents []string     `json:"parents,omitempty"`
+}
+
+// newRecord is the record of an image with the given digest, size and
+// settings, created now.
+func newRecord(dgst string, size int64, d Settings) record {
+	return record{
+		Digest: dgst, VCPUs: d.VCPUs, MemoryMiB: d.MemoryMiB, DiskMiB: d.DiskMiB,
+		StartCmd: d.StartCmd, ReadyPort: d.ReadyPort, ReadyPath: d.ReadyPath, Recipe: d.Recipe,
+		ReadyCmd: d.ReadyCmd, Config: d.Config, Source: d.Source, Parents: d.Parents,
+		SizeBytes: size, CreatedAt: time.Now().UTC().Truncate(time.Second),
+	}
 }
 
 // Store is the set of templates under a data directory. Its methods may be
@@ -260,6 +321,7 @@ func (s *Store) load(ref string) (Template, error) {
 		Name: r.Name, Tag: r.Tag, Digest: ref, Image: img,
 		VCPUs: r.VCPUs, MemoryMiB: r.MemoryMiB, DiskMiB: r.DiskMiB,
 		StartCmd: r.StartCmd, ReadyPort: r.ReadyPort, ReadyPath: r.ReadyPath, Recipe: r.Recipe,
+		ReadyCmd: r.ReadyCmd, Config: r.Config, Source: r.Source, Parents: r.Parents,
 		SizeBytes: r.SizeBytes, CreatedAt: r.CreatedAt,
 	}, nil
 }

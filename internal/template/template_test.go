@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -90,7 +91,7 @@ func TestImportResolveList(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tpl.Ref() != "tiny:latest" || tpl.Settings() != settings || !strings.HasPrefix(tpl.Digest, "sha256:") {
+	if tpl.Ref() != "tiny:latest" || !reflect.DeepEqual(tpl.Settings(), settings) || !strings.HasPrefix(tpl.Digest, "sha256:") {
 		t.Errorf("Import = %+v", tpl)
 	}
 	fi, err := os.Stat(tpl.Image)
@@ -119,7 +120,7 @@ func TestImportResolveList(t *testing.T) {
 			t.Errorf("Resolve(%q): %v", ref, err)
 			continue
 		}
-		if got != tpl {
+		if !reflect.DeepEqual(got, tpl) {
 			t.Errorf("Resolve(%q) = %+v, want %+v", ref, got, tpl)
 		}
 	}

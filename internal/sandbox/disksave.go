@@ -1,0 +1,450 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/airlockhq/airlock/internal/agentclient"
+	"github.com/airlockhq/airlock/internal/agentproto"
+	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/gateway"
+	"github.com/airlockhq/airlock/internal/gateway/mitm"
+)
+
+// A saved disk is a sandbox's root filesystem as a compact ext4 image, as
+// a template is (mkfs.ext4 -d makes those): consistent, with its journal
+// replayed, without what init wrote for the sandbox alone (guestFiles),
+// and shrunk to the least its content needs. A running sandbox's guest
+// freezes its filesystem while the disk is copied; a suspended sandbox's
+// disk is at rest and is copied as it is.
+
+// diskSave is what saving a disk took.
+type diskSave struct {
+	// Frozen is how long the guest's root filesystem was frozen, from the
+	// freeze's answer to the thaw's: writers in the guest waited that long.
+	Frozen time.Duration
+	// Ran is how long the vCPUs of a paused sandbox ran, for the freeze and
+	// the thaw.
+	Ran time.Duration
+	// Copy is how long the copy of the disk took, Total the whole save.
+	Copy, Total time.Duration
+	// Bytes is the size of the image written.
+	Bytes int64
+}
+
+// thawTimeout bounds the thaw that ends a save, which runs even when the
+// save's context has ended.
+const thawTimeout = 30 * time.Second
+
+// SaveDisk writes an ext4 image of the sandbox's root filesystem as it is
+// now to dst (replaced whole, or left as it was on failure), for a
+// template to be made of. The guest's filesystem is frozen (its writes
+// flushed to the disk, new ones held) while the disk is copied, and
+// thawed whatever happens. A paused sandbox runs only for the freeze and
+// the thaw, and is paused again after each; its processes stay paused.
+// The image is then checked, cleared of what init wrote for this sandbox
+// (hostname, resolver, the gateway's CA), and shrunk to the least its
+// content needs. A suspended Sandbox is errdefs.ErrConflict: see
+// Runtime.SaveSuspendedDisk.
+func (s *Sandbox) SaveDisk(ctx context.Context, dst string) error {
+	_, err := s.saveDisk(ctx, dst)
+	return err
+}
+
+func (s *Sandbox) saveDisk(ctx context.Context, dst string) (diskSave, error) {
+	start := time.Now()
+	var st diskSave
+	fail := func(err error) (diskSave, error) {
+		return st, fmt.Errorf("save the disk of sandbox %s: %w", s.ID, err)
+	}
+	overlay := filepath.Join(s.Dir, diskName)
+	info, err := overlayInfo(ctx, overlay)
+	if err != nil {
+		return fail(err)
+	}
+	g, err := s.guestFiles()
+	if err != nil {
+		return fail(err)
+	}
+	tmp, err := tempBeside(dst)
+	if err != nil {
+		return fail(err)
+	}
+	defer os.Remove(tmp) // gone already once renamed
+	if err := s.copyFrozen(ctx, overlay, tmp, freezeTimeout(info), &st); err != nil {
+		return fail(err)
+	}
+	if st.Bytes, err = finishImage(ctx, tmp, info.backing, g); err != nil {
+		return fail(err)
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		return fail(err)
+	}
+	st.Total = time.Since(start)
+	s.log.Info("disk saved", "to", dst, "bytes", st.Bytes, "frozen", st.Frozen, "ran", st.Ran, "copy", st.Copy, "took", st.Total)
+	return st, nil
+}
+
+// copyFrozen copies the sandbox's disk while its guest's root filesystem
+// is frozen.
+func (s *Sandbox) copyFrozen(ctx context.Context, overlay, dst string, freezeFor time.Duration, st *diskSave) error {
+	s.life.Lock()
+	defer s.life.Unlock()
+	if err := s.usable(); err != nil {
+		return err
+	}
+	paused := s.Paused()
+	guest := func(ctx context.Context, f func(context.Context, *agentclient.Client) error) error {
+		return s.inGuest(ctx, paused, &st.Ran, f)
+	}
+	thaw := func() (agentproto.ThawResult, error) {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), thawTimeout)
+		defer cancel()
+		var res agentproto.ThawResult
+		err := guest(ctx, func(ctx context.Context, c *agentclient.Client) error {
+			var err error
+			res, err = c.Thaw(ctx)
+			return err
+		})
+		return res, err
+	}
+	err := guest(ctx, func(ctx context.Context, c *agentclient.Client) error {
+		return c.Freeze(ctx, freezeFor)
+	})
+	if unknownOp(err, agentproto.OpFreeze) {
+		return fmt.Errorf("its guest agent predates freezing (the sandbox started before `airlock setup` installed a newer one): suspend it and save its disk then: %w", errdefs.ErrPrecondition)
+	}
+	if err != nil {
+		// The freeze may have happened with only its answer lost: a thaw
+		// does no harm either way.
+		if _, terr := thaw(); terr != nil {
+			err = errors.Join(err, terr)
+		}
+		return err
+	}
+	frozen := time.Now()
+	err = copyOverlay(ctx, overlay, dst)
+	st.Copy = time.Since(frozen)
+	res, terr := thaw()
+	st.Frozen = time.Since(frozen)
+	switch {
+	case terr != nil:
+		err = errors.Join(err, terr)
+	case !res.Thawed && err == nil:
+		err = fmt.Errorf("the guest's filesystem was thawed before the copy ended (its freeze ran out after %s of the guest's time, or a process in the sandbox thawed it): the copy may be inconsistent", freezeFor)
+	}
+	return err
+}
+
+// inGuest runs f with the agent while the guest runs: a paused sandbox
+// (paused) is resumed for it, given a session with its agent if it has
+// none (it was adopted paused), and paused again after, whatever f did;
+// the time its vCPUs ran is added to ran. Errors from the VM going away
+// are explained.
+func (s *Sandbox) inGuest(ctx context.Context, paused bool, ran *time.Duration, f func(context.Context, *agentclient.Client) error) error {
+	if !paused {
+		c, err := s.session()
+		if err != nil {
+			return err
+		}
+		return s.explain(f(ctx, c))
+	}
+	t := time.Now()
+	if err := s.vm.Resume(ctx); err != nil {
+		return fmt.Errorf("resume the paused vm: %w", s.vmErr(err))
+	}
+	err := func() error {
+		c := s.Agent()
+		if c == nil {
+			if err := s.connect(ctx); err != nil {
+				return s.vmErr(err)
+			}
+			c = s.Agent()
+		}
+		return s.explain(f(ctx, c))
+	}()
+	if perr := s.vm.Pause(ctx); perr != nil {
+		err = errors.Join(err, fmt.Errorf("pause the vm again: %w", s.vmErr(perr)))
+	}
+	if ran != nil {
+		*ran += time.Since(t)
+	}
+	return err
+}
+
+// guestFiles describes what init wrote for this sandbox.
+func (s *Sandbox) guestFiles() (guestFiles, error) {
+	s.mu.Lock()
+	ca := s.ca
+	s.mu.Unlock()
+	if ca == nil {
+		return recordedGuestFiles(s.Dir, s.ID)
+	}
+	return guestFiles{Hostname: s.ID, Gateway: gateway.GatewayIP, CACert: ca.CertPEM()}, nil
+}
+
+// recordedGuestFiles describes what init wrote for sandbox id, whose
+// directory is dir, from its record and its gateway's CA there.
+func recordedGuestFiles(dir, id string) (guestFiles, error) {
+	g := guestFiles{Hostname: id}
+	rec, err := readRecord(dir)
+	if err != nil || rec.VM.NetMAC == "" {
+		return g, nil // no network device: init wrote no network files
+	}
+	g.Gateway = gateway.GatewayIP
+	caDir := filepath.Join(dir, gatewayDirName)
+	if _, err := os.Stat(caDir); err != nil {
+		return g, nil
+	}
+	ca, err := mitm.LoadOrCreateCA(caDir, caName(id))
+	if err != nil {
+		return g, fmt.Errorf("the sandbox's CA: %w", err)
+	}
+	g.CACert = ca.CertPEM()
+	return g, nil
+}
+
+// SaveSuspendedDisk writes an ext4 image of the root filesystem of
+// suspended sandbox id to dst, as Sandbox.SaveDisk does for a live one.
+// The disk is at rest (Suspend had the guest write its data out first);
+// the sandbox is held (Wake waits) only while it is copied. A sandbox
+// that is not suspended is errdefs.ErrPrecondition, one that does not
+// exist errdefs.ErrNotFound, one that a live process owns
+// errdefs.ErrConflict.
+func (r *Runtime) SaveSuspendedDisk(ctx context.Context, id, dst string) error {
+	_, err := r.saveSuspendedDisk(ctx, id, dst)
+	return err
+}
+
+func (r *Runtime) saveSuspendedDisk(ctx context.Context, id, dst string) (diskSave, error) {
+	start := time.Now()
+	var st diskSave
+	if !ValidID(id) {
+		return st, invalidID(id)
+	}
+	fail := func(err error) (diskSave, error) {
+		return st, fmt.Errorf("save the disk of sandbox %s: %w", id, err)
+	}
+	dir := r.cfg.Dir.Sandbox(id)
+	lock, err := lockOwner(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return fail(fmt.Errorf("it does not exist: %w", errdefs.ErrNotFound))
+	}
+	if err != nil {
+		return fail(err)
+	}
+	defer lock.Close()
+	if !SuspendedState(dir) {
+		return fail(fmt.Errorf("it is not suspended: save a live sandbox's disk through its Sandbox: %w", errdefs.ErrPrecondition))
+	}
+	overlay := filepath.Join(dir, diskName)
+	info, err := overlayInfo(ctx, overlay)
+	if err != nil {
+		return fail(err)
+	}
+	g, err := recordedGuestFiles(dir, id)
+	if err != nil {
+		return fail(err)
+	}
+	tmp, err := tempBeside(dst)
+	if err != nil {
+		return fail(err)
+	}
+	defer os.Remove(tmp)
+	t := time.Now()
+	err = copyOverlay(ctx, overlay, tmp)
+	st.Copy = time.Since(t)
+	lock.Close()
+	if err != nil {
+		return fail(err)
+	}
+	if st.Bytes, err = finishImage(ctx, tmp, info.backing, g); err != nil {
+		return fail(err)
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		return fail(err)
+	}
+	st.Total = time.Since(start)
+	r.log.Info("disk of a suspended sandbox saved", "sandbox", id, "to", dst, "bytes", st.Bytes, "copy", st.Copy, "took", st.Total)
+	return st, nil
+}
+
+// tempBeside makes an empty temporary file in the directory of path, to
+// be renamed to path.
+func tempBeside(path string) (string, error) {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return "", err
+	}
+	f.Close()
+	return f.Name(), nil
+}
+
+// diskInfo is what qemu-img says of a sandbox's overlay.
+type diskInfo struct {
+	backing   string // the template image under it
+	allocated int64  // bytes the overlay takes on the host
+	base      int64  // bytes of the template image
+}
+
+// overlayInfo asks qemu-img about the overlay, which a running QEMU may
+// hold (hence -U: no lock is taken).
+func overlayInfo(ctx context.Context, overlay string) (diskInfo, error) {
+	out, err := runTool(ctx, "qemu-img", "info", "-U", "--output=json", overlay)
+	if err != nil {
+		return diskInfo{}, err
+	}
+	var v struct {
+		Actual      int64  `json:"actual-size"`
+		Backing     string `json:"backing-filename"`
+		FullBacking string `json:"full-backing-filename"`
+	}
+	if err := json.Unmarshal(out, &v); err != nil {
+		return diskInfo{}, fmt.Errorf("qemu-img info %s: %w", overlay, err)
+	}
+	info := diskInfo{backing: v.FullBacking, allocated: v.Actual}
+	if info.backing == "" {
+		info.backing = v.Backing
+	}
+	if info.backing == "" {
+		return diskInfo{}, fmt.Errorf("the disk %s has no template image under it", overlay)
+	}
+	if !filepath.IsAbs(info.backing) {
+		info.backing = filepath.Join(filepath.Dir(overlay), info.backing)
+	}
+	fi, err := os.Stat(info.backing)
+	if err != nil {
+		return diskInfo{}, fmt.Errorf("the disk's template image: %w", err)
+	}
+	info.base = fi.Size()
+	return info, nil
+}
+
+// freezeTimeout is the deadline of the freeze for copying a disk: a
+// minute plus the time to read all it holds at a slow 16 MiB/s.
+func freezeTimeout(info diskInfo) time.Duration {
+	d := time.Minute + time.Duration((info.allocated+info.base)>>24)*time.Second
+	return min(d, agentproto.MaxFreeze)
+}
+
+// copyOverlay writes the whole disk (overlay and template image) to dst as
+// a raw image; -U reads it while QEMU holds it.
+func copyOverlay(ctx context.Context, overlay, dst string) error {
+	_, err := runTool(ctx, "qemu-img", "convert", "-U", "-f", "qcow2", "-O", "raw", overlay, dst)
+	return err
+}
+
+// finishImage makes the raw copy of a sandbox's disk at img a template
+// image: its journal replayed and the filesystem checked, what init wrote
+// for the sandbox removed (base is the template the disk was made from),
+// shrunk to its minimum and the file cut to the filesystem's end. It
+// returns the file's size.
+func finishImage(ctx context.Context, img, base string, g guestFiles) (int64, error) {
+	if err := fsck(ctx, img); err != nil {
+		return 0, err
+	}
+	if err := removeGuestFiles(ctx, img, base, g); err != nil {
+		return 0, fmt.Errorf("remove the sandbox's own files: %w", err)
+	}
+	if err := fsck(ctx, img); err != nil {
+		return 0, err
+	}
+	// -f: the check resize2fs asks for was just made, but it goes by the
+	// guest's clock, which may run ahead of the host's.
+	if _, err := runTool(ctx, "resize2fs", "-f", "-M", img); err != nil {
+		return 0, err
+	}
+	size, err := fsSize(ctx, img)
+	if err != nil {
+		return 0, err
+	}
+	if err := os.Truncate(img, size); err != nil {
+		return 0, err
+	}
+	return size, nil
+}
+
+// fsck checks and repairs the filesystem in img, replaying its journal.
+// e2fsck's exit codes 1 and 2 say it fixed something, which a copy of a
+// mounted filesystem needs (its orphans, at least).
+func fsck(ctx context.Context, img string) error {
+	_, err := runTool(ctx, "e2fsck", "-f", "-y", img)
+	var ee *exec.ExitError
+	if errors.As(err, &ee) && ee.ExitCode() <= 2 {
+		return nil
+	}
+	return err
+}
+
+var (
+	blockCountRE = regexp.MustCompile(`(?m)^Block count:\s+(\d+)$`)
+	blockSizeRE  = regexp.MustCompile(`(?m)^Block size:\s+(\d+)$`)
+)
+
+// fsSize is the size of the ext4 filesystem in img, from its superblock.
+func fsSize(ctx context.Context, img string) (int64, error) {
+	out, err := runTool(ctx, "dumpe2fs", "-h", img)
+	if err != nil {
+		return 0, err
+	}
+	c, s := blockCountRE.FindSubmatch(out), blockSizeRE.FindSubmatch(out)
+	if c == nil || s == nil {
+		return 0, fmt.Errorf("dumpe2fs -h %s: no block count and size", img)
+	}
+	count, _ := strconv.ParseInt(string(c[1]), 10, 64)
+	size, _ := strconv.ParseInt(string(s[1]), 10, 64)
+	return count * size, nil
+}
+
+// runTool runs a host tool (toolPath) and returns its standard output; a
+// failure quotes the end of what it printed.
+func runTool(ctx context.Context, name string, args ...string) ([]byte, error) {
+	bin, err := toolPath(name)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.CommandContext(ctx, bin, args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		msg := strings.TrimSpace(stderr.String())
+		if msg == "" {
+			msg = strings.TrimSpace(stdout.String())
+		}
+		if len(msg) > 2000 {
+			msg = "..." + msg[len(msg)-2000:]
+		}
+		return stdout.Bytes(), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, msg)
+	}
+	return stdout.Bytes(), nil
+}
+
+// toolPath finds a host tool of e2fsprogs or qemu-utils, which airlock
+// setup installs. e2fsprogs' live in sbin directories, which a user's
+// PATH may lack.
+func toolPath(name string) (string, error) {
+	if p, err := exec.LookPath(name); err == nil {
+		return p, nil
+	}
+	for _, dir := range []string{"/usr/sbin", "/sbin"} {
+		p := filepath.Join(dir, name)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	pkg := "e2fsprogs"
+	if name == "qemu-img" {
+		pkg = "qemu-utils"
+	}
+	return "", fmt.Errorf("%s is not installed (package %s): run `airlock setup` as root: %w", name, pkg, errdefs.ErrPrecondition)
+}
