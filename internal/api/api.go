@@ -150,7 +150,12 @@ func (s *Server) routes() []route {
 		{"DELETE", "/v1/secrets/{name}", authKey, nil, s.deleteSecret},
 
 		{"GET", "/v1/templates", authKey, page, s.listTemplates},
+		{"POST", "/v1/templates", authKey, nil, jsonCall(http.StatusAccepted, s.createTemplate)},
 		{"GET", "/v1/templates/{ref}", authKey, nil, s.getTemplate},
+		{"DELETE", "/v1/templates/{ref}", authKey, nil, s.deleteTemplate},
+		{"GET", "/v1/templates/{ref}/build-log", authKey, nil, s.buildLog},
+		{"PUT", "/v1/build-contexts", authKey, nil, s.putBuildContext},
+		{"POST", "/v1/sandboxes/{id}/template", authKey, nil, jsonCall(http.StatusAccepted, s.svc.SaveSandbox)},
 	}
 }
 

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -447,5 +448,58 @@ func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request, p service.P
 		return err
 	}
 	writeJSON(w, http.StatusOK, t)
+	return nil
+}
+
+func (s *Server) createTemplate(ctx context.Context, p service.Principal, _ string, req apiv1.CreateTemplate) (apiv1.TemplateOperation, error) {
+	return s.svc.CreateTemplate(ctx, p, req)
+}
+
+func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	if err := s.svc.DeleteTemplate(r.Context(), p, r.PathValue("ref")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// putBuildContext stores a tar body as a build context, streamed to disk
+// and bounded by the server's limit (413 past it).
+func (s *Server) putBuildContext(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	bc, err := s.svc.PutBuildContext(r.Context(), r.Body, s.svc.MaxContextBytes())
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, bc)
+	return nil
+}
+
+// buildLog streams a template build's log: every line so far, then the
+// rest as it comes while the build runs, then how it ended.
+func (s *Server) buildLog(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	ctx, cancel := s.streamContext(r.Context())
+	defer cancel()
+	var out *sse
+	started := func() *sse {
+		if out == nil {
+			out = startSSE(w)
+		}
+		return out
+	}
+	end, err := s.svc.FollowBuildLog(ctx, r.PathValue("ref"), s.cfg.PingInterval, func(ln *apiv1.BuildLogLine) error {
+		if ln == nil {
+			return started().ping()
+		}
+		data, _ := json.Marshal(ln)
+		return started().event(0, "log", data)
+	})
+	if err != nil {
+		if out == nil {
+			return err
+		}
+		return nil // the stream is out: the client went away or the server is closing
+	}
+	data, _ := json.Marshal(end)
+	started().event(0, "end", data)
 	return nil
 }

@@ -260,17 +260,117 @@ type Move struct {
 	To   string `json:"to"`
 }
 
-// Template is a template as the API shows it.
+// Template statuses.
+const (
+	TemplateBuilding = "building"
+	TemplateReady    = "ready"
+	TemplateFailed   = "failed"
+)
+
+// Template is a template as the API shows it. A template being built, or
+// whose last build failed, shows that build's status and error; its
+// digest is empty until it is ready.
 type Template struct {
-	Name      string    `json:"name"`
-	Tag       string    `json:"tag"`
-	Digest    string    `json:"digest"`
-	VCPUs     int       `json:"vcpus"`
-	MemoryMiB int       `json:"memory_mib"`
-	DiskMiB   int       `json:"disk_mib"`
-	SizeBytes int64     `json:"size_bytes"`
-	CreatedAt time.Time `json:"created_at"`
-	Status    string    `json:"status"`
+	Name      string          `json:"name"`
+	Tag       string          `json:"tag"`
+	Digest    string          `json:"digest"`
+	VCPUs     int             `json:"vcpus"`
+	MemoryMiB int             `json:"memory_mib"`
+	DiskMiB   int             `json:"disk_mib"`
+	SizeBytes int64           `json:"size_bytes"`
+	CreatedAt time.Time       `json:"created_at"`
+	Status    string          `json:"status"`
+	Error     *Status         `json:"error"`
+	Source    *TemplateSource `json:"source,omitempty"`
+	// BuildID names the template's last build, if it was built.
+	BuildID    string   `json:"build_id,omitempty"`
+	StartCmd   string   `json:"start_cmd,omitempty"`
+	ReadyCmd   string   `json:"ready_cmd,omitempty"`
+	Env        []string `json:"env,omitempty"`
+	WorkingDir string   `json:"working_dir,omitempty"`
+	User       string   `json:"user,omitempty"`
+}
+
+// TemplateSource says what a built template was made from.
+type TemplateSource struct {
+	From  string `json:"from"`
+	Steps int    `json:"steps"`
+}
+
+// BuildStep is one step of a template build: exactly one field is set.
+type BuildStep struct {
+	Run     string            `json:"run,omitempty"`
+	Env     map[string]string `json:"env,omitempty"`
+	Workdir string            `json:"workdir,omitempty"`
+	User    string            `json:"user,omitempty"`
+	Copy    *BuildCopy        `json:"copy,omitempty"`
+}
+
+// BuildCopy copies Src from the build context to Dest in the image.
+type BuildCopy struct {
+	Src   string `json:"src"`
+	Dest  string `json:"dest"`
+	Chown string `json:"chown,omitempty"`
+}
+
+// RegistryAuth is the account a docker:// pull logs in with.
+type RegistryAuth struct {
+	Username string `json:"username"`
+	Password string `json:"password"`
+}
+
+// CreateTemplate is the body of POST /v1/templates.
+type CreateTemplate struct {
+	Name       string            `json:"name"`
+	Tag        string            `json:"tag"`
+	From       string            `json:"from"`
+	Steps      []BuildStep       `json:"steps"`
+	Dockerfile string            `json:"dockerfile"`
+	BuildArgs  map[string]string `json:"build_args"`
+	Context    string            `json:"context"`
+	StartCmd   string            `json:"start_cmd"`
+	ReadyCmd   string            `json:"ready_cmd"`
+	VCPUs      int               `json:"vcpus"`
+	MemoryMiB  int               `json:"memory_mib"`
+	DiskMiB    int               `json:"disk_mib"`
+	// Network is the egress policy of the build's RUN steps, in the form
+	// of a sandbox's; absent means all egress allowed.
+	Network      json.RawMessage `json:"network"`
+	RegistryAuth *RegistryAuth   `json:"registry_auth"`
+}
+
+// SaveTemplate is the body of POST /v1/sandboxes/{id}/template.
+type SaveTemplate struct {
+	Name string `json:"name"`
+	Tag  string `json:"tag"`
+}
+
+// TemplateOperation is the answer to a build: the template as it is now
+// (building) and the operation that builds it.
+type TemplateOperation struct {
+	Template  Template  `json:"template"`
+	Operation Operation `json:"operation"`
+}
+
+// BuildContext is the answer to PUT /v1/build-contexts.
+type BuildContext struct {
+	ID     string `json:"id"`
+	Digest string `json:"digest"`
+	Size   int64  `json:"size_bytes"`
+}
+
+// BuildLogLine is the data of a build log's "log" event.
+type BuildLogLine struct {
+	Step   int    `json:"step"`
+	Stream string `json:"stream"`
+	Text   string `json:"text"`
+}
+
+// BuildEnd is the data of a build log's "end" event.
+type BuildEnd struct {
+	Status string  `json:"status"`
+	Digest string  `json:"digest,omitempty"`
+	Error  *Status `json:"error"`
 }
 
 // Key roles.

@@ -45,6 +45,7 @@ type fakeServer struct {
 	files     map[string]*fakeFile // by clean absolute path; "/" always exists
 	created   []apiv1.CreateSandbox
 	pageSize  int
+	tpl       fakeTemplates // see template_test.go
 }
 
 type fakeCommand struct {
@@ -66,8 +67,9 @@ type fakeFile struct {
 func newFakeServer(t *testing.T) *fakeServer {
 	f := &fakeServer{sandboxes: map[string]*apiv1.Sandbox{}, ops: map[string]*apiv1.Operation{},
 		opFail: map[string]string{}, commands: map[string]*fakeCommand{},
-		files: map[string]*fakeFile{"/": {dir: true, mode: 0o755}}, pageSize: 2}
+		files: map[string]*fakeFile{"/": {dir: true, mode: 0o755}}, pageSize: 2, tpl: newFakeTemplates()}
 	mux := http.NewServeMux()
+	f.templateRoutes(mux)
 	mux.HandleFunc("POST /v1/sandboxes", f.createSandbox)
 	mux.HandleFunc("GET /v1/sandboxes", f.listSandboxes)
 	mux.HandleFunc("GET /v1/sandboxes/{id}", f.getSandbox)
@@ -167,6 +169,8 @@ func (f *fakeServer) getOperation(w http.ResponseWriter, r *http.Request) {
 		op.Status, op.FinishedAt = apiv1.OpSucceeded, &now
 		sb := f.sandboxes[op.TargetID]
 		switch {
+		case op.Kind == apiv1.OpBuild:
+			f.finishBuild(op.TargetID)
 		case f.opFail[op.ID] != "":
 			op.Status = apiv1.OpFailed
 			op.Error = &apiv1.Status{Code: "internal", Message: f.opFail[op.ID]}
@@ -486,7 +490,7 @@ func (f *fakeServer) run(t *testing.T, stdin string, args ...string) (stdout, st
 	// --url goes right after the subcommand, where every command takes it.
 	full := slices.Clone(args)
 	at := 1
-	if args[0] == "sandbox" || args[0] == "op" {
+	if args[0] == "sandbox" || args[0] == "op" || args[0] == "template" {
 		at = 2
 	}
 	full = slices.Insert(full, at, "--url", f.url)

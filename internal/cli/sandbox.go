@@ -25,6 +25,7 @@ func sandboxCommands() []command {
 		{"suspend", "suspend sandboxes: their memory goes to disk and their VMs exit", runSandboxSuspend},
 		{"wake", "wake paused or suspended sandboxes", runSandboxWake},
 		{"keep", "set a sandbox's lease", runSandboxKeep},
+		{"save", "save a sandbox's disk as a template", runSandboxSave},
 	}
 }
 

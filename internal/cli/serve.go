@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -60,8 +61,24 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	dnsUpstream := fs.String("dns-upstream", "", "resolver `HOST:PORT` the gateways ask (default: the host's, from /etc/resolv.conf)")
 	e2bListen := fs.String("e2b-listen", "", "`address` to serve E2B's API on (default: not served)")
 	e2bDomain := fs.String("e2b-domain", "", "sandbox `domain` returned to E2B SDKs (default: none, the SDK's own E2B_DOMAIN)")
+	trusted := fs.String("trusted-registries", "", "comma-separated registry `hosts` (HOST[:PORT]) template builds may pull docker:// images from (default: any)")
+	maxBuilds := fs.Int("max-builds", 1, "most template builds running at once (each boots a sandbox)")
+	maxContext := fs.Int64("max-build-context", 1024, "largest build context upload in `MiB`")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	var trustedRegistries []string
+	for _, h := range strings.Split(*trusted, ",") {
+		if h = strings.TrimSpace(h); h == "" {
+			continue
+		}
+		if strings.ContainsAny(h, "/ @") {
+			return fmt.Errorf("serve: --trusted-registries: %q is not a registry HOST[:PORT]: %w", h, errdefs.ErrInvalid)
+		}
+		trustedRegistries = append(trustedRegistries, h)
+	}
+	if *maxBuilds < 1 || *maxContext < 1 {
+		return fmt.Errorf("serve: --max-builds and --max-build-context must be at least 1: %w", errdefs.ErrInvalid)
 	}
 	if *defaultEgress != "allow" && *defaultEgress != "deny" {
 		return fmt.Errorf("serve: --default-egress %q is not allow or deny: %w", *defaultEgress, errdefs.ErrInvalid)
@@ -132,6 +149,7 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 		Dir: env.Dir, Runtime: rt, Store: st, Log: log, Metrics: service.NewMetrics(reg),
 		MaxSandboxes: *maxSandboxes, MaxStarts: *maxStarts, MaxQueuedStarts: *maxQueued,
 		DefaultEgress: *defaultEgress, Secrets: box, TokenKey: tokenKey,
+		TrustedRegistries: trustedRegistries, MaxBuilds: *maxBuilds, MaxContextBytes: *maxContext << 20,
 	})
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)

@@ -20,6 +20,9 @@ import (
 //     re-attached; a VM that died while the server was down fails the
 //     sandbox with what its console said.
 func (s *Service) recover(ctx context.Context) error {
+	if err := s.recoverBuilds(ctx); err != nil {
+		return fmt.Errorf("recover builds: %w", err)
+	}
 	ops, err := s.st.ListOperations(ctx, apiv1.OpPending, apiv1.OpRunning)
 	if err != nil {
 		return err

@@ -91,10 +91,15 @@ func (s *Service) CreateSandbox(ctx context.Context, p Principal, req apiv1.Crea
 	if err != nil {
 		return apiv1.SandboxOperation{}, err
 	}
+	// The template is pinned by digest from here, and its image kept from
+	// Reclaim until the sandbox's row names it.
+	s.reclaimMu.RLock()
+	defer s.reclaimMu.RUnlock()
 	spec, tpl, err := s.rt.Resolve(sandbox.Spec{Template: req.Template, VCPUs: req.VCPUs, MemoryMiB: req.MemoryMiB, DiskMiB: req.DiskMiB, Network: &pol})
 	if err != nil {
 		return apiv1.SandboxOperation{}, err
 	}
+	spec.Template = tpl.Digest
 
 	now := s.now()
 	sb := store.Sandbox{
@@ -480,6 +485,12 @@ func (s *Service) runDelete(sb store.Sandbox, op store.Operation) {
 	}
 	s.transition(sb, &op, apiv1.StateDeleting)
 	s.m.opFinished(op.Kind, op.Status, time.Since(start))
+	if err == nil {
+		// The sandbox may have been the last user of an image no tag names.
+		if _, err := s.Reclaim(s.ctx); err != nil {
+			s.log.Warn("reclaim template storage", "err", err)
+		}
+	}
 }
 
 // sandboxView is the API's view of a sandbox row.

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"sync"
@@ -25,6 +26,7 @@ import (
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/imagebuild"
 	"github.com/airlockhq/airlock/internal/sandbox"
 	"github.com/airlockhq/airlock/internal/secrets"
 	"github.com/airlockhq/airlock/internal/store"
@@ -68,6 +70,19 @@ type Config struct {
 	// server keeps it in $AIRLOCK_HOME/e2b-token.key. Empty: the service
 	// makes a random one, and the tokens then change when it restarts.
 	TokenKey []byte
+	// TrustedRegistries, if not empty, are the registries (host[:port])
+	// a template build may pull docker:// images from; others are refused
+	// before anything is fetched.
+	TrustedRegistries []string
+	// MaxBuilds caps the template builds running at once (each boots a
+	// sandbox); further builds wait. Default 1.
+	MaxBuilds int
+	// MaxContextBytes caps an uploaded build context. Default 1 GiB.
+	MaxContextBytes int64
+	// NoReclaim keeps every template image and snapshot: for a service
+	// that shares its templates directory with a server that owns it
+	// (the bench's), whose sandboxes it cannot see.
+	NoReclaim bool
 }
 
 // Validate checks the configuration and fills in defaults.
@@ -86,6 +101,12 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxQueuedStarts == 0 {
 		c.MaxQueuedStarts = 64
+	}
+	if c.MaxBuilds == 0 {
+		c.MaxBuilds = 1
+	}
+	if c.MaxContextBytes == 0 {
+		c.MaxContextBytes = 1 << 30
 	}
 	if c.ShutdownGrace == 0 {
 		c.ShutdownGrace = 10 * time.Second
@@ -127,7 +148,15 @@ type Service struct {
 	slots   chan struct{}  // start slots, MaxStarts of them
 	closing chan struct{}  // closed by Close: the reconcile loop ends
 
+	contexts   *imagebuild.Contexts // uploaded build contexts
+	buildSlots chan struct{}        // MaxBuilds of them
+	// reclaimMu is held exclusively by Reclaim and shared by whatever is
+	// between choosing a template image and recording its use (a create
+	// before its row exists).
+	reclaimMu sync.RWMutex
+
 	mu       sync.Mutex           // guards the fields below
+	builds   map[string]*running  // builds in progress, by ID
 	live     map[string]*live     // sandboxes this server looks after (with a VM, or suspended)
 	creating map[string]*creation // creates in flight
 	busy     map[string]*inflight // lifecycle operations in flight, by sandbox
@@ -153,14 +182,17 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	s := &Service{
 		cfg: cfg, log: cfg.Log, st: cfg.Store, rt: cfg.Runtime, m: cfg.Metrics,
 		ctx: sctx, cancel: cancel,
-		slots:    make(chan struct{}, cfg.MaxStarts),
-		closing:  make(chan struct{}),
-		live:     map[string]*live{},
-		creating: map[string]*creation{},
-		busy:     map[string]*inflight{},
-		watchers: map[string]map[chan apiv1.Sandbox]struct{}{},
-		opWait:   map[string]chan struct{}{},
-		states:   map[string]int{},
+		slots:      make(chan struct{}, cfg.MaxStarts),
+		contexts:   imagebuild.OpenContexts(filepath.Join(cfg.Dir.Root, "build-contexts")),
+		buildSlots: make(chan struct{}, cfg.MaxBuilds),
+		builds:     map[string]*running{},
+		closing:    make(chan struct{}),
+		live:       map[string]*live{},
+		creating:   map[string]*creation{},
+		busy:       map[string]*inflight{},
+		watchers:   map[string]map[chan apiv1.Sandbox]struct{}{},
+		opWait:     map[string]chan struct{}{},
+		states:     map[string]int{},
 	}
 	if err := s.recover(ctx); err != nil {
 		cancel()

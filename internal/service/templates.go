@@ -2,36 +2,448 @@ package service
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/store"
 	"github.com/airlockhq/airlock/internal/template"
 )
 
 func templateView(t template.Template) apiv1.Template {
-	return apiv1.Template{Name: t.Name, Tag: t.Tag, Digest: t.Digest, VCPUs: t.VCPUs, MemoryMiB: t.MemoryMiB,
-		DiskMiB: t.DiskMiB, SizeBytes: t.SizeBytes, CreatedAt: t.CreatedAt.UTC(), Status: "ready"}
+	v := apiv1.Template{Name: t.Name, Tag: t.Tag, Digest: t.Digest, VCPUs: t.VCPUs, MemoryMiB: t.MemoryMiB,
+		DiskMiB: t.DiskMiB, SizeBytes: t.SizeBytes, CreatedAt: t.CreatedAt.UTC(), Status: apiv1.TemplateReady,
+		StartCmd: t.StartCmd, ReadyCmd: t.ReadyCmd}
+	if t.Source != nil {
+		v.Source = &apiv1.TemplateSource{From: t.Source.From, Steps: t.Source.Steps}
+	}
+	if t.Config != nil {
+		v.Env, v.WorkingDir, v.User = t.Config.Env, t.Config.WorkingDir, t.Config.User
+	}
+	return v
 }
 
-// ListTemplates lists the templates sandboxes can start from, a page at a
-// time.
+// buildView is a template as its build in progress, or its failed build,
+// shows it.
+func buildView(b store.Build, from string, steps int) apiv1.Template {
+	v := apiv1.Template{Name: b.Name, Tag: b.Tag, Digest: b.Digest, CreatedAt: b.CreatedAt.UTC(), Status: b.Status, BuildID: b.ID}
+	if from != "" {
+		v.Source = &apiv1.TemplateSource{From: from, Steps: steps}
+	}
+	if b.Error != nil {
+		v.Error = &apiv1.Status{Code: b.Error.Code, Message: b.Error.Message}
+	}
+	return v
+}
+
+// withBuild shows a template by its last build when that build is newer
+// than the template (building, or failed since), else the template itself.
+func (s *Service) withBuild(ctx context.Context, t *template.Template, name, tag string) (apiv1.Template, bool) {
+	b, err := s.st.LatestBuild(ctx, name, tag)
+	if err != nil {
+		if t == nil {
+			return apiv1.Template{}, false
+		}
+		return templateView(*t), true
+	}
+	if t != nil && (b.Status == apiv1.TemplateReady || b.CreatedAt.Before(t.CreatedAt.Add(-time.Second))) {
+		v := templateView(*t)
+		v.BuildID = b.ID
+		return v, true
+	}
+	v := buildView(b, "", 0)
+	if t != nil { // the tag still names the last good build's result
+		v.Digest = t.Digest
+	}
+	return v, true
+}
+
+// ListTemplates lists the templates sandboxes can start from and those
+// being built, a page at a time.
 func (s *Service) ListTemplates(ctx context.Context, limit int, pageToken string) (apiv1.List[apiv1.Template], error) {
 	ts, err := s.rt.Templates().List()
 	if err != nil {
 		return apiv1.List[apiv1.Template]{}, err
 	}
+	seen := map[string]bool{}
 	all := []apiv1.Template{}
-	for _, t := range ts {
-		all = append(all, templateView(t))
+	for i := range ts {
+		t := ts[i]
+		seen[t.Ref()] = true
+		v, _ := s.withBuild(ctx, &t, t.Name, t.Tag)
+		all = append(all, v)
 	}
+	builds, err := s.st.ListBuilds(ctx, apiv1.TemplateBuilding, apiv1.TemplateFailed)
+	if err != nil {
+		return apiv1.List[apiv1.Template]{}, err
+	}
+	for _, b := range builds {
+		ref := b.Name + ":" + b.Tag
+		if seen[ref] {
+			continue
+		}
+		if v, ok := s.withBuild(ctx, nil, b.Name, b.Tag); ok && v.Status != apiv1.TemplateReady {
+			seen[ref] = true
+			all = append(all, v)
+		}
+	}
+	sortTemplates(all)
 	items, next, err := page(all, func(t apiv1.Template) string { return t.Name + ":" + t.Tag }, limit, pageToken)
 	return apiv1.List[apiv1.Template]{Items: items, NextPageToken: next}, err
 }
 
-// GetTemplate resolves a name[:tag] or digest.
+func sortTemplates(ts []apiv1.Template) {
+	for i := 1; i < len(ts); i++ {
+		for j := i; j > 0 && ts[j].Name+":"+ts[j].Tag < ts[j-1].Name+":"+ts[j-1].Tag; j-- {
+			ts[j], ts[j-1] = ts[j-1], ts[j]
+		}
+	}
+}
+
+// GetTemplate resolves a name[:tag] or digest; a template being built, or
+// whose last build failed, shows that build.
 func (s *Service) GetTemplate(ctx context.Context, ref string) (apiv1.Template, error) {
-	t, err := s.rt.Templates().Resolve(ref)
+	name, tag, err := template.ParseRef(ref)
 	if err != nil {
 		return apiv1.Template{}, err
 	}
-	return templateView(t), nil
+	t, err := s.rt.Templates().Resolve(ref)
+	if name == "" { // a digest
+		if err != nil {
+			return apiv1.Template{}, err
+		}
+		return templateView(t), nil
+	}
+	var tp *template.Template
+	if err == nil {
+		tp = &t
+	} else if !errors.Is(err, errdefs.ErrNotFound) {
+		return apiv1.Template{}, err
+	}
+	if v, ok := s.withBuild(ctx, tp, name, tag); ok {
+		return v, nil
+	}
+	return apiv1.Template{}, err
+}
+
+// buildOf returns the build that made, or is making, the template ref
+// names: the last build of name:tag, or the build whose result is the
+// digest.
+func (s *Service) buildOf(ctx context.Context, ref string) (store.Build, error) {
+	name, tag, err := template.ParseRef(ref)
+	if err != nil {
+		return store.Build{}, err
+	}
+	if name != "" {
+		b, err := s.st.LatestBuild(ctx, name, tag)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return b, fmt.Errorf("template %s:%s was not built here (a built-in or imported template has no build log): %w", name, tag, errdefs.ErrNotFound)
+		}
+		return b, err
+	}
+	builds, err := s.st.ListBuilds(ctx, apiv1.TemplateReady)
+	if err != nil {
+		return store.Build{}, err
+	}
+	for i := len(builds) - 1; i >= 0; i-- {
+		if builds[i].Digest == tag {
+			return builds[i], nil
+		}
+	}
+	return store.Build{}, fmt.Errorf("no build made %s: %w", tag, errdefs.ErrNotFound)
+}
+
+// DeleteTemplate removes the tag name:tag, then reclaims what nothing
+// refers to any more. Sandboxes made from it keep working. A user key may
+// remove only tags it built; an admin key any.
+func (s *Service) DeleteTemplate(ctx context.Context, p Principal, ref string) error {
+	name, tag, err := template.ParseRef(ref)
+	if err != nil {
+		return err
+	}
+	if name == "" {
+		return fmt.Errorf("template %s: a digest cannot be deleted, only a name:tag; its content goes once nothing refers to it: %w", ref, errdefs.ErrInvalid)
+	}
+	if !strings.Contains(ref, ":") {
+		return fmt.Errorf("template %s: name the tag to delete (%s:%s): %w", ref, name, tag, errdefs.ErrInvalid)
+	}
+	t, err := s.rt.Templates().Resolve(ref)
+	if err != nil {
+		return err
+	}
+	if !p.Admin() {
+		b, err := s.st.LatestBuild(ctx, name, tag)
+		if err != nil || b.Owner != p.KeyID {
+			return fmt.Errorf("template %s was not built with this key: only an admin key may delete it: %w", t.Ref(), errdefs.ErrPermission)
+		}
+	}
+	s.mu.Lock()
+	for _, run := range s.builds {
+		if run.base == t.Ref() || run.rec.Name == name && run.rec.Tag == tag {
+			s.mu.Unlock()
+			return fmt.Errorf("template %s is in use by build %s: wait for it to end and retry: %w", t.Ref(), run.rec.ID, errdefs.ErrConflict)
+		}
+	}
+	err = s.rt.Templates().Untag(name, tag)
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if _, err := s.Reclaim(ctx); err != nil {
+		s.log.Warn("reclaim template storage", "err", err)
+	}
+	return nil
+}
+
+// Reclaim removes the images, build cache entries and template snapshots
+// that nothing can use any more: an image stays while a tag names it or
+// one built from it (its parents), while a sandbox that is not deleted was
+// made from it, or while a build in progress uses it. A snapshot stays
+// while its image does and it is current, or while such a sandbox exists.
+// It returns the bytes freed.
+func (s *Service) Reclaim(ctx context.Context) (int64, error) {
+	s.reclaimMu.Lock()
+	defer s.reclaimMu.Unlock()
+	ts := s.rt.Templates()
+	if ts == nil || s.cfg.NoReclaim {
+		return 0, nil
+	}
+	inUse, err := s.st.TemplatesInUse(ctx)
+	if err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	keep := map[string]bool{}
+	for d := range inUse {
+		keep[d] = true
+	}
+	for _, run := range s.builds {
+		for d := range run.pins {
+			keep[d] = true
+		}
+	}
+	tagged, err := ts.Tagged()
+	if err != nil {
+		s.mu.Unlock()
+		return 0, err
+	}
+	images, err := ts.Images()
+	if err != nil {
+		s.mu.Unlock()
+		return 0, err
+	}
+	byDigest := map[string]template.Template{}
+	for _, t := range images {
+		byDigest[t.Digest] = t
+	}
+	for d := range tagged {
+		keep[d] = true
+	}
+	for d := range keep { // what a kept image was built through stays too
+		for _, p := range byDigest[d].Parents {
+			keep[p] = true
+		}
+	}
+	var freed int64
+	var errs []error
+	for _, t := range images {
+		if keep[t.Digest] {
+			continue
+		}
+		if err := ts.RemoveImage(t.Digest); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		freed += t.SizeBytes
+		s.log.Info("removed a template image nothing refers to", "digest", t.Digest, "bytes", t.SizeBytes)
+		delete(byDigest, t.Digest)
+	}
+	s.mu.Unlock()
+	if entries, err := ts.CacheEntries(); err == nil {
+		for k, d := range entries {
+			if _, ok := byDigest[d]; !ok {
+				ts.Uncache(k)
+			}
+		}
+	}
+	n, err := s.rt.ReclaimSnapshots(func(d string, current bool) bool {
+		if inUse[d] {
+			return true
+		}
+		_, stored := byDigest[d]
+		return stored && current
+	})
+	freed += n
+	if err != nil {
+		errs = append(errs, err)
+	}
+	return freed, errors.Join(errs...)
+}
+
+// PutBuildContext stores an uploaded build context (a tar), up to limit
+// bytes.
+func (s *Service) PutBuildContext(ctx context.Context, r io.Reader, limit int64) (apiv1.BuildContext, error) {
+	id, dgst, err := s.contexts.Put(ctx, r, limit)
+	if err != nil {
+		return apiv1.BuildContext{}, err
+	}
+	var size int64
+	if p, _, err := s.contexts.Path(id); err == nil {
+		if fi, err := os.Stat(p); err == nil {
+			size = fi.Size()
+		}
+	}
+	return apiv1.BuildContext{ID: id, Digest: dgst, Size: size}, nil
+}
+
+// recoverBuilds fails the builds an earlier server left unfinished: their
+// sandboxes died with it.
+func (s *Service) recoverBuilds(ctx context.Context) error {
+	builds, err := s.st.ListBuilds(ctx, apiv1.TemplateBuilding)
+	if err != nil {
+		return err
+	}
+	for _, b := range builds {
+		now := s.now()
+		st := store.Error{Code: apiv1.CodeUnavailable, Message: "the server stopped during the build: build again"}
+		b.Status, b.Error, b.FinishedAt = apiv1.TemplateFailed, &st, &now
+		ops, err := s.st.ListOperations(ctx, apiv1.OpPending, apiv1.OpRunning)
+		if err != nil {
+			return err
+		}
+		op := store.Operation{ID: "", Kind: apiv1.OpBuild, TargetID: b.ID, Owner: b.Owner, Status: apiv1.OpFailed, Error: &st, FinishedAt: &now}
+		for _, o := range ops {
+			if o.TargetID == b.ID {
+				op.ID, op.CreatedAt = o.ID, o.CreatedAt
+			}
+		}
+		if op.ID == "" {
+			continue
+		}
+		if err := s.st.FinishBuild(ctx, b, op); err != nil {
+			return err
+		}
+		if f, err := os.OpenFile(s.buildLogPath(b.ID), os.O_APPEND|os.O_WRONLY, 0); err == nil {
+			fmt.Fprintf(f, "{\"step\":0,\"stream\":\"info\",\"text\":%q}\n", "build failed: "+st.Message)
+			f.Close()
+		}
+	}
+	s.pruneContexts()
+	if ts := s.rt.Templates(); ts != nil {
+		return ts.RemoveLeftovers()
+	}
+	return nil
+}
+
+// SaveSandbox makes a new template, name:tag, of a running, paused or
+// suspended sandbox's disk as it is now. The sandbox stays as it was: a
+// running one is frozen only while its disk is copied. Other lifecycle
+// requests wait (delete) or are refused until the copy ends.
+func (s *Service) SaveSandbox(ctx context.Context, p Principal, id string, req apiv1.SaveTemplate) (apiv1.TemplateOperation, error) {
+	tag := req.Tag
+	if tag == "" {
+		tag = template.DefaultTag
+	}
+	if req.Name == "" {
+		return apiv1.TemplateOperation{}, fmt.Errorf("name is required: the template is made as name:tag: %w", errdefs.ErrInvalid)
+	}
+	if n, _, err := template.ParseRef(req.Name + ":" + tag); err != nil || n == "" {
+		if err == nil {
+			err = fmt.Errorf("template name %q is not a name: %w", req.Name, errdefs.ErrInvalid)
+		}
+		return apiv1.TemplateOperation{}, err
+	}
+	sb, err := s.getOwned(ctx, p, id)
+	if err != nil {
+		return apiv1.TemplateOperation{}, err
+	}
+	s.mu.Lock()
+	if f, ok := s.busy[id]; ok {
+		s.mu.Unlock()
+		return apiv1.TemplateOperation{}, fmt.Errorf("sandbox %s has a %s operation in flight: wait for it and retry: %w", id, f.kind, errdefs.ErrConflict)
+	}
+	if sb, err = s.st.GetSandbox(ctx, id); err != nil {
+		s.mu.Unlock()
+		return apiv1.TemplateOperation{}, err
+	}
+	saveable := []string{apiv1.StateRunning, apiv1.StatePaused, apiv1.StateSuspended}
+	if !contains(saveable, sb.State) || s.live[id] == nil {
+		s.mu.Unlock()
+		return apiv1.TemplateOperation{}, fmt.Errorf("sandbox %s is %s: saving it as a template needs it %s: %w", id, sb.State, orList(saveable), errdefs.ErrConflict)
+	}
+	f := &inflight{kind: "save", done: make(chan struct{})}
+	s.busy[id] = f
+	s.mu.Unlock()
+	release := func() {
+		s.mu.Lock()
+		if s.busy[id] == f {
+			delete(s.busy, id)
+		}
+		s.mu.Unlock()
+		close(f.done)
+	}
+	pl := plan{name: req.Name, tag: tag, from: "sandbox:" + id, saveFrom: id, release: release}
+	body, _ := json.Marshal(req)
+	out, err := s.startBuild(p, pl, body)
+	if err != nil {
+		release()
+	}
+	return out, err
+}
+
+// saveSandbox copies the sandbox's disk into a new image with its
+// template's settings and the sandbox's size.
+func (s *Service) saveSandbox(ctx context.Context, run *running, pl plan) (template.Template, error) {
+	id := pl.saveFrom
+	sb, err := s.st.GetSandbox(ctx, id)
+	if err != nil {
+		return template.Template{}, err
+	}
+	s.mu.Lock()
+	lv := s.live[id]
+	s.mu.Unlock()
+	if lv == nil {
+		return template.Template{}, fmt.Errorf("sandbox %s is no longer here: %w", id, errdefs.ErrConflict)
+	}
+	ts := s.rt.Templates()
+	dir, err := ts.TempDir("save")
+	if err != nil {
+		return template.Template{}, err
+	}
+	defer os.RemoveAll(dir)
+	img := filepath.Join(dir, "disk.ext4")
+	start := time.Now()
+	run.log.infof(0, "copying the disk of %s (%s)", id, sb.State)
+	if sb.State == apiv1.StateSuspended {
+		err = s.rt.SaveSuspendedDisk(ctx, id, img)
+	} else {
+		box, _, verr := lv.vm()
+		if verr != nil {
+			return template.Template{}, verr
+		}
+		err = box.SaveDisk(ctx, img)
+	}
+	if err != nil {
+		return template.Template{}, fmt.Errorf("copy the disk of %s: %w", id, err)
+	}
+	run.log.infof(0, "disk copied in %.1f s", time.Since(start).Seconds())
+	settings := template.Settings{VCPUs: sb.VCPUs, MemoryMiB: sb.MemoryMiB, DiskMiB: sb.DiskMiB}
+	if t, err := ts.Resolve(sb.TemplateDigest); err == nil {
+		settings.StartCmd, settings.ReadyCmd, settings.ReadyPort, settings.ReadyPath = t.StartCmd, t.ReadyCmd, t.ReadyPort, t.ReadyPath
+		settings.Config = t.Config
+	}
+	settings.Source = &template.Source{From: pl.from, Resolved: sb.TemplateDigest}
+	t, err := ts.PutImage(ctx, img, settings)
+	if err != nil {
+		return template.Template{}, err
+	}
+	s.pin(run, t.Digest)
+	return t, nil
 }

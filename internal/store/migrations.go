@@ -131,6 +131,24 @@ CREATE TABLE secrets (
 ALTER TABLE keys ADD COLUMN format TEXT NOT NULL DEFAULT 'airlock';
 CREATE UNIQUE INDEX keys_hash ON keys (hash);
 `},
+	{5, "create builds", `
+-- A template build: POST /v1/templates or POST /v1/sandboxes/{id}/template.
+CREATE TABLE builds (
+	seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+	id          TEXT    NOT NULL UNIQUE,
+	owner       TEXT    NOT NULL,
+	name        TEXT    NOT NULL,
+	tag         TEXT    NOT NULL,
+	status      TEXT    NOT NULL,  -- building, ready or failed
+	digest      TEXT    NOT NULL,  -- the result, once ready
+	request     TEXT,              -- JSON, the request as given
+	error       TEXT,              -- JSON store.Error, once failed
+	created_at  INTEGER NOT NULL,
+	finished_at INTEGER
+) STRICT;
+CREATE INDEX builds_ref ON builds (name, tag, seq);
+CREATE INDEX builds_status ON builds (status, seq);
+`},
 }
 
 // schemaVersion reads the version of the schema from PRAGMA user_version.

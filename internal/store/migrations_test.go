@@ -28,6 +28,41 @@ var migrationTests = []migrationTest{
 	{version: 2, before: fillSchema1, after: checkSchema2},
 	{version: 3, before: fillSchema1, after: checkSchema3},
 	{version: 4, before: fillKeys3, after: checkSchema4},
+	{version: 5, before: fillKeys3, after: checkSchema5},
+}
+
+// checkSchema5: earlier rows stay; builds are typed, their IDs unique, and
+// the newest build of a name:tag is found through its index.
+func checkSchema5(t *testing.T, db *sql.DB) {
+	var n int
+	if err := db.QueryRow("SELECT count(*) FROM sandboxes").Scan(&n); err != nil || n != 3 {
+		t.Fatalf("%d sandboxes after the migration, %v; want 3", n, err)
+	}
+	const ins = "INSERT INTO builds (id, owner, name, tag, status, digest, created_at) VALUES ('%s', 'key1', 'web', 'v1', 'building', '', %s)"
+	if _, err := db.Exec(fmt.Sprintf(ins, "bld1", "1")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(fmt.Sprintf(ins, "bld1", "2")); !isUniqueViolation(err) {
+		t.Errorf("a second build bld1: %v, want a unique violation", err)
+	}
+	if _, err := db.Exec(fmt.Sprintf(ins, "bld2", "'soon'")); err == nil {
+		t.Errorf("a text created_at was stored in a STRICT table")
+	}
+	var plan string
+	rows, err := db.Query("EXPLAIN QUERY PLAN SELECT id FROM builds WHERE name = 'web' AND tag = 'v1' ORDER BY seq DESC LIMIT 1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id, parent, notused int
+		var detail string
+		rows.Scan(&id, &parent, &notused, &detail)
+		plan += detail + "\n"
+	}
+	rows.Close()
+	if !strings.Contains(plan, "builds_ref") {
+		t.Errorf("the lookup of a tag's newest build does not use its index:\n%s", plan)
+	}
 }
 
 // fillSchema1 writes sandboxes with and without a lease in the version 1

@@ -1,0 +1,566 @@
+package service
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/gateway/policy"
+	"github.com/airlockhq/airlock/internal/ids"
+	"github.com/airlockhq/airlock/internal/imagebuild"
+	"github.com/airlockhq/airlock/internal/sandbox"
+	"github.com/airlockhq/airlock/internal/store"
+	"github.com/airlockhq/airlock/internal/template"
+	"github.com/airlockhq/airlock/internal/template/oci"
+)
+
+// Build bounds.
+const (
+	// maxBuildSteps bounds the steps of one build.
+	maxBuildSteps = 256
+	// maxFlattenBytes bounds the unpacked size of an image pulled or
+	// uploaded as a template base.
+	maxFlattenBytes = 64 << 30
+	// defaultBuildDiskMiB is the disk of a build's sandbox and of a
+	// template made from an image when the request gives none.
+	defaultBuildDiskMiB = 4096
+	// stepTimeout bounds one RUN step.
+	stepTimeout = time.Hour
+)
+
+// running is a build in progress on this server.
+type running struct {
+	rec    store.Build
+	op     store.Operation
+	log    *buildLog
+	cancel context.CancelFunc
+	done   chan struct{} // closed once the build's end is stored
+
+	// pins are the images the build reads or has made so far: Reclaim
+	// leaves them alone.
+	pins map[string]bool // guarded by Service.mu
+	// base is the template ref the build starts from, if it is one: a
+	// delete of that tag waits for the build or is refused.
+	base string
+	// contexts are the build contexts it reads, kept from pruning.
+	contexts []string
+}
+
+// contextAge is how long an uploaded build context is kept for builds
+// that name it.
+const contextAge = 24 * time.Hour
+
+// pruneContexts removes build contexts older than contextAge that no
+// build in progress reads.
+func (s *Service) pruneContexts() {
+	s.mu.Lock()
+	inUse := map[string]bool{}
+	for _, run := range s.builds {
+		for _, id := range run.contexts {
+			inUse[id] = true
+		}
+	}
+	s.mu.Unlock()
+	if n, err := s.contexts.Prune(contextAge, inUse); err != nil {
+		s.log.Warn("prune build contexts", "err", err)
+	} else if n > 0 {
+		s.log.Info("removed old build contexts", "count", n)
+	}
+}
+
+// plan is a build request checked and resolved as far as it can be
+// without doing the work.
+type plan struct {
+	name, tag string
+	from      string // as given
+	steps     []imagebuild.Step
+	context   string // build context ID, if any
+	startCmd  string
+	readyCmd  string
+	vcpus     int
+	memoryMiB int
+	diskMiB   int
+	auth      *apiv1.RegistryAuth
+	network   policy.Policy
+	// warnings say what of a Dockerfile was ignored.
+	warnings []string
+	// saveFrom is the sandbox whose disk a save copies, empty for
+	// builds; release lets other lifecycle work on it go on.
+	saveFrom string
+	release  func()
+}
+
+// CreateTemplate checks a build request, records the build and its
+// operation, and runs it in the background.
+func (s *Service) CreateTemplate(ctx context.Context, p Principal, req apiv1.CreateTemplate) (apiv1.TemplateOperation, error) {
+	pl, err := s.planBuild(ctx, req)
+	if err != nil {
+		return apiv1.TemplateOperation{}, err
+	}
+	body, _ := json.Marshal(redactAuth(req))
+	return s.startBuild(p, pl, body)
+}
+
+// redactAuth drops the registry password from what is recorded.
+func redactAuth(req apiv1.CreateTemplate) apiv1.CreateTemplate {
+	if req.RegistryAuth != nil {
+		req.RegistryAuth = &apiv1.RegistryAuth{Username: req.RegistryAuth.Username, Password: "(redacted)"}
+	}
+	return req
+}
+
+func (s *Service) planBuild(ctx context.Context, req apiv1.CreateTemplate) (plan, error) {
+	pl := plan{name: req.Name, tag: req.Tag, context: req.Context, startCmd: req.StartCmd, readyCmd: req.ReadyCmd,
+		vcpus: req.VCPUs, memoryMiB: req.MemoryMiB, diskMiB: req.DiskMiB, auth: req.RegistryAuth}
+	if pl.tag == "" {
+		pl.tag = template.DefaultTag
+	}
+	if req.Name == "" {
+		return pl, fmt.Errorf("name is required: the template is made as name:tag: %w", errdefs.ErrInvalid)
+	}
+	if n, _, err := template.ParseRef(pl.name + ":" + pl.tag); err != nil || n == "" {
+		if err == nil {
+			err = fmt.Errorf("template name %q is not a name: %w", pl.name, errdefs.ErrInvalid)
+		}
+		return pl, err
+	}
+	switch {
+	case req.Dockerfile != "" && (req.From != "" || len(req.Steps) > 0):
+		return pl, fmt.Errorf("give either a dockerfile or from and steps, not both: %w", errdefs.ErrInvalid)
+	case req.Dockerfile != "":
+		rec, err := imagebuild.ParseDockerfile(req.Dockerfile, req.BuildArgs)
+		if err != nil {
+			return pl, err
+		}
+		pl.from, pl.steps, pl.warnings = rec.From, rec.Steps, rec.Warnings
+		if pl.startCmd == "" {
+			pl.startCmd = rec.StartCmd
+		}
+	case req.From == "":
+		return pl, fmt.Errorf("from is required (a template such as \"base\", docker://IMAGE or oci-archive:CONTEXT), or a dockerfile: %w", errdefs.ErrInvalid)
+	default:
+		if len(req.BuildArgs) > 0 {
+			return pl, fmt.Errorf("build_args apply to a dockerfile's ARGs: %w", errdefs.ErrInvalid)
+		}
+		pl.from = req.From
+		for _, st := range req.Steps {
+			pl.steps = append(pl.steps, stepFromAPI(st))
+		}
+	}
+	if len(pl.steps) > maxBuildSteps {
+		return pl, fmt.Errorf("%d steps is more than the %d a build may have: %w", len(pl.steps), maxBuildSteps, errdefs.ErrInvalid)
+	}
+	for i, st := range pl.steps {
+		if err := st.Validate(); err != nil {
+			return pl, fmt.Errorf("step %d: %w", i+1, err)
+		}
+		if st.Copy != nil && pl.context == "" {
+			return pl, fmt.Errorf("step %d copies %q from the build context, but none is given: upload one with PUT /v1/build-contexts and name it in \"context\": %w", i+1, st.Copy.Src, errdefs.ErrInvalid)
+		}
+	}
+	if pl.context != "" {
+		if _, _, err := s.contexts.Path(pl.context); err != nil {
+			return pl, err
+		}
+	}
+	for _, c := range []string{pl.startCmd, pl.readyCmd} {
+		if strings.ContainsRune(c, 0) {
+			return pl, fmt.Errorf("start_cmd and ready_cmd must not contain NUL bytes: %w", errdefs.ErrInvalid)
+		}
+	}
+	if pl.readyCmd != "" && pl.startCmd == "" {
+		return pl, fmt.Errorf("ready_cmd checks that the start_cmd is up: give a start_cmd too: %w", errdefs.ErrInvalid)
+	}
+	if err := s.checkBase(ctx, &pl); err != nil {
+		return pl, err
+	}
+	if req.RegistryAuth != nil && !strings.HasPrefix(pl.from, "docker://") {
+		return pl, fmt.Errorf("registry_auth is for a docker:// base, and this build starts from %q: %w", pl.from, errdefs.ErrInvalid)
+	}
+	l := sandbox.HostLimits()
+	if pl.vcpus < 0 || pl.vcpus > l.MaxVCPUs {
+		return pl, fmt.Errorf("vcpus %d is out of bounds: use 1 to %d: %w", pl.vcpus, l.MaxVCPUs, errdefs.ErrInvalid)
+	}
+	if pl.memoryMiB != 0 && (pl.memoryMiB < l.MinMemoryMiB || pl.memoryMiB > l.MaxMemoryMiB) {
+		return pl, fmt.Errorf("memory %d MiB is out of bounds: use %d to %d: %w", pl.memoryMiB, l.MinMemoryMiB, l.MaxMemoryMiB, errdefs.ErrInvalid)
+	}
+	if pl.diskMiB < 0 || pl.diskMiB > l.MaxDiskMiB {
+		return pl, fmt.Errorf("disk %d MiB is out of bounds: use up to %d: %w", pl.diskMiB, l.MaxDiskMiB, errdefs.ErrInvalid)
+	}
+	pol := policy.Policy{Egress: "allow"}
+	if len(req.Network) > 0 && string(req.Network) != "null" {
+		var err error
+		if pol, err = policy.Parse(req.Network); err != nil {
+			return pl, err
+		}
+		if len(pol.Secrets()) > 0 {
+			return pl, fmt.Errorf("a build's network may not inject credentials: give RUN steps what they need through the build context: %w", errdefs.ErrInvalid)
+		}
+	}
+	pl.network = pol.Normalized()
+	return pl, nil
+}
+
+// checkBase checks the build's base before anything is recorded: a
+// template that exists, a trusted registry, an uploaded archive.
+func (s *Service) checkBase(ctx context.Context, pl *plan) error {
+	switch {
+	case strings.HasPrefix(pl.from, "docker://"):
+		ref := strings.TrimPrefix(pl.from, "docker://")
+		return oci.CheckRef(ref, s.cfg.TrustedRegistries)
+	case strings.HasPrefix(pl.from, "oci-archive:"):
+		_, _, err := s.contexts.Path(strings.TrimPrefix(pl.from, "oci-archive:"))
+		return err
+	default:
+		_, err := s.rt.Templates().Resolve(pl.from)
+		return err
+	}
+}
+
+func stepFromAPI(st apiv1.BuildStep) imagebuild.Step {
+	out := imagebuild.Step{Run: st.Run, Env: st.Env, Workdir: st.Workdir, User: st.User}
+	if st.Copy != nil {
+		out.Copy = &imagebuild.Copy{Src: st.Copy.Src, Dest: st.Copy.Dest, Chown: st.Copy.Chown}
+	}
+	return out
+}
+
+// mayWrite checks that p may point name:tag at a new build: an admin key
+// any tag, a user key a new one or one it built itself, so that a tenant
+// cannot replace a template others start from (a built-in above all).
+func (s *Service) mayWrite(ctx context.Context, p Principal, name, tag string) error {
+	if p.Admin() {
+		return nil
+	}
+	b, err := s.st.LatestBuild(ctx, name, tag)
+	switch {
+	case errors.Is(err, errdefs.ErrNotFound):
+		if _, rerr := s.rt.Templates().Resolve(name + ":" + tag); rerr != nil {
+			return nil // a new name:tag
+		}
+	case err != nil:
+		return err
+	case b.Owner == p.KeyID:
+		return nil
+	}
+	return fmt.Errorf("template %s:%s was not built with this key: only an admin key may replace it; pick another name or tag: %w", name, tag, errdefs.ErrPermission)
+}
+
+// startBuild records the build and its operation and starts it.
+func (s *Service) startBuild(p Principal, pl plan, body []byte) (apiv1.TemplateOperation, error) {
+	if err := s.mayWrite(s.ctx, p, pl.name, pl.tag); err != nil {
+		return apiv1.TemplateOperation{}, err
+	}
+	now := s.now()
+	rec := store.Build{ID: ids.New("bld"), Owner: p.KeyID, Name: pl.name, Tag: pl.tag, Status: apiv1.TemplateBuilding,
+		Request: body, CreatedAt: now}
+	op := store.Operation{ID: ids.New("op"), Kind: apiv1.OpBuild, TargetID: rec.ID, Owner: p.KeyID, Status: apiv1.OpPending, CreatedAt: now}
+	bctx, cancel := context.WithCancel(s.ctx)
+	run := &running{rec: rec, op: op, cancel: cancel, done: make(chan struct{}), pins: map[string]bool{}}
+	if pl.saveFrom == "" && !strings.HasPrefix(pl.from, "docker://") && !strings.HasPrefix(pl.from, "oci-archive:") {
+		if t, err := s.rt.Templates().Resolve(pl.from); err == nil {
+			run.base = t.Ref()
+			run.pins[t.Digest] = true
+		}
+	}
+	if pl.context != "" {
+		run.contexts = append(run.contexts, pl.context)
+	}
+	if id, ok := strings.CutPrefix(pl.from, "oci-archive:"); ok {
+		run.contexts = append(run.contexts, id)
+	}
+	var err error
+	if run.log, err = newBuildLog(s.buildLogPath(rec.ID)); err != nil {
+		cancel()
+		return apiv1.TemplateOperation{}, fmt.Errorf("start the build log: %w", err)
+	}
+
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		cancel()
+		run.log.close()
+		return apiv1.TemplateOperation{}, fmt.Errorf("the server is shutting down: retry shortly: %w", errdefs.ErrUnavailable)
+	}
+	if n := len(s.builds); n >= maxQueuedBuilds {
+		s.mu.Unlock()
+		cancel()
+		run.log.close()
+		return apiv1.TemplateOperation{}, fmt.Errorf("%d builds are running or waiting, the limit: retry later: %w", n, errdefs.ErrExhausted)
+	}
+	s.builds[rec.ID] = run
+	s.work.Add(1)
+	s.mu.Unlock()
+
+	if err := s.st.InsertBuild(s.ctx, rec, op); err != nil {
+		s.mu.Lock()
+		delete(s.builds, rec.ID)
+		s.mu.Unlock()
+		cancel()
+		run.log.close()
+		os.Remove(s.buildLogPath(rec.ID))
+		s.work.Done()
+		return apiv1.TemplateOperation{}, fmt.Errorf("record build: %w", err)
+	}
+	s.m.opStarted(op.Kind)
+	go s.runBuild(bctx, run, pl)
+	return apiv1.TemplateOperation{Template: buildView(rec, pl.from, len(pl.steps)), Operation: opView(op)}, nil
+}
+
+// maxQueuedBuilds bounds the builds running or waiting on one server.
+const maxQueuedBuilds = 16
+
+// runBuild waits for the build slot, builds, tags the result and records
+// how it ended.
+func (s *Service) runBuild(ctx context.Context, run *running, pl plan) {
+	defer s.work.Done()
+	defer run.cancel()
+	if pl.release != nil {
+		defer pl.release()
+	}
+	start := time.Now()
+	log := s.log.With("build", run.rec.ID, "template", pl.name+":"+pl.tag)
+	var tpl template.Template
+	err := func() error {
+		if pl.saveFrom == "" { // a save boots nothing and waits for no slot
+			select {
+			case s.buildSlots <- struct{}{}:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			defer func() { <-s.buildSlots }()
+		}
+		run.op.Status = apiv1.OpRunning
+		if err := s.st.UpdateOperation(s.ctx, run.op); err != nil {
+			return err
+		}
+		var err error
+		if pl.saveFrom != "" {
+			tpl, err = s.saveSandbox(ctx, run, pl)
+		} else {
+			tpl, err = s.build(ctx, run, pl)
+		}
+		if err != nil {
+			return err
+		}
+		tpl, err = s.rt.Templates().Tag(pl.name, pl.tag, tpl.Digest)
+		return err
+	}()
+	if s.ctx.Err() != nil {
+		// Shutting down: the next start fails the build with a reason.
+		run.log.infof(0, "the server is shutting down; the build is cut short")
+		run.log.close()
+		s.mu.Lock()
+		delete(s.builds, run.rec.ID)
+		s.mu.Unlock()
+		close(run.done)
+		return
+	}
+	now := s.now()
+	run.rec.FinishedAt, run.op.FinishedAt = &now, &now
+	if err != nil {
+		st := errorStatus(err)
+		if errors.Is(err, context.Canceled) {
+			st = store.Error{Code: apiv1.CodeConflict, Message: "the build was cancelled"}
+		}
+		run.rec.Status, run.rec.Error = apiv1.TemplateFailed, &st
+		run.op.Status, run.op.Error = apiv1.OpFailed, &st
+		run.log.add(0, "info", "build failed: "+st.Message)
+		log.Warn("template build failed", "err", err)
+	} else {
+		run.rec.Status, run.rec.Digest = apiv1.TemplateReady, tpl.Digest
+		run.op.Status = apiv1.OpSucceeded
+		run.log.infof(0, "built %s:%s as %s in %.1f s", pl.name, pl.tag, tpl.Digest, time.Since(start).Seconds())
+		log.Info("template built", "digest", tpl.Digest, "ms", time.Since(start).Milliseconds())
+	}
+	run.log.close()
+	if err := s.st.FinishBuild(s.ctx, run.rec, run.op); err != nil {
+		log.Error("record the end of a build", "err", err)
+	}
+	s.mu.Lock()
+	delete(s.builds, run.rec.ID)
+	s.mu.Unlock()
+	close(run.done)
+	s.opFinished(run.op.ID)
+	s.m.opFinished(run.op.Kind, run.op.Status, time.Since(start))
+	if _, err := s.Reclaim(s.ctx); err != nil {
+		log.Warn("reclaim template storage", "err", err)
+	}
+	s.pruneContexts()
+}
+
+// pin marks an image as used by a build in progress.
+func (s *Service) pin(run *running, dgst string) {
+	s.mu.Lock()
+	run.pins[dgst] = true
+	s.mu.Unlock()
+}
+
+// buildState is what the steps so far set for the next ones.
+type buildState struct {
+	Env     []string `json:"env"`
+	Workdir string   `json:"workdir"`
+	User    string   `json:"user"`
+}
+
+func (b buildState) config() *template.ImageConfig {
+	return &template.ImageConfig{Env: slices.Clone(b.Env), WorkingDir: b.Workdir, User: b.User}
+}
+
+func stateOf(c *template.ImageConfig) buildState {
+	if c == nil {
+		return buildState{}
+	}
+	return buildState{Env: slices.Clone(c.Env), Workdir: c.WorkingDir, User: c.User}
+}
+
+// setEnv sets k=v in env, replacing an earlier value of k.
+func setEnv(env []string, k, v string) []string {
+	out := slices.DeleteFunc(slices.Clone(env), func(e string) bool { return strings.SplitN(e, "=", 2)[0] == k })
+	return append(out, k+"="+v)
+}
+
+func envMap(env []string) map[string]string {
+	m := map[string]string{}
+	for _, e := range env {
+		k, v, _ := strings.Cut(e, "=")
+		m[k] = v
+	}
+	return m
+}
+
+// cacheKey names the result of applying what to the image parent: the
+// same key means the same result, so a rebuild reuses it.
+func cacheKey(parts ...any) string {
+	b, _ := json.Marshal(parts)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// build runs a build's steps from its base and returns the final image,
+// stored but not yet tagged.
+func (s *Service) build(ctx context.Context, run *running, pl plan) (template.Template, error) {
+	rlog := run.log
+	store := s.rt.Templates()
+	rlog.infof(0, "build %s:%s from %s, %d steps", pl.name, pl.tag, pl.from, len(pl.steps))
+	for _, w := range pl.warnings {
+		rlog.infof(0, "warning: %s", w)
+	}
+	cur, err := s.buildBase(ctx, run, pl)
+	if err != nil {
+		return template.Template{}, fmt.Errorf("base %s: %w", pl.from, err)
+	}
+	s.pin(run, cur.Digest)
+	base := cur
+	parents := []string{cur.Digest}
+	state := stateOf(cur.Config)
+	settings := template.Settings{VCPUs: cur.VCPUs, MemoryMiB: cur.MemoryMiB, DiskMiB: cur.DiskMiB}
+	if pl.vcpus > 0 {
+		settings.VCPUs = pl.vcpus
+	}
+	if pl.memoryMiB > 0 {
+		settings.MemoryMiB = pl.memoryMiB
+	}
+	if pl.diskMiB > 0 {
+		settings.DiskMiB = pl.diskMiB
+	}
+	if min := int((cur.SizeBytes + 1<<20 - 1) >> 20); settings.DiskMiB < min {
+		settings.DiskMiB = min
+	}
+
+	var vm *builder
+	defer func() { vm.close() }()
+	for i, st := range pl.steps {
+		n := i + 1
+		rlog.infof(n, "step %d/%d: %s", n, len(pl.steps), st.String())
+		switch {
+		case st.Env != nil:
+			keys := slices.Sorted(maps.Keys(st.Env))
+			for _, k := range keys {
+				state.Env = setEnv(state.Env, k, st.Env[k])
+			}
+			continue
+		case st.Workdir != "":
+			state.Workdir = path.Join("/", state.Workdir, st.Workdir)
+			if path.IsAbs(st.Workdir) {
+				state.Workdir = path.Clean(st.Workdir)
+			}
+			continue
+		case st.User != "":
+			state.User = st.User
+			continue
+		}
+		var copyDigest string
+		var sel *imagebuild.Selection
+		if st.Copy != nil {
+			sel, err = s.contexts.Select(pl.context, st.Copy.Src)
+			if err != nil {
+				return template.Template{}, fmt.Errorf("step %d (%s): %w", n, st.String(), err)
+			}
+			copyDigest = sel.Digest
+		}
+		key := cacheKey("step", cur.Digest, st, state, copyDigest)
+		if t, ok := store.Cached(key); ok {
+			s.pin(run, t.Digest)
+			rlog.infof(n, "step %d: cached (%s)", n, t.Digest)
+			cur = t
+			parents = append(parents, cur.Digest)
+			continue
+		}
+		if vm == nil || vm.digest != cur.Digest {
+			vm.close()
+			rlog.infof(n, "starting a build sandbox from %s", cur.Digest)
+			if vm, err = s.newBuilder(ctx, cur, settings, pl.network); err != nil {
+				return template.Template{}, fmt.Errorf("step %d: start a build sandbox: %w", n, err)
+			}
+		}
+		if err := vm.ensureDir(ctx, state.Workdir); err != nil {
+			return template.Template{}, fmt.Errorf("step %d: workdir %s: %w", n, state.Workdir, err)
+		}
+		if st.Run != "" {
+			if err := vm.run(ctx, n, st, state, rlog); err != nil {
+				return template.Template{}, err
+			}
+		} else if err := vm.copyIn(ctx, n, st, sel, state); err != nil {
+			return template.Template{}, err
+		}
+		rlog.infof(n, "saving the result of step %d", n)
+		t, err := vm.save(ctx, template.Settings{VCPUs: settings.VCPUs, MemoryMiB: settings.MemoryMiB, DiskMiB: settings.DiskMiB,
+			Config: state.config(), Parents: slices.Clone(parents)})
+		if err != nil {
+			return template.Template{}, fmt.Errorf("step %d: save the result: %w", n, err)
+		}
+		s.pin(run, t.Digest)
+		if err := store.Cache(key, t.Digest); err != nil {
+			return template.Template{}, fmt.Errorf("step %d: %w", n, err)
+		}
+		cur = t
+		vm.digest = t.Digest
+		parents = append(parents, cur.Digest)
+	}
+	vm.close()
+	vm = nil
+
+	settings.StartCmd, settings.ReadyCmd = pl.startCmd, pl.readyCmd
+	if pl.startCmd == "" {
+		// The base's start command (an image's entrypoint, a template's
+		// server) and how it is known to be up.
+		settings.StartCmd, settings.ReadyCmd = base.StartCmd, base.ReadyCmd
+		settings.ReadyPort, settings.ReadyPath = base.ReadyPort, base.ReadyPath
+	}
+	settings.Config = state.config()
+	settings.Source = &template.Source{From: pl.from, Resolved: parents[0], Steps: len(pl.steps)}
+	settings.Parents = parents
+	return s.finalImage(ctx, run, cur, settings)
+}

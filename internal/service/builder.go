@@ -1,0 +1,408 @@
+package service
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"github.com/airlockhq/airlock/internal/agentclient"
+	"github.com/airlockhq/airlock/internal/agentproto"
+	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/gateway/policy"
+	"github.com/airlockhq/airlock/internal/ids"
+	"github.com/airlockhq/airlock/internal/imagebuild"
+	"github.com/airlockhq/airlock/internal/sandbox"
+	"github.com/airlockhq/airlock/internal/template"
+	"github.com/airlockhq/airlock/internal/template/oci"
+)
+
+// builder is a build's sandbox: a VM booted from the image the build has
+// reached, in which RUN and COPY steps happen, and whose disk is saved as
+// the next image after each.
+type builder struct {
+	s      *Service
+	box    *sandbox.Sandbox
+	digest string // the image its disk equals
+}
+
+// newBuilder boots a build sandbox from tpl with the build's egress. It is
+// not a sandbox of the API: no row, no lease; it dies with this process.
+func (s *Service) newBuilder(ctx context.Context, tpl template.Template, st template.Settings, pol policy.Policy) (*builder, error) {
+	select {
+	case s.slots <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	defer func() { <-s.slots }()
+	box, err := s.rt.Create(ctx, sandbox.Spec{
+		ID: ids.New("sbxbuild"), Template: tpl.Digest, ColdBoot: true, NoStart: true,
+		VCPUs: st.VCPUs, MemoryMiB: st.MemoryMiB, DiskMiB: max(st.DiskMiB, defaultBuildDiskMiB), Network: &pol,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &builder{s: s, box: box, digest: tpl.Digest}, nil
+}
+
+// close destroys the build sandbox; a nil builder is fine.
+func (b *builder) close() {
+	if b == nil || b.box == nil {
+		return
+	}
+	if err := b.box.Destroy(context.Background()); err != nil {
+		b.s.log.Warn("destroy a build sandbox", "sandbox", b.box.ID, "err", err)
+	}
+	b.box = nil
+}
+
+// ensureDir makes the working directory of a step if the image lacks it,
+// as Docker does.
+func (b *builder) ensureDir(ctx context.Context, dir string) error {
+	if dir == "" || dir == "/" {
+		return nil
+	}
+	return b.box.Agent().Mkdir(ctx, dir)
+}
+
+// run runs a RUN step with /bin/sh -c, its output going to the log. A
+// non-zero exit is the build's error, with the step's last lines.
+func (b *builder) run(ctx context.Context, n int, step imagebuild.Step, st buildState, rlog *buildLog) error {
+	cmd := step.Run
+	ctx, cancel := context.WithTimeout(ctx, stepTimeout)
+	defer cancel()
+	stdout, flushOut := rlog.writer(n, "stdout")
+	stderr, flushErr := rlog.writer(n, "stderr")
+	cwd := st.Workdir
+	if cwd == "" {
+		cwd = "/"
+	}
+	env := maps.Clone(step.Args)
+	if env == nil {
+		env = map[string]string{}
+	}
+	maps.Copy(env, envMap(st.Env)) // an ENV wins over an ARG of the same name
+	p, err := b.box.Exec(ctx, agentproto.ExecRequest{Cmd: cmd, Env: env, Cwd: cwd, User: st.User},
+		agentclient.Stdio{Stdout: stdout, Stderr: stderr})
+	if err != nil {
+		return fmt.Errorf("step %d (RUN %s): %w", n, short(cmd), err)
+	}
+	exit, err := b.box.Wait(p)
+	flushOut()
+	flushErr()
+	if err != nil {
+		return fmt.Errorf("step %d (RUN %s): %w", n, short(cmd), err)
+	}
+	if exit.ExitCode != 0 {
+		return fmt.Errorf("step %d (RUN %s) exited with code %d; its last lines:\n%s: %w",
+			n, short(cmd), exit.ExitCode, lastLinesText(rlog.lastLines(n)), errdefs.ErrInvalid)
+	}
+	return nil
+}
+
+// short cuts a command for an error message.
+func short(s string) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > 80 {
+		return s[:77] + "..."
+	}
+	return s
+}
+
+// copyIn extracts what a COPY step selected from the context at its
+// destination, owned by root or by the step's chown, as Docker does.
+func (b *builder) copyIn(ctx context.Context, n int, st imagebuild.Step, sel *imagebuild.Selection, state buildState) error {
+	what := fmt.Sprintf("step %d (%s)", n, st.String())
+	dest := st.Copy.Dest
+	if !path.IsAbs(dest) {
+		wd := state.Workdir
+		if wd == "" {
+			wd = "/"
+		}
+		trailing := strings.HasSuffix(dest, "/")
+		dest = path.Join(wd, dest)
+		if trailing && dest != "/" {
+			dest += "/"
+		}
+	}
+	if !strings.HasSuffix(dest, "/") {
+		if fi, err := b.box.Agent().Stat(ctx, dest); err == nil && fi.Type == "dir" {
+			dest += "/" // an existing directory receives the source inside it
+		}
+	}
+	root, r, err := sel.Extract(dest)
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	err = b.box.Agent().TarIn(ctx, root, r)
+	r.Close()
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	if st.Copy.Chown == "" {
+		return nil
+	}
+	targets, err := sel.Targets(dest)
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	var out bytes.Buffer
+	p, err := b.box.Exec(ctx, agentproto.ExecRequest{Argv: append([]string{"chown", "-R", "-h", st.Copy.Chown}, targets...)},
+		agentclient.Stdio{Stdout: &out, Stderr: &out})
+	if err != nil {
+		return fmt.Errorf("%s: chown: %w", what, err)
+	}
+	exit, err := b.box.Wait(p)
+	if err == nil && exit.ExitCode != 0 {
+		err = fmt.Errorf("chown exited with code %d: %s: %w", exit.ExitCode, strings.TrimSpace(out.String()), errdefs.ErrInvalid)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return nil
+}
+
+// save writes the build sandbox's disk as a new image.
+func (b *builder) save(ctx context.Context, st template.Settings) (template.Template, error) {
+	store := b.s.rt.Templates()
+	dir, err := store.TempDir("save")
+	if err != nil {
+		return template.Template{}, err
+	}
+	defer os.RemoveAll(dir)
+	img := filepath.Join(dir, "disk.ext4")
+	if err := b.box.SaveDisk(ctx, img); err != nil {
+		return template.Template{}, err
+	}
+	return store.PutImage(ctx, img, st)
+}
+
+// buildBase returns the image a build starts from: a stored template, or
+// an OCI image pulled or uploaded and flattened into a new one (cached by
+// its manifest or archive digest).
+func (s *Service) buildBase(ctx context.Context, run *running, pl plan) (template.Template, error) {
+	store := s.rt.Templates()
+	var img oci.Image
+	var key string
+	switch {
+	case strings.HasPrefix(pl.from, "docker://"):
+		opts := oci.PullOptions{Trusted: s.cfg.TrustedRegistries}
+		if pl.auth != nil {
+			opts.Username, opts.Password = pl.auth.Username, pl.auth.Password
+		}
+		run.log.infof(0, "pulling %s", strings.TrimPrefix(pl.from, "docker://"))
+		var mdigest string
+		var err error
+		if img, mdigest, err = oci.Pull(ctx, strings.TrimPrefix(pl.from, "docker://"), opts); err != nil {
+			return template.Template{}, err
+		}
+		key = cacheKey("image", mdigest)
+		run.log.infof(0, "resolved to %s", mdigest)
+	case strings.HasPrefix(pl.from, "oci-archive:"):
+		id := strings.TrimPrefix(pl.from, "oci-archive:")
+		p, dgst, err := s.contexts.Path(id)
+		if err != nil {
+			return template.Template{}, err
+		}
+		if img, err = oci.OpenArchive(p); err != nil {
+			return template.Template{}, err
+		}
+		key = cacheKey("archive", dgst)
+	default:
+		t, err := store.Resolve(pl.from)
+		if err != nil {
+			return template.Template{}, err
+		}
+		run.log.infof(0, "base template %s is %s", t.Ref(), t.Digest)
+		return t, nil
+	}
+	if t, ok := store.Cached(key); ok {
+		run.log.infof(0, "image cached as %s", t.Digest)
+		return t, nil
+	}
+	cfg, err := oci.ImageConfig(img)
+	if err != nil {
+		return template.Template{}, err
+	}
+	dir, err := store.TempDir("flatten")
+	if err != nil {
+		return template.Template{}, err
+	}
+	defer os.RemoveAll(dir)
+	root := filepath.Join(dir, "root")
+	if err := os.Mkdir(root, 0o755); err != nil {
+		return template.Template{}, err
+	}
+	run.log.infof(0, "unpacking the image's layers")
+	if err := oci.Flatten(ctx, img, root, maxFlattenBytes); err != nil {
+		return template.Template{}, err
+	}
+	conf := &template.ImageConfig{Env: cfg.Env, WorkingDir: cfg.WorkingDir, User: cfg.User}
+	settings := template.Settings{VCPUs: 1, MemoryMiB: 512, DiskMiB: defaultBuildDiskMiB, Config: conf,
+		StartCmd: entrypoint(cfg.Entrypoint, cfg.Cmd)}
+	if err := writeImageConfig(root, settings); err != nil {
+		return template.Template{}, err
+	}
+	run.log.infof(0, "making the root filesystem")
+	t, err := store.PutTree(ctx, root, settings)
+	if err != nil {
+		return template.Template{}, err
+	}
+	if err := store.Cache(key, t.Digest); err != nil {
+		return template.Template{}, err
+	}
+	return t, nil
+}
+
+// entrypoint is the shell command an image's Entrypoint and Cmd make.
+func entrypoint(ep, cmd []string) string {
+	argv := append(append([]string(nil), ep...), cmd...)
+	if len(argv) == 0 {
+		return ""
+	}
+	return imagebuild.ShellJoin(argv)
+}
+
+// imageConfigFile is what template.ImageConfigPath holds: the defaults the
+// guest agent gives every command, and the settings that make the image
+// what it is (so that two templates differing only in them differ in
+// content, and so in digest).
+type imageConfigFile struct {
+	Env        []string `json:"env,omitempty"`
+	WorkingDir string   `json:"working_dir,omitempty"`
+	User       string   `json:"user,omitempty"`
+	StartCmd   string   `json:"start_cmd,omitempty"`
+	ReadyCmd   string   `json:"ready_cmd,omitempty"`
+	VCPUs      int      `json:"vcpus,omitempty"`
+	MemoryMiB  int      `json:"memory_mib,omitempty"`
+	DiskMiB    int      `json:"disk_mib,omitempty"`
+}
+
+func imageConfigJSON(st template.Settings) []byte {
+	f := imageConfigFile{StartCmd: st.StartCmd, ReadyCmd: st.ReadyCmd, VCPUs: st.VCPUs, MemoryMiB: st.MemoryMiB, DiskMiB: st.DiskMiB}
+	if st.Config != nil {
+		f.Env, f.WorkingDir, f.User = st.Config.Env, st.Config.WorkingDir, st.Config.User
+	}
+	b, _ := json.MarshalIndent(f, "", "  ")
+	return append(b, '\n')
+}
+
+// writeImageConfig writes template.ImageConfigPath into a tree.
+func writeImageConfig(root string, st template.Settings) error {
+	p := filepath.Join(root, template.ImageConfigPath)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return fmt.Errorf("write the image configuration: %w", err)
+	}
+	os.Remove(p) // a symlink from the image is replaced, never followed
+	return os.WriteFile(p, imageConfigJSON(st), 0o644)
+}
+
+// finalImage makes the template's image: the last step's image with the
+// template's configuration written into it (template.ImageConfigPath) and
+// its working directory made, cached by both.
+func (s *Service) finalImage(ctx context.Context, run *running, cur template.Template, st template.Settings) (template.Template, error) {
+	store := s.rt.Templates()
+	conf := imageConfigJSON(st)
+	key := cacheKey("final", cur.Digest, string(conf))
+	if t, ok := store.Cached(key); ok {
+		run.log.infof(0, "configuration cached (%s)", t.Digest)
+		s.pin(run, t.Digest)
+		return t, nil
+	}
+	dir, err := store.TempDir("final")
+	if err != nil {
+		return template.Template{}, err
+	}
+	defer os.RemoveAll(dir)
+	img := filepath.Join(dir, "disk.ext4")
+	if err := copySparse(ctx, cur.Image, img); err != nil {
+		return template.Template{}, err
+	}
+	run.log.infof(0, "writing the template's configuration")
+	if err := editImage(ctx, img, conf, st.Config); err != nil {
+		return template.Template{}, err
+	}
+	t, err := store.PutImage(ctx, img, st)
+	if err != nil {
+		return template.Template{}, err
+	}
+	s.pin(run, t.Digest)
+	return t, store.Cache(key, t.Digest)
+}
+
+// copySparse copies an image file, keeping it sparse.
+func copySparse(ctx context.Context, src, dst string) error {
+	out, err := exec.CommandContext(ctx, "cp", "--sparse=always", "--reflink=auto", src, dst).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("copy %s: %s: %w", filepath.Base(src), strings.TrimSpace(string(out)), err)
+	}
+	return os.Chmod(dst, 0o644)
+}
+
+// editImage writes the configuration file into an unmounted ext4 image
+// with debugfs, and makes the working directory, after growing the image
+// by some room for them.
+func editImage(ctx context.Context, img string, conf []byte, c *template.ImageConfig) error {
+	fi, err := os.Stat(img)
+	if err != nil {
+		return err
+	}
+	if err := os.Truncate(img, fi.Size()+16<<20); err != nil {
+		return err
+	}
+	if out, err := exec.CommandContext(ctx, "resize2fs", "-f", img).CombinedOutput(); err != nil {
+		return fmt.Errorf("resize2fs: %s: %w", strings.TrimSpace(string(out)), err)
+	}
+	tmp := img + ".conf"
+	if err := os.WriteFile(tmp, conf, 0o644); err != nil {
+		return err
+	}
+	defer os.Remove(tmp)
+	var cmds []string
+	for _, d := range parentsOf(template.ImageConfigPath) {
+		cmds = append(cmds, "mkdir "+d)
+	}
+	cmds = append(cmds, "rm "+template.ImageConfigPath, "write "+tmp+" "+template.ImageConfigPath,
+		"set_inode_field "+template.ImageConfigPath+" uid 0", "set_inode_field "+template.ImageConfigPath+" gid 0")
+	if c != nil && c.WorkingDir != "" && c.WorkingDir != "/" {
+		for _, d := range parentsOf(c.WorkingDir + "/x") {
+			cmds = append(cmds, "mkdir "+d)
+		}
+	}
+	script := filepath.Join(filepath.Dir(img), "debugfs.cmds")
+	if err := os.WriteFile(script, []byte(strings.Join(cmds, "\n")+"\n"), 0o644); err != nil {
+		return err
+	}
+	if out, err := exec.CommandContext(ctx, "debugfs", "-w", "-f", script, img).CombinedOutput(); err != nil {
+		return fmt.Errorf("debugfs: %s: %w", strings.TrimSpace(string(out)), err)
+	}
+	got, err := exec.CommandContext(ctx, "debugfs", "-R", "cat "+template.ImageConfigPath, img).Output()
+	if err != nil || !bytes.Equal(got, conf) {
+		return fmt.Errorf("write %s into the image: it reads back as %q (a symlink or a file where a directory belongs?)", template.ImageConfigPath, short(string(got)))
+	}
+	if out, err := exec.CommandContext(ctx, "e2fsck", "-fy", img).CombinedOutput(); err != nil {
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() > 2 {
+			return fmt.Errorf("e2fsck: %s: %w", strings.TrimSpace(string(out)), err)
+		}
+	}
+	return nil
+}
+
+// parentsOf lists the directories above p, outermost first: "/a/b/c" gives
+// "/a" and "/a/b".
+func parentsOf(p string) []string {
+	var out []string
+	parts := strings.Split(strings.Trim(filepath.Clean(p), "/"), "/")
+	for i := 1; i < len(parts); i++ {
+		out = append(out, "/"+strings.Join(parts[:i], "/"))
+	}
+	return out
+}

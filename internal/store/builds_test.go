@@ -1,0 +1,90 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/airlockhq/airlock/internal/errdefs"
+)
+
+func TestBuilds(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t)
+	op := func(id, build string) Operation {
+		return Operation{ID: id, Kind: "build", TargetID: build, Owner: "key1", Status: "pending", CreatedAt: t0}
+	}
+	b1 := Build{ID: "bld1", Owner: "key1", Name: "web", Tag: "v1", Status: "building",
+		Request: json.RawMessage(`{"name":"web"}`), CreatedAt: t0}
+	if err := s.InsertBuild(ctx, b1, op("op1", "bld1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.InsertBuild(ctx, b1, op("op1b", "bld1")); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("a second bld1: %v, want a conflict", err)
+	}
+	if _, err := s.GetOperation(ctx, "op1b"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("the refused build's operation was stored: %v", err)
+	}
+	b2 := Build{ID: "bld2", Owner: "key2", Name: "web", Tag: "v1", Status: "building", CreatedAt: t0.Add(time.Second)}
+	if err := s.InsertBuild(ctx, b2, op("op2", "bld2")); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.LatestBuild(ctx, "web", "v1"); err != nil || got.ID != "bld2" {
+		t.Errorf("LatestBuild = %s, %v; want bld2", got.ID, err)
+	}
+	if _, err := s.LatestBuild(ctx, "web", "v2"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("LatestBuild of a tag never built: %v", err)
+	}
+
+	fin := t0.Add(time.Minute)
+	b1.Status, b1.Digest, b1.FinishedAt = "ready", "sha256:aa", &fin
+	o1 := op("op1", "bld1")
+	o1.Status, o1.FinishedAt = "succeeded", &fin
+	if err := s.FinishBuild(ctx, b1, o1); err != nil {
+		t.Fatal(err)
+	}
+	b2.Status, b2.Error, b2.FinishedAt = "failed", &Error{Code: "invalid_argument", Message: "step 1 exited with code 3"}, &fin
+	o2 := op("op2", "bld2")
+	o2.Status, o2.Error, o2.FinishedAt = "failed", b2.Error, &fin
+	if err := s.FinishBuild(ctx, b2, o2); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.GetBuild(ctx, "bld1")
+	if err != nil || got.Status != "ready" || got.Digest != "sha256:aa" || got.FinishedAt == nil || !got.FinishedAt.Equal(fin) ||
+		string(got.Request) != `{"name":"web"}` || got.Error != nil {
+		t.Errorf("GetBuild(bld1) = %+v, %v", got, err)
+	}
+	if o, err := s.GetOperation(ctx, "op2"); err != nil || o.Status != "failed" || o.Error == nil || o.Error.Message != "step 1 exited with code 3" {
+		t.Errorf("the failed build's operation = %+v, %v", o, err)
+	}
+	if err := s.FinishBuild(ctx, Build{ID: "bld9", Status: "ready"}, op("op9", "bld9")); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("FinishBuild of an unknown build: %v", err)
+	}
+	if list, err := s.ListBuilds(ctx, "failed"); err != nil || len(list) != 1 || list[0].ID != "bld2" {
+		t.Errorf("ListBuilds(failed) = %+v, %v", list, err)
+	}
+	if list, err := s.ListBuilds(ctx); err != nil || len(list) != 2 || list[0].ID != "bld1" {
+		t.Errorf("ListBuilds() = %+v, %v", list, err)
+	}
+}
+
+func TestTemplatesInUse(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t)
+	for i, tc := range []struct{ id, digest, state string }{
+		{"sbx1", "sha256:aa", "running"}, {"sbx2", "sha256:bb", "suspended"},
+		{"sbx3", "sha256:cc", "deleted"}, {"sbx4", "sha256:aa", "failed"},
+	} {
+		sb := testSandbox(tc.id, "key1")
+		sb.TemplateDigest, sb.State = tc.digest, tc.state
+		if err := s.InsertSandbox(ctx, sb, createOp("op"+tc.id, tc.id, "key1")); err != nil {
+			t.Fatalf("sandbox %d: %v", i, err)
+		}
+	}
+	got, err := s.TemplatesInUse(ctx)
+	if err != nil || len(got) != 2 || !got["sha256:aa"] || !got["sha256:bb"] || got["sha256:cc"] {
+		t.Errorf("TemplatesInUse = %v, %v; want aa and bb, not the deleted sandbox's cc", got, err)
+	}
+}
