@@ -127,6 +127,11 @@ func launchServer(env []string, args ...string) (*server, error) {
 	if err != nil {
 		return nil, err
 	}
+	return launchServerAt(home, env, args...)
+}
+
+// launchServerAt starts a server on the data directory home.
+func launchServerAt(home string, env []string, args ...string) (*server, error) {
 	addr, err := freeAddr()
 	if err != nil {
 		return nil, err

@@ -127,7 +127,9 @@ func (s *Service) GetTemplate(ctx context.Context, ref string) (apiv1.Template, 
 	} else if !errors.Is(err, errdefs.ErrNotFound) {
 		return apiv1.Template{}, err
 	}
-	if v, ok := s.withBuild(ctx, tp, name, tag); ok {
+	// Without the tag, only a build in progress or a failed one shows: a
+	// tag whose last build succeeded and that is gone was deleted.
+	if v, ok := s.withBuild(ctx, tp, name, tag); ok && (tp != nil || v.Status != apiv1.TemplateReady) {
 		return v, nil
 	}
 	return apiv1.Template{}, err
