@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 	"github.com/airlockhq/airlock/internal/sandbox"
 	"github.com/airlockhq/airlock/internal/service"
 	"github.com/airlockhq/airlock/internal/store"
+	"github.com/airlockhq/airlock/internal/template"
 )
 
 // firstOutputArgv is the command whose first stdout byte ends a sample of
@@ -53,6 +55,8 @@ type apiServer struct {
 	hc     *http.Client
 	client *apiclient.Client
 	url    string
+	// admin is the admin key's principal, for calls to the service itself.
+	admin service.Principal
 
 	// live holds the sandboxes made through the API that were not yet
 	// deleted; close deletes them. Only Run's goroutine touches it.
@@ -64,7 +68,7 @@ func (r *runner) apiServer(ctx context.Context) (*apiServer, error) {
 	if r.api != nil {
 		return r.api, nil
 	}
-	s, err := startAPIServer(ctx, r.cfg)
+	s, err := startAPIServer(ctx, r.cfg, nil)
 	if err != nil {
 		return nil, fmt.Errorf("start an API server: %w", err)
 	}
@@ -79,15 +83,19 @@ func (r *runner) apiServer(ctx context.Context) (*apiServer, error) {
 }
 
 // startAPIServer starts an apiServer as `airlock serve` would, over a
-// temporary data directory. On failure, what it started is stopped again.
-func startAPIServer(ctx context.Context, cfg Config) (_ *apiServer, err error) {
+// temporary data directory. With templates (refs), that directory's
+// templates are its own, holding only those of the data directory's (see
+// newHome), and the service reclaims what its builds leave; without, it
+// links the data directory's and reclaims nothing. On failure, what it
+// started is stopped again.
+func startAPIServer(ctx context.Context, cfg Config, templates []string) (_ *apiServer, err error) {
 	s := &apiServer{live: map[string]bool{}}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, s.close())
 		}
 	}()
-	if s.home, err = newHome(cfg.Dir); err != nil {
+	if s.home, err = newHome(cfg.Dir, templates); err != nil {
 		return nil, err
 	}
 	dir := datadir.Dir{Root: s.home}
@@ -98,12 +106,15 @@ func startAPIServer(ctx context.Context, cfg Config) (_ *apiServer, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if s.svc, err = service.New(ctx, service.Config{Dir: dir, Runtime: s.rt, Store: s.st, Log: cfg.Log}); err != nil {
+	if s.svc, err = service.New(ctx, service.Config{Dir: dir, Runtime: s.rt, Store: s.st, Log: cfg.Log, NoReclaim: templates == nil}); err != nil {
 		return nil, err
 	}
 	key, err := s.svc.EnsureAdminKey(ctx, filepath.Join(s.home, "admin.key"))
 	if err != nil {
 		return nil, err
+	}
+	if s.admin, err = s.svc.Authenticate(ctx, key); err != nil {
+		return nil, fmt.Errorf("authenticate the admin key: %w", err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -121,19 +132,67 @@ func startAPIServer(ctx context.Context, cfg Config) (_ *apiServer, err error) {
 }
 
 // newHome makes a temporary data directory that links the parts of real
-// that a server only reads. Its name is short: the sandboxes' unix sockets
-// live under it.
-func newHome(real datadir.Dir) (string, error) {
+// that a server only reads. With templates, its templates directory is
+// not a link but its own, holding those of real's templates (see
+// linkTemplates), so that a server may store, tag and reclaim there. Its
+// name is short: the sandboxes' unix sockets live under it.
+func newHome(real datadir.Dir, templates []string) (_ string, err error) {
 	home, err := os.MkdirTemp("", "alb")
 	if err != nil {
 		return "", fmt.Errorf("create a temporary data directory: %w", err)
 	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, os.RemoveAll(home))
+		}
+	}()
 	for _, name := range sharedHomeEntries {
+		if name == "templates" && templates != nil {
+			continue
+		}
 		if err := os.Symlink(filepath.Join(real.Root, name), filepath.Join(home, name)); err != nil {
-			return "", errors.Join(fmt.Errorf("link the data directory's %s: %w", name, err), os.RemoveAll(home))
+			return "", fmt.Errorf("link the data directory's %s: %w", name, err)
+		}
+	}
+	if templates != nil {
+		if err := linkTemplates(real, datadir.Dir{Root: home}, templates); err != nil {
+			return "", err
 		}
 	}
 	return home, nil
+}
+
+// linkTemplates puts the templates that refs name in src into dst's
+// templates directory: each image as a link to src's (a stored image is never
+// written again), its record and its tag as copies, so that what a server
+// records, tags or removes in dst leaves src as it was.
+func linkTemplates(src, dst datadir.Dir, refs []string) error {
+	store := template.Open(src)
+	for _, ref := range refs {
+		t, err := store.Resolve(ref)
+		if err != nil {
+			return fmt.Errorf("give the temporary data directory template %s: %w", ref, err)
+		}
+		hex := strings.TrimPrefix(t.Digest, "sha256:")
+		rec, err := os.ReadFile(filepath.Join(filepath.Dir(t.Image), "sha256-"+hex+".json"))
+		if err != nil {
+			return fmt.Errorf("read the record of template %s: %w", t.Ref(), err)
+		}
+		dir := dst.Templates()
+		if err := os.MkdirAll(filepath.Join(dir, "refs", t.Name), 0o755); err != nil {
+			return err
+		}
+		if err := os.Symlink(t.Image, filepath.Join(dir, filepath.Base(t.Image))); err != nil {
+			return fmt.Errorf("link the image of template %s: %w", t.Ref(), err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "sha256-"+hex+".json"), rec, 0o644); err != nil {
+			return fmt.Errorf("copy the record of template %s: %w", t.Ref(), err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "refs", t.Name, t.Tag), []byte(t.Digest+"\n"), 0o644); err != nil {
+			return fmt.Errorf("copy the tag of template %s: %w", t.Ref(), err)
+		}
+	}
+	return nil
 }
 
 // close deletes the sandboxes made through the API, stops the server and
@@ -264,7 +323,7 @@ func (r *runner) apiCreate(ctx context.Context) (Result, error) {
 	}
 	n := r.cfg.APIRuns
 	a, b, err := r.retryingPairs(ctx, ScenarioAPICreate, n,
-		"api", func(ctx context.Context) (time.Duration, error) { return r.apiFirstOutput(ctx, s) },
+		"api", func(ctx context.Context) (time.Duration, error) { return r.apiFirstOutput(ctx, s, r.cfg.Template) },
 		"runtime", func(ctx context.Context) (time.Duration, error) { return r.runtimeFirstOutput(ctx, s.rt, false) })
 	if err != nil {
 		return Result{}, err
@@ -295,14 +354,14 @@ func (r *runner) firstOutputTimeout() time.Duration {
 	return r.cfg.BootTimeout + execTimeout
 }
 
-// apiFirstOutput times, over the API, a create to the first stdout event
-// of a command session in the new sandbox. The command's exit (status 0)
-// and the sandbox's delete follow, untimed.
-func (r *runner) apiFirstOutput(ctx context.Context, s *apiServer) (_ time.Duration, err error) {
+// apiFirstOutput times, over the API, a create of a sandbox of template
+// tpl to the first stdout event of a command session in it. The command's
+// exit (status 0) and the sandbox's delete follow, untimed.
+func (r *runner) apiFirstOutput(ctx context.Context, s *apiServer, tpl string) (_ time.Duration, err error) {
 	ctx, cancel := context.WithTimeout(ctx, r.firstOutputTimeout())
 	defer cancel()
 	start := time.Now()
-	id, err := s.createSandbox(ctx, r.cfg.Template)
+	id, err := s.createSandbox(ctx, tpl)
 	if id != "" {
 		defer func() {
 			if derr := s.deleteSandbox(id); derr != nil {

@@ -10,7 +10,10 @@
 // one create alone, and the network (TCP throughput, connect latency and
 // DNS latency through a sandbox's gateway) against the same program on the
 // host, and E2B's JavaScript SDK (create to first output, a command's
-// round trip) against the same work over the native API.
+// round trip) against the same work over the native API, and template
+// builds (cold and cached) against booting a sandbox and running the same
+// commands, and a create from an image-built template against one from a
+// built-in template.
 // Absolute timings vary from host to host (and from minute to minute under
 // software emulation); the ratios to the baselines are what compare across
 // runs.
@@ -53,27 +56,31 @@ const (
 
 	ScenarioE2BCreate  = "e2b_create_to_first_output"
 	ScenarioE2BExecRTT = "e2b_exec_rtt"
+
+	ScenarioTemplateBuild = "template_build"
+	ScenarioImageCreate   = "image_template_create_to_first_output"
 )
 
 // Scenarios lists every scenario in the order Run runs them.
 func Scenarios() []string {
 	return []string{ScenarioBoot, ScenarioSnapshot, ScenarioExecRTT, ScenarioThroughput,
 		ScenarioNetThroughput, ScenarioNetConnect, ScenarioNetDNS, ScenarioPause,
-		ScenarioSuspend, ScenarioIdlePSS, ScenarioConcurrent, ScenarioE2BCreate, ScenarioE2BExecRTT,
-		ScenarioAPICreate, ScenarioAPIExecRTT}
+		ScenarioSuspend, ScenarioIdlePSS, ScenarioConcurrent, ScenarioTemplateBuild, ScenarioImageCreate,
+		ScenarioE2BCreate, ScenarioE2BExecRTT, ScenarioAPICreate, ScenarioAPIExecRTT}
 }
 
 // Defaults of the Config fields left zero.
 const (
-	DefaultTemplate      = "tiny"
-	DefaultBootRuns      = 5
-	DefaultExecRuns      = 200
-	DefaultThroughputMiB = 200
-	DefaultAPIRuns       = 5
-	DefaultPauseRuns     = 50
-	DefaultSuspendRuns   = 3
-	DefaultSandboxes     = 20
-	DefaultSnapshotRuns  = 5
+	DefaultTemplate          = "tiny"
+	DefaultBootRuns          = 5
+	DefaultExecRuns          = 200
+	DefaultThroughputMiB     = 200
+	DefaultAPIRuns           = 5
+	DefaultPauseRuns         = 50
+	DefaultSuspendRuns       = 3
+	DefaultSandboxes         = 20
+	DefaultSnapshotRuns      = 5
+	DefaultTemplateBuildRuns = 3
 	// DefaultBootTimeout is six times a boot under TCG (about 5 s), so a
 	// hung boot costs half a minute rather than the runtime's default
 	// minute.
@@ -86,6 +93,11 @@ const maxThroughputMiB = 1 << 20
 
 // maxSandboxes bounds Sandboxes, so a typo cannot start a thousand VMs.
 const maxSandboxes = 200
+
+// maxTemplateBuildRuns bounds TemplateBuildRuns: each sample boots two
+// sandboxes and stores images, so a typo cannot fill an afternoon or a
+// disk.
+const maxTemplateBuildRuns = 50
 
 // Config configures a bench run.
 type Config struct {
@@ -110,7 +122,8 @@ type Config struct {
 	// Default 200.
 	ThroughputMiB int
 	// APIRuns is how many sandboxes each side of api_create_to_first_output
-	// creates, one sample each. Default 5.
+	// and image_template_create_to_first_output creates, one sample each.
+	// Default 5.
 	APIRuns int
 	// PauseRuns is how many rounds of pause and resume pause_resume makes
 	// on each side. Default 50.
@@ -124,6 +137,10 @@ type Config struct {
 	// SnapshotRuns is how many samples each side of
 	// snapshot_create_to_first_output takes. Default 5.
 	SnapshotRuns int
+	// TemplateBuildRuns is how many samples template_build takes of each
+	// of its sides: a cold build, the same build cached, and the baseline.
+	// Default 3, at most 50.
+	TemplateBuildRuns int
 	// E2BSDK is the directory whose node_modules holds E2B's JavaScript
 	// SDK (npm e2b), which the e2b_ scenarios run under node. Default
 	// DefaultE2BSDK, relative to the working directory.
@@ -158,13 +175,16 @@ func (c *Config) Validate() error {
 		v    int
 	}{{"boot runs", c.BootRuns}, {"exec runs", c.ExecRuns}, {"throughput MiB", c.ThroughputMiB}, {"api runs", c.APIRuns},
 		{"pause runs", c.PauseRuns}, {"suspend runs", c.SuspendRuns}, {"sandboxes", c.Sandboxes},
-		{"snapshot runs", c.SnapshotRuns}} {
+		{"snapshot runs", c.SnapshotRuns}, {"template build runs", c.TemplateBuildRuns}} {
 		if n.v < 0 {
 			errs = append(errs, fmt.Errorf("%s must not be negative (got %d)", n.name, n.v))
 		}
 	}
 	if c.Sandboxes > maxSandboxes {
 		errs = append(errs, fmt.Errorf("sandboxes %d is above the limit of %d", c.Sandboxes, maxSandboxes))
+	}
+	if c.TemplateBuildRuns > maxTemplateBuildRuns {
+		errs = append(errs, fmt.Errorf("template build runs %d is above the limit of %d", c.TemplateBuildRuns, maxTemplateBuildRuns))
 	}
 	if c.ThroughputMiB > maxThroughputMiB {
 		errs = append(errs, fmt.Errorf("throughput MiB %d is above the limit of %d", c.ThroughputMiB, maxThroughputMiB))
@@ -215,6 +235,9 @@ func (c Config) withDefaults() Config {
 	if c.SnapshotRuns == 0 {
 		c.SnapshotRuns = DefaultSnapshotRuns
 	}
+	if c.TemplateBuildRuns == 0 {
+		c.TemplateBuildRuns = DefaultTemplateBuildRuns
+	}
 	if c.BootTimeout == 0 {
 		c.BootTimeout = DefaultBootTimeout
 	}
@@ -244,6 +267,10 @@ type runner struct {
 	// api is the server the API scenarios share, started on first use and
 	// stopped by close. Only Run's goroutine touches it.
 	api *apiServer
+	// tplAPI is the server the template scenarios share, whose templates
+	// directory is its own; started on first use and stopped by close.
+	// Only Run's goroutine touches it.
+	tplAPI *apiServer
 }
 
 // Run runs the selected scenarios one after another and reports them. Every
@@ -292,6 +319,8 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		{ScenarioSuspend, r.suspendWake},
 		{ScenarioIdlePSS, r.idlePSS},
 		{ScenarioConcurrent, r.concurrentCreate},
+		{ScenarioTemplateBuild, r.templateBuild},
+		{ScenarioImageCreate, r.imageTemplateCreate},
 		{ScenarioE2BCreate, r.e2bCreate},
 		{ScenarioE2BExecRTT, r.e2bExecRTT},
 		{ScenarioAPICreate, r.apiCreate},
@@ -339,14 +368,18 @@ func (r *runner) sandbox(ctx context.Context) (*sandbox.Sandbox, error) {
 	return sb, nil
 }
 
-// close stops the API server and destroys the shared sandbox, whichever of
-// them there is. The fleet scenarios call it first, so that no other VM
-// runs beside theirs; a later scenario that needs either starts it again.
+// close stops the API servers and destroys the shared sandbox, whichever
+// of them there are. The fleet scenarios call it first, so that no other
+// VM runs beside theirs; a later scenario that needs one starts it again.
 func (r *runner) close() error {
 	var errs []error
 	if r.api != nil {
 		errs = append(errs, r.api.close())
 		r.api = nil
+	}
+	if r.tplAPI != nil {
+		errs = append(errs, r.tplAPI.close())
+		r.tplAPI = nil
 	}
 	if r.sb != nil {
 		errs = append(errs, destroy(r.sb))

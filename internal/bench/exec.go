@@ -168,17 +168,27 @@ const stderrLimit = 1 << 10
 // runInSandbox runs argv in sb with stdout to w (nil discards) and fails
 // unless it exits 0.
 func runInSandbox(ctx context.Context, sb *sandbox.Sandbox, argv []string, w io.Writer) error {
+	return runRequest(ctx, sb, agentproto.ExecRequest{Argv: argv}, w)
+}
+
+// runRequest runs req in sb with stdout to w (nil discards) and fails
+// unless it exits 0.
+func runRequest(ctx context.Context, sb *sandbox.Sandbox, req agentproto.ExecRequest, w io.Writer) error {
+	what := req.Cmd
+	if len(req.Argv) > 0 {
+		what = req.Argv[0]
+	}
 	var stderr bytes.Buffer
-	p, err := sb.Exec(ctx, agentproto.ExecRequest{Argv: argv}, agentclient.Stdio{Stdout: w, Stderr: &stderr})
+	p, err := sb.Exec(ctx, req, agentclient.Stdio{Stdout: w, Stderr: &stderr})
 	if err != nil {
-		return fmt.Errorf("exec %s in the sandbox: %w", argv[0], err)
+		return fmt.Errorf("exec %s in the sandbox: %w", what, err)
 	}
 	exit, err := sb.Wait(p)
 	if err != nil {
-		return fmt.Errorf("wait for %s in the sandbox: %w", argv[0], err)
+		return fmt.Errorf("wait for %s in the sandbox: %w", what, err)
 	}
 	if exit.ExitCode != 0 {
-		return fmt.Errorf("%s in the sandbox exited with status %d: %s", argv[0], exit.ExitCode, clip(stderr.String()))
+		return fmt.Errorf("%s in the sandbox exited with status %d: %s", what, exit.ExitCode, clip(stderr.String()))
 	}
 	return nil
 }

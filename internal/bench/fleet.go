@@ -351,11 +351,11 @@ func (r *runner) prepareSnapshot(ctx context.Context, rt *sandbox.Runtime, spec 
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		r.progressf("the template snapshot of %s cannot be used, sandboxes will boot: %s", r.tpl.Ref(), firstLine(err.Error()))
+		r.progressf("the template snapshot of %s cannot be used, sandboxes will boot: %s", spec.Template, firstLine(err.Error()))
 		return nil
 	}
 	if d := time.Since(start); d > time.Second {
-		r.progressf("made the template snapshot of %s in %.0f ms", r.tpl.Ref(), ms(d))
+		r.progressf("made the template snapshot of %s in %.0f ms", spec.Template, ms(d))
 	}
 	return nil
 }

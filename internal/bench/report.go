@@ -91,9 +91,10 @@ type Variant struct {
 // Timings of phases that write a file (the suspend and save phases of
 // suspend_wake_512) add bytes: the largest file one run wrote. The
 // scenarios that boot a sandbox per run (boot,
-// api_create_to_first_output, snapshot_create_to_first_output) add
-// failures when runs failed and were retried; concurrent_create adds the
-// creates that failed, which fail the scenario.
+// api_create_to_first_output, snapshot_create_to_first_output,
+// template_build, image_template_create_to_first_output) add failures
+// when runs failed and were retried; concurrent_create adds the creates
+// that failed, which fail the scenario.
 type Measurement struct {
 	Runs int `json:"runs,omitempty"`
 	// Failures counts failed attempts; they are not in the statistics.

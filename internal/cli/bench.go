@@ -43,6 +43,13 @@ the ratios compare across runs):
                               of the same snapshot beside them; then N cold boots
                               vs a bare QEMU booted to its agent beside them
   concurrent_create           N sandbox creates at once vs one create alone
+  template_build              a template build of a 3-step Dockerfile FROM tiny, cold
+                              and cached, vs booting a sandbox and running the same
+                              commands in it
+  image_template_create_to_first_output
+                              HTTP API create to the first stdout of echo hi from a
+                              template built from an uploaded OCI image (busybox) vs
+                              the same from the built-in base
   e2b_create_to_first_output  E2B's JS SDK: Sandbox.create('base') to the first output
                               of commands.run('echo hi') vs the same over the native API
   e2b_exec_rtt                E2B's JS SDK: commands.run('true') round trip vs the
@@ -57,6 +64,10 @@ a server on one of this host's own addresses, which the sandbox's policy
 opens literally. The api_ scenarios serve the API in-process from a temporary data directory
 that shares this one's boot artifacts and templates. idle_pss and
 concurrent_create run N sandboxes at once (--sandboxes, default 20).
+The template scenarios serve the API the same way from a temporary data
+directory whose templates are its own (tiny and base, linked), so that
+their builds leave this one's alone; the image is made of the host's
+static busybox (/usr/bin/busybox, from busybox-static).
 The e2b_ scenarios serve E2B's API beside it and run E2B's SDK (npm e2b)
 under node, timed inside node; they need node and the SDK installed in
 --e2b-sdk DIR's node_modules (default e2e/e2bsdk, from the source tree:
@@ -72,6 +83,7 @@ Progress goes to stderr.
   airlock bench --only api_create_to_first_output,api_exec_rtt --api-runs 3
   airlock bench --only pause_resume,suspend_wake_512 --suspend-runs 3
   airlock bench --only idle_pss,concurrent_create --sandboxes 10
+  airlock bench --only template_build,image_template_create_to_first_output --build-runs 2
   airlock bench --only e2b_create_to_first_output,e2b_exec_rtt --e2b-sdk e2e/e2bsdk
   airlock bench --json -o bench.json`
 
@@ -81,11 +93,12 @@ func runBench(ctx context.Context, env *Env, args []string) error {
 	runs := fs.Int("runs", bench.DefaultBootRuns, "cold boots per side in the boot scenario")
 	execRuns := fs.Int("exec-runs", bench.DefaultExecRuns, "execs per side in the exec_rtt and api_exec_rtt scenarios")
 	mib := fs.Int("throughput-mib", bench.DefaultThroughputMiB, "`MiB` of stdout per side in the stdout_throughput scenario")
-	apiRuns := fs.Int("api-runs", bench.DefaultAPIRuns, "sandboxes per side in the api_create_to_first_output scenario")
+	apiRuns := fs.Int("api-runs", bench.DefaultAPIRuns, "sandboxes per side in the api_create_to_first_output, e2b_create_to_first_output and image_template_create_to_first_output scenarios")
 	pauseRuns := fs.Int("pause-runs", bench.DefaultPauseRuns, "rounds of pause and resume per side in the pause_resume scenario")
 	suspendRuns := fs.Int("suspend-runs", bench.DefaultSuspendRuns, "rounds of suspend and wake per side in the suspend_wake_512 scenario")
 	sandboxes := fs.Int("sandboxes", bench.DefaultSandboxes, "sandboxes at once in the idle_pss and concurrent_create scenarios")
 	snapshotRuns := fs.Int("snapshot-runs", bench.DefaultSnapshotRuns, "samples per side in the snapshot_create_to_first_output scenario")
+	buildRuns := fs.Int("build-runs", bench.DefaultTemplateBuildRuns, "builds per side (cold, cached, baseline) in the template_build scenario")
 	e2bSDK := fs.String("e2b-sdk", bench.DefaultE2BSDK, "`dir` whose node_modules holds E2B's JS SDK (npm e2b), for the e2b_ scenarios")
 	only := fs.String("only", "", "comma-separated `scenarios` to run (default: all): "+strings.Join(bench.Scenarios(), ", "))
 	accel := fs.String("accel", "auto", "accelerator: auto, kvm or tcg")
@@ -104,7 +117,7 @@ func runBench(ctx context.Context, env *Env, args []string) error {
 		v    int
 	}{{"runs", *runs}, {"exec-runs", *execRuns}, {"throughput-mib", *mib}, {"api-runs", *apiRuns},
 		{"pause-runs", *pauseRuns}, {"suspend-runs", *suspendRuns}, {"sandboxes", *sandboxes},
-		{"snapshot-runs", *snapshotRuns}} {
+		{"snapshot-runs", *snapshotRuns}, {"build-runs", *buildRuns}} {
 		if f.v < 1 {
 			return fmt.Errorf("bench: --%s must be at least 1 (got %d): %w", f.name, f.v, errdefs.ErrInvalid)
 		}
@@ -113,7 +126,7 @@ func runBench(ctx context.Context, env *Env, args []string) error {
 		Dir: env.Dir, Accel: *accel, Template: *tpl,
 		BootRuns: *runs, ExecRuns: *execRuns, ThroughputMiB: *mib, APIRuns: *apiRuns,
 		PauseRuns: *pauseRuns, SuspendRuns: *suspendRuns, Sandboxes: *sandboxes, SnapshotRuns: *snapshotRuns,
-		E2BSDK: *e2bSDK, Scenarios: splitScenarios(*only),
+		TemplateBuildRuns: *buildRuns, E2BSDK: *e2bSDK, Scenarios: splitScenarios(*only),
 		Progress: env.Stderr, Log: env.Log,
 	}
 	if err := cfg.Validate(); err != nil {
