@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/airlockhq/airlock/internal/apiclient"
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/errdefs"
 )
@@ -25,7 +26,7 @@ import (
 // a tar stream built while it is sent, never held whole. The .dockerignore
 // at its root leaves paths out. While it runs, a terminal stderr shows the
 // bytes sent so far; unless quiet, a line with the size follows.
-func uploadContext(ctx context.Context, env *Env, api *templateAPI, dir string, quiet bool) (apiv1.BuildContext, error) {
+func uploadContext(ctx context.Context, env *Env, api *apiclient.Client, dir string, quiet bool) (apiv1.BuildContext, error) {
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return apiv1.BuildContext{}, fmt.Errorf("template build: context directory: %w", err)
@@ -48,7 +49,7 @@ func uploadContext(ctx context.Context, env *Env, api *templateAPI, dir string, 
 	if !quiet && isTerminal(env.Stderr) {
 		wg.Go(func() { showUpload(env.Stderr, &body.n, stop) }) // ends when stop is closed
 	}
-	bc, err := api.putBuildContext(ctx, body)
+	bc, err := api.PutBuildContext(ctx, body)
 	close(stop)
 	wg.Wait()
 	pr.CloseWithError(errUploadEnded)

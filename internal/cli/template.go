@@ -136,10 +136,7 @@ func runTemplateBuild(ctx context.Context, env *Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	api, err := newTemplateAPI(env, c)
-	if err != nil {
-		return err
-	}
+	api := c
 	req := apiv1.CreateTemplate{Name: name, Tag: tag, Dockerfile: text, StartCmd: *startCmd, ReadyCmd: *readyCmd,
 		VCPUs: *vcpus, MemoryMiB: *memory, DiskMiB: *disk}
 	if len(buildArgs) > 0 {
@@ -152,7 +149,7 @@ func runTemplateBuild(ctx context.Context, env *Env, args []string) error {
 		}
 		req.Context = bc.ID
 	}
-	to, err := api.createTemplate(ctx, req)
+	to, err := api.CreateTemplate(ctx, req)
 	if err != nil {
 		return err
 	}
@@ -305,7 +302,7 @@ func dockerfileCopies(text string) (bool, error) {
 // followBuild follows the build log of ref to its end and prints "REF
 // DIGEST" on stdout when the build is ready; a failed build is an error
 // with the server's reason, exit status 1.
-func followBuild(ctx context.Context, env *Env, c *apiclient.Client, api *templateAPI, ref string, quiet bool) error {
+func followBuild(ctx context.Context, env *Env, c *apiclient.Client, api *apiclient.Client, ref string, quiet bool) error {
 	end, err := followBuildLog(ctx, env, api, ref, quiet)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -345,7 +342,7 @@ var errLogCut = errors.New("the build log ended before the build did")
 
 // followBuildLog shows the build log of ref from its first line, unless
 // quiet, and returns how the build ended.
-func followBuildLog(ctx context.Context, env *Env, api *templateAPI, ref string, quiet bool) (apiv1.BuildEnd, error) {
+func followBuildLog(ctx context.Context, env *Env, api *apiclient.Client, ref string, quiet bool) (apiv1.BuildEnd, error) {
 	shown := 0
 	var lastErr error
 	for failures := 0; failures <= logRetries; failures++ {
@@ -376,8 +373,8 @@ func followBuildLog(ctx context.Context, env *Env, api *templateAPI, ref string,
 // showing the lines after the first skip (shown by an earlier stream), and
 // returns the end and how many lines have been shown, this stream's and
 // the earlier ones.
-func readBuildLog(ctx context.Context, env *Env, api *templateAPI, ref string, skip int, quiet bool) (apiv1.BuildEnd, int, error) {
-	s, err := api.buildLog(ctx, ref)
+func readBuildLog(ctx context.Context, env *Env, api *apiclient.Client, ref string, skip int, quiet bool) (apiv1.BuildEnd, int, error) {
+	s, err := api.BuildLog(ctx, ref)
 	if err != nil {
 		return apiv1.BuildEnd{}, skip, err
 	}
@@ -543,13 +540,10 @@ func runTemplateRemove(ctx context.Context, env *Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	api, err := newTemplateAPI(env, c)
-	if err != nil {
-		return err
-	}
+	api := c
 	errs := make([]error, len(refs))
 	for i, ref := range refs {
-		if errs[i] = api.deleteTemplate(ctx, ref); errs[i] == nil {
+		if errs[i] = api.DeleteTemplate(ctx, ref); errs[i] == nil {
 			fmt.Fprintln(env.Stdout, ref)
 		}
 	}
@@ -590,10 +584,7 @@ func runTemplateLog(ctx context.Context, env *Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	api, err := newTemplateAPI(env, c)
-	if err != nil {
-		return err
-	}
+	api := c
 	return followBuild(ctx, env, c, api, pos[0], false)
 }
 
@@ -625,11 +616,8 @@ func runSandboxSave(ctx context.Context, env *Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	api, err := newTemplateAPI(env, c)
-	if err != nil {
-		return err
-	}
-	to, err := api.saveSandbox(ctx, pos[0], apiv1.SaveTemplate{Name: name, Tag: tag})
+	api := c
+	to, err := api.SaveSandbox(ctx, pos[0], apiv1.SaveTemplate{Name: name, Tag: tag})
 	if err != nil {
 		return err
 	}

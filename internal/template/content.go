@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -30,6 +31,9 @@ func (s *Store) PutTree(ctx context.Context, rootfsDir string, defaults Settings
 	}
 	if fi, err := os.Stat(rootfsDir); err != nil || !fi.IsDir() {
 		return Template{}, fmt.Errorf("store template: %s is not a directory: %w", rootfsDir, errdefs.ErrInvalid)
+	}
+	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
+		return Template{}, fmt.Errorf("store template: mkfs.ext4 not found (install e2fsprogs): %w", errdefs.ErrPrecondition)
 	}
 	if err := os.MkdirAll(s.dir, 0o755); err != nil {
 		return Template{}, fmt.Errorf("store template: %w", err)
@@ -73,6 +77,11 @@ func (s *Store) Tag(name, tag, dgst string) (Template, error) {
 	}
 	if _, err := s.load(dgst); err != nil {
 		return Template{}, fmt.Errorf("tag template %s: image %s: %w", ref, dgst, err)
+	}
+	// The image's record names the tag it was last given, for a template
+	// asked for by digest.
+	if err := s.nameRecord(dgst, name, tag); err != nil {
+		return Template{}, fmt.Errorf("tag template %s: %w", ref, err)
 	}
 	if err := os.MkdirAll(filepath.Join(s.dir, "refs", name), 0o755); err != nil {
 		return Template{}, fmt.Errorf("tag template %s: %w", ref, err)
@@ -280,4 +289,25 @@ func (s *Store) PutImage(ctx context.Context, path string, defaults Settings) (T
 		return Template{}, fmt.Errorf("store image: %w", err)
 	}
 	return s.load(dgst)
+}
+
+// nameRecord sets the name and tag in the record of image dgst.
+func (s *Store) nameRecord(dgst, name, tag string) error {
+	hex := strings.TrimPrefix(dgst, "sha256:")
+	b, err := os.ReadFile(s.recordPath(hex))
+	if err != nil {
+		return err
+	}
+	var r record
+	if err := json.Unmarshal(b, &r); err != nil {
+		return fmt.Errorf("read %s: %w", s.recordPath(hex), err)
+	}
+	if r.Name == name && r.Tag == tag {
+		return nil
+	}
+	r.Name, r.Tag = name, tag
+	if b, err = json.MarshalIndent(r, "", "  "); err != nil {
+		return err
+	}
+	return atomicfile.WriteBytes(s.recordPath(hex), append(b, '\n'), 0o644)
 }

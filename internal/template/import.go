@@ -3,8 +3,6 @@ package template
 import (
 	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -12,10 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"time"
 
-	"github.com/airlockhq/airlock/internal/atomicfile"
-	"github.com/airlockhq/airlock/internal/digest"
 	"github.com/airlockhq/airlock/internal/errdefs"
 )
 
@@ -34,83 +29,21 @@ const (
 )
 
 // Import makes an ext4 image of the tree at rootfsDir and stores it as
-// name:tag with the given settings. The image is built in a temporary file,
-// hashed and renamed into place; then its settings and the ref are written,
-// each atomically. Importing the same content again only moves the ref.
+// name:tag with the given settings (PutTree, then Tag). Importing the same
+// content again only moves the ref.
 func (s *Store) Import(ctx context.Context, name, tag, rootfsDir string, defaults Settings) (Template, error) {
 	if tag == "" {
 		tag = DefaultTag
 	}
 	ref := name + ":" + tag
-	if _, _, err := ParseRef(ref); err != nil || strings.HasPrefix(ref, "sha256:") {
+	if n, _, err := ParseRef(ref); err != nil || n == "" {
 		return Template{}, fmt.Errorf("import template %s: bad name or tag: %w", ref, errdefs.ErrInvalid)
 	}
-	if err := defaults.validate(); err != nil {
-		return Template{}, fmt.Errorf("import template %s: %w", ref, err)
-	}
-	if fi, err := os.Stat(rootfsDir); err != nil || !fi.IsDir() {
-		return Template{}, fmt.Errorf("import template %s: %s is not a directory: %w", ref, rootfsDir, errdefs.ErrInvalid)
-	}
-	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
-		return Template{}, fmt.Errorf("import template %s: mkfs.ext4 not found (install e2fsprogs): %w", ref, errdefs.ErrPrecondition)
-	}
-	if err := os.MkdirAll(filepath.Join(s.dir, "refs", name), 0o755); err != nil {
-		return Template{}, fmt.Errorf("import template %s: %w", ref, err)
-	}
-
-	usage, err := measureTree(rootfsDir)
+	t, err := s.PutTree(ctx, rootfsDir, defaults)
 	if err != nil {
 		return Template{}, fmt.Errorf("import template %s: %w", ref, err)
 	}
-	tmp, err := os.CreateTemp(s.dir, ".import-*.ext4")
-	if err != nil {
-		return Template{}, fmt.Errorf("import template %s: %w", ref, err)
-	}
-	tmpName := tmp.Name()
-	tmp.Close()
-	defer os.Remove(tmpName) // gone already when renamed into place
-	if err := mkfs(ctx, rootfsDir, tmpName, usage); err != nil {
-		return Template{}, fmt.Errorf("import template %s: %w", ref, err)
-	}
-	sum, size, err := digest.File(ctx, tmpName)
-	if err != nil {
-		return Template{}, fmt.Errorf("import template %s: %w", ref, err)
-	}
-	contentDigest := "sha256:" + sum
-	img := s.imagePath(sum)
-	if _, err := os.Stat(img); errors.Is(err, fs.ErrNotExist) {
-		if err := os.Chmod(tmpName, 0o444); err != nil {
-			return Template{}, fmt.Errorf("import template %s: %w", ref, err)
-		}
-		if err := syncFile(tmpName); err != nil {
-			return Template{}, fmt.Errorf("import template %s: %w", ref, err)
-		}
-		if err := os.Rename(tmpName, img); err != nil {
-			return Template{}, fmt.Errorf("import template %s: %w", ref, err)
-		}
-	}
-
-	r := record{
-		Name: name, Tag: tag, Digest: contentDigest,
-		VCPUs: defaults.VCPUs, MemoryMiB: defaults.MemoryMiB, DiskMiB: defaults.DiskMiB,
-		StartCmd: defaults.StartCmd, ReadyPort: defaults.ReadyPort, ReadyPath: defaults.ReadyPath, Recipe: defaults.Recipe,
-		SizeBytes: size, CreatedAt: time.Now().UTC().Truncate(time.Second),
-	}
-	b, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
-		return Template{}, fmt.Errorf("import template %s: %w", ref, err)
-	}
-	if err := atomicfile.WriteBytes(s.recordPath(sum), append(b, '\n'), 0o644); err != nil {
-		return Template{}, fmt.Errorf("import template %s: %w", ref, err)
-	}
-	if err := atomicfile.WriteBytes(s.refPath(name, tag), []byte(contentDigest+"\n"), 0o644); err != nil {
-		return Template{}, fmt.Errorf("import template %s: %w", ref, err)
-	}
-	t, err := s.resolveName(name, tag)
-	if err != nil {
-		return Template{}, fmt.Errorf("import template %s: read back: %w", ref, err)
-	}
-	return t, nil
+	return s.Tag(name, tag, t.Digest)
 }
 
 // treeUsage is what a directory tree needs on an ext4 filesystem.

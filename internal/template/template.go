@@ -146,8 +146,13 @@ type Template struct {
 	CreatedAt time.Time
 }
 
-// Ref returns "name:tag".
-func (t Template) Ref() string { return t.Name + ":" + t.Tag }
+// Ref returns "name:tag", or the digest of an image no tag ever named.
+func (t Template) Ref() string {
+	if t.Name == "" {
+		return t.Digest
+	}
+	return t.Name + ":" + t.Tag
+}
 
 // Settings returns the template's default sandbox settings.
 func (t Template) Settings() Settings {
