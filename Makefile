@@ -45,7 +45,9 @@ e2e: setup
 	fi
 	AIRLOCK_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m ./e2e/...
 
-test: vet unit e2e
+# Setup first, so that the unit phase's VM tests (internal/sandbox) run on
+# a fresh machine too instead of skipping for want of boot artifacts.
+test: vet setup unit e2e
 
 bench: setup
 	$(BIN)/airlock bench
