@@ -753,3 +753,54 @@ func TestTemplateTrustedRegistries(t *testing.T) {
 		t.Errorf("serve --trusted-registries with a URL: exit %d: %s", out.code, out.stderr)
 	}
 }
+
+// TestTemplateCLI builds, lists, saves and removes templates through the
+// CLI against a real server.
+func TestTemplateCLI(t *testing.T) {
+	s := buildServer(t)
+	dir := t.TempDir()
+	os.MkdirAll(filepath.Join(dir, "site"), 0o755)
+	os.WriteFile(filepath.Join(dir, "site", "index.html"), []byte("from the cli\n"), 0o644)
+	os.Symlink("index.html", filepath.Join(dir, "site", "home.html"))
+	os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte("FROM tiny\nARG GREETING=hello\nCOPY site/ /srv/site/\nRUN echo \"$GREETING\" > /srv/greeting\n"), 0o644)
+
+	r := serverCLI(t, s, "", "template", "build", "-t", "cli-site:v1", "--build-arg", "GREETING=hi there", dir)
+	if r.code != 0 || !strings.HasPrefix(r.stdout, "cli-site:v1 sha256:") {
+		t.Fatalf("template build: %d %q %s", r.code, r.stdout, r.stderr)
+	}
+	if !strings.Contains(r.stderr, "uploaded a build context") || !strings.Contains(r.stderr, "step 2") {
+		t.Errorf("template build shows no upload or progress: %s", r.stderr)
+	}
+	digest := strings.Fields(r.stdout)[1]
+	if r = serverCLI(t, s, "", "template", "ls"); r.code != 0 || !strings.Contains(r.stdout, "cli-site:v1") {
+		t.Errorf("template ls: %d %q %s", r.code, r.stdout, r.stderr)
+	}
+	if r = serverCLI(t, s, "", "template", "get", "cli-site:v1"); r.code != 0 || !strings.Contains(r.stdout, digest) {
+		t.Errorf("template get: %d %q %s", r.code, r.stdout, r.stderr)
+	}
+	sb := s.createSandbox(t, s.key, apiv1.CreateSandbox{Template: "cli-site:v1"})
+	res := s.exec(t, sb.ID, apiv1.CommandRequest{Cmd: "cat /srv/site/index.html /srv/greeting; readlink /srv/site/home.html"})
+	if res.Stdout != "from the cli\nhi there\nindex.html\n" {
+		t.Errorf("the built tree: %q %q", res.Stdout, res.Stderr)
+	}
+	if r = serverCLI(t, s, "", "sandbox", "save", sb.ID, "cli-saved"); r.code != 0 || !strings.HasPrefix(r.stdout, "cli-saved:latest sha256:") {
+		t.Errorf("sandbox save: %d %q %s", r.code, r.stdout, r.stderr)
+	}
+
+	// A failing build exits non-zero with the step's error.
+	os.WriteFile(filepath.Join(dir, "Dockerfile.bad"), []byte("FROM tiny\nRUN echo broken >&2; exit 7\n"), 0o644)
+	r = serverCLI(t, s, "", "template", "build", "-t", "cli-bad", "-f", filepath.Join(dir, "Dockerfile.bad"), dir)
+	if r.code != 1 || !strings.Contains(r.stderr, "exited with code 7") || !strings.Contains(r.stderr, "broken") {
+		t.Errorf("a failing build: %d %q %s", r.code, r.stdout, r.stderr)
+	}
+	// Bad input changes nothing.
+	if r = serverCLI(t, s, "", "template", "build", "-t", "cli-x", filepath.Join(dir, "missing")); r.code != 2 {
+		t.Errorf("a missing context: %d %s", r.code, r.stderr)
+	}
+	if r = serverCLI(t, s, "", "template", "rm", "cli-site:v1"); r.code != 0 {
+		t.Errorf("template rm: %d %s", r.code, r.stderr)
+	}
+	if r = serverCLI(t, s, "", "template", "get", "cli-site:v1"); r.code != 2 {
+		t.Errorf("template get of a removed tag: %d %q", r.code, r.stdout)
+	}
+}
