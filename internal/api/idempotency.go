@@ -23,7 +23,7 @@ const MaxIdempotencyKey = 255
 // held: their fingerprint is the method and URL only.
 func streamedBody(rt route) bool {
 	switch rt.path {
-	case "/v1/sandboxes/{id}/files", "/v1/sandboxes/{id}/archive", "/v1/commands/{id}/stdin":
+	case "/v1/sandboxes/{id}/files", "/v1/sandboxes/{id}/archive", "/v1/commands/{id}/stdin", "/v1/build-contexts":
 		return true
 	}
 	return false
