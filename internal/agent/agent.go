@@ -1,8 +1,9 @@
 // Package agent is the guest side of airlock: PID 1 of every sandbox VM. It
 // loads the kernel modules the VM needs, waits for the host on a
 // virtio-serial port, and then serves requests: init (mount the sandbox's
-// disk and switch into it), exec, file operations, and freezing the root
-// filesystem while the host copies the disk.
+// disk and switch into it), reinit (make a guest restored from a warm
+// template snapshot the sandbox it is a clone of), exec, file operations,
+// and freezing the root filesystem while the host copies the disk.
 package agent
 
 import (
@@ -41,10 +42,14 @@ type Agent struct {
 	initialized atomic.Bool
 	nextID      atomic.Uint64
 
+	// reinitMu serialises reinits, which read and replace identity.
+	reinitMu sync.Mutex
+
 	mu         sync.Mutex             // guards the fields below
 	defaultEnv map[string]string      // environment every process starts with
 	image      agentproto.ImageConfig // the template's defaults (agentproto.ImageConfigFile)
 	procs      map[string]*process    // processes by ID, kept after their exit (see exitedTTL)
+	identity   identity               // what init, or the last reinit, made the guest
 }
 
 // New returns an agent. Call Serve to run it.
@@ -236,7 +241,10 @@ func (a *Agent) handle(st net.Conn) {
 	}
 	switch req.Op {
 	case agentproto.OpPing:
-		reply(st, agentproto.Result{Pong: &agentproto.PongResult{Initialized: a.initialized.Load()}})
+		a.mu.Lock()
+		placeholder := a.identity.placeholder
+		a.mu.Unlock()
+		reply(st, agentproto.Result{Pong: &agentproto.PongResult{Initialized: a.initialized.Load(), Placeholder: placeholder}})
 	case agentproto.OpInit:
 		a.handleInit(st, req.Init)
 	case agentproto.OpExec:
@@ -249,6 +257,8 @@ func (a *Agent) handle(st net.Conn) {
 		a.handleAttach(st, req.Attach)
 	case agentproto.OpRefresh:
 		a.handleRefresh(st, req.Refresh)
+	case agentproto.OpReinit:
+		a.handleReinit(st, req.Reinit)
 	case agentproto.OpFreeze:
 		a.handleFreeze(st, req.Freeze)
 	case agentproto.OpThaw:

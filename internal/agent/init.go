@@ -49,12 +49,25 @@ func (a *Agent) handleInit(st net.Conn, req *agentproto.InitRequest) {
 			res.Warnings = append(res.Warnings, warn)
 		}
 	}
+	id := identity{hostname: req.Hostname, rootDevice: rootDevice(req.RootDevice), placeholder: req.Placeholder}
+	if req.Network != nil {
+		id.caCert = req.Network.CACert
+	}
 	a.mu.Lock()
 	a.defaultEnv = req.Env
 	a.image = image
+	a.identity = id
 	a.mu.Unlock()
 	a.initialized.Store(true)
 	reply(st, agentproto.Result{Init: res})
+}
+
+// rootDevice is the root disk an init request names, or the default.
+func rootDevice(dev string) string {
+	if dev == "" {
+		return "/dev/vda"
+	}
+	return dev
 }
 
 // systemInit sets the clock, entropy and hostname, mounts the root disk,
@@ -78,10 +91,7 @@ func systemInit(req *agentproto.InitRequest, res *agentproto.InitResult) error {
 	if unix.Uname(&uts) == nil {
 		res.Kernel = unix.ByteSliceToString(uts.Release[:])
 	}
-	dev := req.RootDevice
-	if dev == "" {
-		dev = "/dev/vda"
-	}
+	dev := rootDevice(req.RootDevice)
 	if err := os.MkdirAll(newRoot, 0o755); err != nil {
 		return err
 	}
@@ -178,14 +188,9 @@ func mountAt(dir, src, fstype string, flags uintptr, data string) error {
 // growFS resizes the ext4 filesystem mounted at dir to fill dev, whose size
 // is the sandbox's disk limit, and returns that size.
 func growFS(dev, dir string) (int64, error) {
-	f, err := os.Open(dev)
+	size, err := blockSize(dev)
 	if err != nil {
 		return 0, err
-	}
-	defer f.Close()
-	var size uint64
-	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.BLKGETSIZE64, uintptr(unsafe.Pointer(&size))); e != 0 {
-		return 0, fmt.Errorf("size of %s: %w", dev, e)
 	}
 	var sfs unix.Statfs_t
 	if err := unix.Statfs(dir, &sfs); err != nil {
@@ -205,6 +210,21 @@ func growFS(dev, dir string) (int64, error) {
 		return 0, fmt.Errorf("resize to %d blocks: %w", blocks, e)
 	}
 	return int64(size), nil
+}
+
+// blockSize is the size of block device dev in bytes, as the kernel sees
+// it now.
+func blockSize(dev string) (uint64, error) {
+	f, err := os.Open(dev)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	var size uint64
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.BLKGETSIZE64, uintptr(unsafe.Pointer(&size))); e != 0 {
+		return 0, fmt.Errorf("size of %s: %w", dev, e)
+	}
+	return size, nil
 }
 
 // mixEntropy mixes b, when there is any, into the kernel's random pool,

@@ -223,6 +223,19 @@ func (c *Client) Init(ctx context.Context, req agentproto.InitRequest) (agentpro
 	return *res.Init, nil
 }
 
+// Reinit makes a guest restored from a warm template snapshot the sandbox
+// it is a clone of (see agentproto.OpReinit).
+func (c *Client) Reinit(ctx context.Context, req agentproto.ReinitRequest) (agentproto.InitResult, error) {
+	res, err := c.call(ctx, agentproto.Request{Op: agentproto.OpReinit, Reinit: &req})
+	if err != nil {
+		return agentproto.InitResult{}, fmt.Errorf("reinit guest: %w", err)
+	}
+	if res.Init == nil {
+		return agentproto.InitResult{}, fmt.Errorf("reinit guest: the agent answered without a result")
+	}
+	return *res.Init, nil
+}
+
 // Refresh brings an initialised guest up to date after a pause or a
 // restore: its clock, and its kernel's random state.
 func (c *Client) Refresh(ctx context.Context, req agentproto.RefreshRequest) error {

@@ -46,6 +46,14 @@ const (
 	// OpSync writes the guest's dirty data and journal to its disk
 	// (sync(2)), so that the disk at rest holds what was written before.
 	OpSync = "sync"
+	// OpReinit gives an initialised guest restored from a warm template
+	// snapshot (see InitRequest.Placeholder) the identity of the sandbox
+	// it now is, in place of the template VM's: the host's clock, fresh
+	// entropy with the kernel's random generator reseeded, the sandbox's
+	// hostname and gateway CA, its default environment, and its root
+	// filesystem grown to the disk's new size. The root stays mounted and
+	// every process runs on. It answers an InitResult.
+	OpReinit = "reinit"
 )
 
 // Request opens every stream. Op selects which of the other fields apply.
@@ -60,6 +68,8 @@ type Request struct {
 	Refresh *RefreshRequest `json:"refresh,omitempty"`
 	// Freeze is the freeze operation's parameters.
 	Freeze *FreezeRequest `json:"freeze,omitempty"`
+	// Reinit is the reinit operation's parameters.
+	Reinit *ReinitRequest `json:"reinit,omitempty"`
 	// Path is the file operations' subject, absolute inside the sandbox.
 	Path string `json:"path,omitempty"`
 	// To is the destination of a move.
@@ -87,6 +97,57 @@ type InitRequest struct {
 	// Network configures the guest's network interface; nil leaves only
 	// loopback up, as for a VM without a NIC.
 	Network *NetworkConfig `json:"network,omitempty"`
+	// Placeholder marks the init of a template VM whose state becomes a
+	// warm snapshot: Hostname and the network's CA are stand-ins, which
+	// the reinit of every clone replaces by its own. Until a reinit, ping
+	// answers Placeholder.
+	Placeholder bool `json:"placeholder,omitempty"`
+}
+
+// ReinitRequest makes a guest restored from a warm template snapshot the
+// sandbox it is a clone of (OpReinit).
+type ReinitRequest struct {
+	// Hostname of the guest: it replaces the one init (or the last
+	// reinit) set, in the kernel, HostnameFile and HostsFile.
+	Hostname string `json:"hostname"`
+	// TimeUnixNano is the host's clock when the request was sent.
+	TimeUnixNano int64 `json:"time_unix_nano"`
+	// Entropy is mixed into the guest kernel's random pool, which is then
+	// reseeded.
+	Entropy []byte `json:"entropy"`
+	// Env is the default environment of every process started from now
+	// on; processes running already keep theirs.
+	Env map[string]string `json:"env,omitempty"`
+	// CACert is the PEM certificate of the sandbox's gateway CA. It
+	// replaces the one init (or the last reinit) added to the trust
+	// store; empty leaves the trust store alone.
+	CACert []byte `json:"ca_cert,omitempty"`
+	// DiskBytes is the size the host resized the root disk to. The guest
+	// learns of a resize asynchronously: the agent waits until its kernel
+	// sees the disk that large, then grows the root filesystem to fill
+	// it. 0 grows it to whatever size the disk has.
+	DiskBytes int64 `json:"disk_bytes,omitempty"`
+}
+
+// maxHostname is the longest hostname the kernel takes (HOST_NAME_MAX).
+const maxHostname = 64
+
+// Validate checks the request before anything changes.
+func (r *ReinitRequest) Validate() error {
+	switch {
+	case len(r.Hostname) > maxHostname:
+		return fmt.Errorf("hostname is longer than %d bytes", maxHostname)
+	case strings.ContainsAny(r.Hostname, " \t\n\x00"):
+		return fmt.Errorf("hostname %q contains a space, a newline or a NUL byte", r.Hostname)
+	case r.DiskBytes < 0:
+		return fmt.Errorf("disk size %d must not be negative", r.DiskBytes)
+	}
+	for k, v := range r.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
+			return fmt.Errorf("invalid environment variable %q", k)
+		}
+	}
+	return nil
 }
 
 // NetworkConfig is the guest's one network interface, whose other end is
@@ -149,7 +210,7 @@ type ThawResult struct {
 	Expired bool `json:"expired,omitempty"`
 }
 
-// InitResult describes the guest after init.
+// InitResult describes the guest after init or reinit.
 type InitResult struct {
 	Kernel    string `json:"kernel"`
 	DiskBytes int64  `json:"disk_bytes"`
@@ -291,6 +352,10 @@ type Result struct {
 // PongResult answers a ping.
 type PongResult struct {
 	Initialized bool `json:"initialized"`
+	// Placeholder is true while the guest has the stand-in identity of an
+	// init with InitRequest.Placeholder: a template VM, or a clone of its
+	// warm snapshot that no reinit has made a sandbox of yet.
+	Placeholder bool `json:"placeholder,omitempty"`
 }
 
 // Error codes the agent reports.

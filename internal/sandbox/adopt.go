@@ -75,7 +75,7 @@ func (r *Runtime) Adopt(ctx context.Context, id string, spec Spec) (*Sandbox, er
 	sb.vm, sb.owner = m, lock
 	var netMAC string // the VM's network device, when it has one
 	if rec, err := readRecord(dir); err == nil {
-		sb.Snapshot = rec.snapshot()
+		sb.Snapshot, sb.Warm = rec.snapshot(), rec.Layer != ""
 		netMAC = rec.VM.NetMAC
 	}
 	st, err := m.Status(ctx)
@@ -153,8 +153,12 @@ func (s *Sandbox) connect(ctx context.Context) error {
 		return err
 	}
 	pong, err := c.Ping(ctx)
-	if err == nil && !pong.Initialized {
+	switch {
+	case err != nil:
+	case !pong.Initialized:
 		err = errors.New("its guest was never initialised: its creation did not finish")
+	case pong.Placeholder:
+		err = errors.New("its guest still has its template snapshot's identity: its creation did not finish")
 	}
 	if err != nil {
 		c.Close()

@@ -292,33 +292,36 @@ func tempBeside(path string) (string, error) {
 
 // diskInfo is what qemu-img says of a sandbox's overlay.
 type diskInfo struct {
-	backing   string // the template image under it
-	allocated int64  // bytes the overlay takes on the host
+	backing   string // the template image at the bottom of its backing chain
+	allocated int64  // bytes the overlay (and a warm snapshot's layer under it) take on the host
 	base      int64  // bytes of the template image
 }
 
-// overlayInfo asks qemu-img about the overlay, which a running QEMU may
-// hold (hence -U: no lock is taken).
+// overlayInfo asks qemu-img about the overlay and the images under it,
+// which a running QEMU may hold (hence -U: no lock is taken). A clone of
+// a warm snapshot's is an overlay of the snapshot's disk layer, itself an
+// overlay of the template image; other sandboxes' overlays are of the
+// template image directly.
 func overlayInfo(ctx context.Context, overlay string) (diskInfo, error) {
-	out, err := runTool(ctx, "qemu-img", "info", "-U", "--output=json", overlay)
+	out, err := runTool(ctx, "qemu-img", "info", "-U", "--backing-chain", "--output=json", overlay)
 	if err != nil {
 		return diskInfo{}, err
 	}
-	var v struct {
-		Actual      int64  `json:"actual-size"`
-		Backing     string `json:"backing-filename"`
-		FullBacking string `json:"full-backing-filename"`
+	var chain []struct {
+		Filename string `json:"filename"`
+		Actual   int64  `json:"actual-size"`
 	}
-	if err := json.Unmarshal(out, &v); err != nil {
+	if err := json.Unmarshal(out, &chain); err != nil {
 		return diskInfo{}, fmt.Errorf("qemu-img info %s: %w", overlay, err)
 	}
-	info := diskInfo{backing: v.FullBacking, allocated: v.Actual}
-	if info.backing == "" {
-		info.backing = v.Backing
-	}
-	if info.backing == "" {
+	if len(chain) < 2 {
 		return diskInfo{}, fmt.Errorf("the disk %s has no template image under it", overlay)
 	}
+	var info diskInfo
+	for _, img := range chain[:len(chain)-1] {
+		info.allocated += img.Actual
+	}
+	info.backing = chain[len(chain)-1].Filename
 	if !filepath.IsAbs(info.backing) {
 		info.backing = filepath.Join(filepath.Dir(overlay), info.backing)
 	}
@@ -337,8 +340,9 @@ func freezeTimeout(info diskInfo) time.Duration {
 	return min(d, agentproto.MaxFreeze)
 }
 
-// copyOverlay writes the whole disk (overlay and template image) to dst as
-// a raw image; -U reads it while QEMU holds it.
+// copyOverlay writes the whole disk (overlay, a warm snapshot's layer and
+// template image: the backing chain flattened) to dst as a raw image; -U
+// reads it while QEMU holds it.
 func copyOverlay(ctx context.Context, overlay, dst string) error {
 	_, err := runTool(ctx, "qemu-img", "convert", "-U", "-f", "qcow2", "-O", "raw", overlay, dst)
 	return err

@@ -36,8 +36,7 @@ import (
 func agentRuntime(t *testing.T, ctx context.Context) *Runtime {
 	t.Helper()
 	host := requireVMHost(t)
-	hostTiny, err := template.Open(host).Resolve("tiny")
-	if err != nil {
+	if _, err := template.Open(host).Resolve("tiny"); err != nil {
 		t.Skipf("template tiny is missing: %v", err)
 	}
 	// Not t.TempDir: sockets live under it, and their paths must be short.
@@ -47,9 +46,7 @@ func agentRuntime(t *testing.T, ctx context.Context) *Runtime {
 	}
 	t.Cleanup(func() { os.RemoveAll(root) })
 	dd := datadir.Dir{Root: root}
-	for _, d := range []string{dd.Boot(), filepath.Join(dd.Templates(), "refs", "tiny")} {
-		mkdir(t, d)
-	}
+	mkdir(t, dd.Boot())
 	for _, p := range []string{host.Kernel(), guest.ManifestPath(host)} {
 		if err := os.Symlink(p, filepath.Join(dd.Boot(), filepath.Base(p))); err != nil {
 			t.Fatal(err)
@@ -59,23 +56,7 @@ func agentRuntime(t *testing.T, ctx context.Context) *Runtime {
 	goBuild(t, agent, "", "github.com/airlockhq/airlock/cmd/airlock-agent")
 	writeInitramfs(t, host.Initramfs(), agent, dd.Initramfs())
 
-	// The tiny template, by reference.
-	img := filepath.Join(dd.Templates(), filepath.Base(hostTiny.Image))
-	if err := os.Symlink(hostTiny.Image, img); err != nil {
-		t.Fatal(err)
-	}
-	settings, err := os.ReadFile(strings.TrimSuffix(hostTiny.Image, ".ext4") + ".json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for name, b := range map[string][]byte{
-		strings.TrimSuffix(img, ".ext4") + ".json":              settings,
-		filepath.Join(dd.Templates(), "refs", "tiny", "latest"): []byte(hostTiny.Digest + "\n"),
-	} {
-		if err := os.WriteFile(name, b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	linkHostTemplate(t, host, dd, "tiny")
 	if b, err := os.ReadFile(host.AccelVerdict()); err == nil {
 		os.WriteFile(dd.AccelVerdict(), b, 0o644)
 	}
@@ -84,6 +65,35 @@ func agentRuntime(t *testing.T, ctx context.Context) *Runtime {
 		t.Fatal(err)
 	}
 	return rt
+}
+
+// linkHostTemplate makes the host's template name one of dd's, by
+// reference: its image is a symlink to the host's, its settings and ref
+// copies. It skips the test when the host has no such template.
+func linkHostTemplate(t *testing.T, host, dd datadir.Dir, name string) template.Template {
+	t.Helper()
+	tpl, err := template.Open(host).Resolve(name)
+	if err != nil {
+		t.Skipf("template %s is missing: %v", name, err)
+	}
+	mkdir(t, filepath.Join(dd.Templates(), "refs", name))
+	img := filepath.Join(dd.Templates(), filepath.Base(tpl.Image))
+	if err := os.Symlink(tpl.Image, img); err != nil {
+		t.Fatal(err)
+	}
+	settings, err := os.ReadFile(strings.TrimSuffix(tpl.Image, ".ext4") + ".json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p, b := range map[string][]byte{
+		strings.TrimSuffix(img, ".ext4") + ".json":                       settings,
+		filepath.Join(dd.Templates(), "refs", name, template.DefaultTag): []byte(tpl.Digest + "\n"),
+	} {
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return tpl
 }
 
 // goTool finds the go command, which builds test programs.

@@ -6,10 +6,13 @@
 // the template booted once, with its RAM in a file, and saved where its
 // agent waits for init. A clone maps that file private, restores the saved
 // device state with its own disk and sockets, and is initialised as a
-// booted guest is (clock, fresh entropy, hostname, disk). Snapshots live
-// under the data directory's snapshots/, one per template, vCPU count and
-// memory size, made on first use and kept: a clone's memory file must
-// outlive it, and nothing removes a usable snapshot. A snapshot that
+// booted guest is (clock, fresh entropy, hostname, disk). A template with
+// a start command and a readiness check has a warm snapshot instead,
+// saved with its server up, whose clones are given their own identity
+// and start nothing (warm.go). Snapshots live under the data directory's
+// snapshots/, one per template, vCPU count and memory size, made on first
+// use and kept: a clone's memory file (and a warm clone's disk layer)
+// must outlive it, and nothing removes a usable snapshot. A snapshot that
 // cannot be made or restored makes Create boot the VM from scratch, as
 // Config.ColdBoot and Spec.ColdBoot ask for.
 //
@@ -226,7 +229,7 @@ func (r *Runtime) Resolve(spec Spec) (Spec, template.Template, error) {
 		spec.DiskMiB = tpl.DiskMiB
 	}
 	l := HostLimits()
-	minDisk := int((tpl.SizeBytes + (1<<20 - 1)) >> 20)
+	minDisk := minDiskMiB(tpl)
 	var errs []string
 	if spec.VCPUs < 1 || spec.VCPUs > l.MaxVCPUs {
 		errs = append(errs, fmt.Sprintf("vcpus %d is out of bounds: use 1 to %d", spec.VCPUs, l.MaxVCPUs))
@@ -254,6 +257,10 @@ type Sandbox struct {
 	// Snapshot is the directory of the template snapshot the sandbox's VM
 	// was cloned from; empty when it booted. Create, Wake and Adopt set it.
 	Snapshot string
+	// Warm is true when that snapshot is warm: the template's server came
+	// with the clone, running, and its start command never ran in the
+	// sandbox. Create, Wake and Adopt set it.
+	Warm bool
 
 	log *slog.Logger
 	vm  *vm.Machine
@@ -360,9 +367,10 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (*Sandbox, error) {
 }
 
 // started runs the template's start command in a created sandbox
-// (startTemplate) and destroys the sandbox if it does not come up.
+// (startTemplate) and destroys the sandbox if it does not come up. A
+// clone of a warm snapshot came with its server running: nothing starts.
 func (r *Runtime) started(ctx context.Context, sb *Sandbox, spec Spec) (*Sandbox, error) {
-	if spec.NoStart {
+	if spec.NoStart || sb.Warm {
 		return sb, nil
 	}
 	if err := r.startTemplate(ctx, sb); err != nil {
@@ -392,7 +400,7 @@ func (r *Runtime) boot(ctx context.Context, spec Spec, tpl template.Template) (*
 		{"create disk", func(ctx context.Context) error {
 			return createOverlay(ctx, tpl.Image, overlay, spec.DiskMiB)
 		}, nil},
-		recordStep(sb, &cfg),
+		recordStep(sb, &cfg, nil),
 		{"boot vm", func(ctx context.Context) error {
 			m, err := vm.Start(ctx, cfg, sb.log)
 			if err != nil {
@@ -442,15 +450,20 @@ func (r *Runtime) dirStep(sb *Sandbox) step {
 	}, func() { os.RemoveAll(sb.Dir); sb.owner.Close() }}
 }
 
-// recordStep records the sandbox's spec (its template by digest) and the
-// configuration its VM starts with, for Wake.
-func recordStep(sb *Sandbox, cfg *vm.Config) step {
+// recordStep records the sandbox's spec (its template by digest), the
+// configuration its VM starts with and the disk layer its disk is an
+// overlay of (layer, when not nil: see record.Layer), for Wake.
+func recordStep(sb *Sandbox, cfg *vm.Config, layer *string) step {
 	return step{"record vm config", func(context.Context) error {
 		spec := sb.Spec
 		if sb.Template.Digest != "" {
 			spec.Template = sb.Template.Digest
 		}
-		return writeRecord(sb.Dir, record{Spec: spec, VM: *cfg})
+		rec := record{Spec: spec, VM: *cfg}
+		if layer != nil {
+			rec.Layer = *layer
+		}
+		return writeRecord(sb.Dir, rec)
 	}, nil}
 }
 
@@ -476,10 +489,16 @@ func initStep(sb *Sandbox) step {
 // createOverlay makes a qcow2 disk of sizeMiB (0: the image's size)
 // backed by the read-only template image: nothing is copied.
 func createOverlay(ctx context.Context, base, path string, sizeMiB int) error {
-	args := []string{"create", "-q", "-f", "qcow2", "-b", base, "-F", "raw", path}
+	args := []string{"-b", base, "-F", "raw", path}
 	if sizeMiB > 0 {
 		args = append(args, fmt.Sprintf("%dM", sizeMiB))
 	}
+	return qemuImgCreate(ctx, args...)
+}
+
+// qemuImgCreate runs qemu-img create -q -f qcow2 with args.
+func qemuImgCreate(ctx context.Context, args ...string) error {
+	args = append([]string{"create", "-q", "-f", "qcow2"}, args...)
 	out, err := exec.CommandContext(ctx, "qemu-img", args...).CombinedOutput()
 	if err != nil {
 		if errors.Is(err, exec.ErrNotFound) {

@@ -38,7 +38,8 @@ const (
 	// restored from; it says why. The next use makes the snapshot again.
 	snapshotBrokenName = "broken"
 	// snapshotDiskName is the template VM's throwaway disk, removed once
-	// its state is saved.
+	// its state is saved. A warm snapshot keeps its disk instead, under a
+	// name of each making (layerName).
 	snapshotDiskName = "disk.qcow2"
 )
 
@@ -74,14 +75,16 @@ type failedBuild struct {
 }
 
 // TemplateSnapshot is a template's VM saved at the point where its agent
-// waits for init, before the guest has touched its disk. A sandbox is
-// created as a clone of it (Runtime.Create) rather than booted: a QEMU
-// with the same command line but the sandbox's own directory and disk,
-// its RAM mapped private from MemFile and its devices restored from
-// StateFile. A snapshot fixes the vCPU count and memory size: there is one
-// per template, vCPU count and memory size that was asked for, in the data
-// directory's snapshots/<digest hex>-<vcpus>c-<memory>m/, made on first
-// use and then kept.
+// waits for init, before the guest has touched its disk; or, warm, once
+// the guest was initialised like a sandbox and the template's start
+// command is up (see warm.go). A sandbox is created as a clone of it
+// (Runtime.Create) rather than booted: a QEMU with the same command line
+// but the sandbox's own directory and disk, its RAM mapped private from
+// MemFile and its devices restored from StateFile. A snapshot fixes the
+// vCPU count and memory size: there is one per template, vCPU count and
+// memory size that was asked for (and, warm, per start settings), in the
+// data directory's snapshots/<digest hex>-<vcpus>c-<memory>m[-w<start>]/,
+// made on first use and then kept.
 type TemplateSnapshot struct {
 	// Dir is the snapshot's directory.
 	Dir string
@@ -96,9 +99,19 @@ type TemplateSnapshot struct {
 	StateFile string
 	// VM is the configuration the template VM ran with (MemoryFile being
 	// MemFile, Dir being the snapshot's directory). A clone starts QEMU
-	// with it but its own Dir and Disk (the template VM's throwaway disk
-	// is gone: Disk is empty here), MemoryShared off and Incoming on.
+	// with it but its own Dir and Disk (Disk is empty here: a cold
+	// snapshot's disk is gone, a warm one's is Disk below), MemoryShared
+	// off and Incoming on.
 	VM vm.Config
+	// Warm is true for a snapshot taken with the template's start command
+	// up; Disk is then its disk layer, the qcow2 image the template VM
+	// wrote, which every clone's disk is an overlay of and which is never
+	// written again. DiskMiB is its size, the least a clone's disk can be.
+	// A cold snapshot has neither: a clone's disk is an overlay of the
+	// template image.
+	Warm    bool
+	Disk    string
+	DiskMiB int
 }
 
 // snapshotRecord is what snapshotRecordName holds.
@@ -119,6 +132,13 @@ type snapshotRecord struct {
 	BuiltAt time.Time `json:"built_at"`
 	// BuildMillis is how long the making took, in milliseconds.
 	BuildMillis int64 `json:"build_ms"`
+	// Warm records a warm snapshot: Start is the warmStartID of the
+	// template it was made with (the key's), Disk the file name of its
+	// disk layer in the directory and DiskMiB that layer's size.
+	Warm    bool   `json:"warm,omitempty"`
+	Start   string `json:"start,omitempty"`
+	Disk    string `json:"disk,omitempty"`
+	DiskMiB int    `json:"disk_mib,omitempty"`
 }
 
 // snapshotKey names a template snapshot.
@@ -126,25 +146,46 @@ type snapshotKey struct {
 	digest    string // "sha256:<hex>"
 	vcpus     int
 	memoryMiB int
+	// warm is the warmStartID of a warm snapshot's template, "" for a
+	// cold snapshot: a template's start settings can change without its
+	// image, and a warm snapshot holds what its start command did.
+	warm string
 }
 
+// newSnapshotKey names the snapshot a sandbox of the resolved spec is
+// cloned from: warm when startsWarm says so.
 func newSnapshotKey(tpl template.Template, spec Spec) (snapshotKey, error) {
 	hexDigest, ok := strings.CutPrefix(tpl.Digest, "sha256:")
 	if !ok || len(hexDigest) != 64 {
 		return snapshotKey{}, fmt.Errorf("template %s has no digest to name its snapshot by: %w", tpl.Ref(), errdefs.ErrPrecondition)
 	}
-	return snapshotKey{digest: tpl.Digest, vcpus: spec.VCPUs, memoryMiB: spec.MemoryMiB}, nil
+	k := snapshotKey{digest: tpl.Digest, vcpus: spec.VCPUs, memoryMiB: spec.MemoryMiB}
+	if startsWarm(spec, tpl) {
+		k.warm = warmStartID(tpl)
+	}
+	return k, nil
 }
 
-// name is the snapshot's directory name.
+// name is the snapshot's directory name: the digest's 64 hex digits and
+// then tail.
 func (k snapshotKey) name() string {
-	return fmt.Sprintf("%s-%dc-%dm", strings.TrimPrefix(k.digest, "sha256:"), k.vcpus, k.memoryMiB)
+	return strings.TrimPrefix(k.digest, "sha256:") + k.tail()
 }
 
 // short names the snapshot in its build directories, which hold the
-// template VM's sockets and so need a short path.
+// template VM's sockets and so need a short path: the first 16 hex
+// digits of the digest and then tail.
 func (k snapshotKey) short() string {
-	return fmt.Sprintf("%s-%dc-%dm", strings.TrimPrefix(k.digest, "sha256:")[:16], k.vcpus, k.memoryMiB)
+	return strings.TrimPrefix(k.digest, "sha256:")[:16] + k.tail()
+}
+
+// tail is what follows the digest in the snapshot's names.
+func (k snapshotKey) tail() string {
+	t := fmt.Sprintf("-%dc-%dm", k.vcpus, k.memoryMiB)
+	if k.warm != "" {
+		t += "-w" + k.warm
+	}
+	return t
 }
 
 // snapshotsRoot is the snapshots directory as an absolute path: a VM's
@@ -166,7 +207,8 @@ func (r *Runtime) snapshotLock(k snapshotKey) string {
 }
 
 // TemplateSnapshot returns the template snapshot for spec, whose template,
-// vCPU count and memory size are resolved as Create resolves them. It is
+// vCPU count and memory size are resolved as Create resolves them: the
+// warm one when a sandbox of spec would start warm (startsWarm). It is
 // made first when there is none, or the one there is incomplete, marked
 // broken, or made with other boot artifacts, QEMU or accelerator; that
 // takes one boot of the template. Concurrent calls, in this process or
@@ -239,16 +281,23 @@ func (r *Runtime) acquireSnapshot(ctx context.Context, tpl template.Template, sp
 		}
 		if err := r.makeSnapshot(ctx, key, tpl, origin); err != nil {
 			if ctx.Err() == nil {
-				r.mu.Lock()
-				if r.failedBuilds == nil {
-					r.failedBuilds = make(map[snapshotKey]failedBuild)
-				}
-				r.failedBuilds[key] = failedBuild{time.Now(), err}
-				r.mu.Unlock()
+				r.buildFailed(key, err)
 			}
 			return heldSnapshot{}, fmt.Errorf("make template snapshot %s: %w", key.name(), err)
 		}
 	}
+}
+
+// buildFailed records that the snapshot of key could not be made, or
+// that a clone found it unusable after it was made, so that it is not
+// made again for snapshotRetryAfter.
+func (r *Runtime) buildFailed(key snapshotKey, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.failedBuilds == nil {
+		r.failedBuilds = make(map[snapshotKey]failedBuild)
+	}
+	r.failedBuilds[key] = failedBuild{time.Now(), err}
 }
 
 // recentBuildFailure returns the failure to make the snapshot of key if it
@@ -302,6 +351,8 @@ func (r *Runtime) loadSnapshot(key snapshotKey, origin string) (TemplateSnapshot
 	switch {
 	case rec.Template != key.digest || rec.VCPUs != key.vcpus || rec.MemoryMiB != key.memoryMiB:
 		return TemplateSnapshot{}, rec, fmt.Errorf("its record is of %s with %d vcpus and %d MiB", rec.Template, rec.VCPUs, rec.MemoryMiB)
+	case rec.Warm != (key.warm != "") || rec.Start != key.warm:
+		return TemplateSnapshot{}, rec, fmt.Errorf("its record is of a snapshot warm %v (start %q), not %q", rec.Warm, rec.Start, key.warm)
 	case rec.Origin != origin:
 		return TemplateSnapshot{}, rec, errors.New("the boot artifacts or QEMU changed since it was made")
 	case rec.VM.NetMAC != gateway.GuestMAC:
@@ -314,6 +365,16 @@ func (r *Runtime) loadSnapshot(key snapshotKey, origin string) (TemplateSnapshot
 		MemFile:   filepath.Join(dir, snapshotMemName),
 		StateFile: filepath.Join(dir, snapshotStateName),
 		VM:        rec.VM,
+		Warm:      rec.Warm,
+	}
+	if rec.Warm {
+		if !isLayerName(rec.Disk) || rec.DiskMiB <= 0 {
+			return TemplateSnapshot{}, rec, fmt.Errorf("its record names disk layer %q of %d MiB", rec.Disk, rec.DiskMiB)
+		}
+		snap.Disk, snap.DiskMiB = filepath.Join(dir, rec.Disk), rec.DiskMiB
+		if fi, err := os.Stat(snap.Disk); err != nil || !fi.Mode().IsRegular() {
+			return TemplateSnapshot{}, rec, fmt.Errorf("its disk layer %s is missing", rec.Disk)
+		}
 	}
 	if snap.VM.MemoryFile != snap.MemFile {
 		return TemplateSnapshot{}, rec, fmt.Errorf("its record names memory file %s", snap.VM.MemoryFile)
@@ -376,7 +437,9 @@ func (r *Runtime) clearSnapshotLeftovers(key snapshotKey) {
 
 func clearSnapshotLeftovers(dir datadir.Dir, short string, log *slog.Logger) {
 	for _, prefix := range []string{snapshotBuildPrefix, snapshotOldPrefix} {
-		dirs, _ := filepath.Glob(filepath.Join(dir.Snapshots(), prefix+short+"-*"))
+		// The random part is digits (os.MkdirTemp's); the warm snapshot
+		// of the same template, vCPUs and memory goes on with "-w".
+		dirs, _ := filepath.Glob(filepath.Join(dir.Snapshots(), prefix+short+"-[0-9]*"))
 		for _, d := range dirs {
 			if err := os.RemoveAll(d); err != nil {
 				log.Warn("remove the leftovers of a template snapshot", "dir", d, "err", err)
@@ -409,17 +472,32 @@ func sweepSnapshots(dir datadir.Dir, log *slog.Logger) {
 // buildSnapshot boots the template once with its RAM in a file, with the
 // devices a sandbox has, waits until its agent answers (and so waits for
 // init), saves its state without RAM, stops it, and moves the snapshot
-// into place. All of it happens in a build directory, renamed into place
-// last, so the snapshot's directory is whole or absent.
+// into place. For a warm snapshot the guest is first initialised like a
+// sandbox and the template's start command started and found ready
+// (warmSteps), and the disk the template VM wrote is kept. All of it
+// happens in a build directory, renamed into place last, so the
+// snapshot's directory is whole or absent.
 func (r *Runtime) buildSnapshot(ctx context.Context, key snapshotKey, tpl template.Template, origin string) (snapshotRecord, error) {
 	start := time.Now()
 	root := r.snapshotsRoot()
 	final := r.snapshotDir(key)
 	log := r.log.With("snapshot", key.name())
+	idb := make([]byte, 8)
+	rand.Read(idb)
+	id := hex.EncodeToString(idb)
+	warm := key.warm != ""
+	diskMiB := 0 // the template image's size
+	if warm {
+		diskMiB = warmDiskMiB(tpl)
+	}
 	var build string
 	var cfg vm.Config
 	var m *vm.Machine
 	var agent *agentclient.Client
+	// The template VM as a sandbox, for a warm snapshot's gateway, init
+	// and start command.
+	tvm := newSandbox(warmHostname, "", Spec{}, log)
+	tvm.Template = tpl
 	var rec snapshotRecord
 	steps := []step{
 		{"create build directory", func(context.Context) error {
@@ -427,13 +505,18 @@ func (r *Runtime) buildSnapshot(ctx context.Context, key snapshotKey, tpl templa
 			if err != nil {
 				return err
 			}
-			build = d
+			build, tvm.Dir = d, d
+			disk := snapshotDiskName
+			if warm {
+				disk = layerName(id)
+			}
 			cfg = vm.Config{
 				Kernel: r.cfg.Dir.Kernel(), Initramfs: r.cfg.Dir.Initramfs(), Accel: r.accel, CPU: r.cpu,
 				VCPUs: key.vcpus, MemoryMiB: key.memoryMiB, Dir: build,
-				// The guest does not touch its disk before init; the
-				// device must be there all the same, as in a sandbox.
-				Disk:       filepath.Join(build, snapshotDiskName),
+				// A cold snapshot's guest does not touch its disk
+				// before init; the device must be there all the same,
+				// as in a sandbox.
+				Disk:       filepath.Join(build, disk),
 				MemoryFile: filepath.Join(build, snapshotMemName), MemoryShared: true,
 				// The network device too: a clone's gateway connects
 				// to it, and the guest configures it at init.
@@ -444,56 +527,97 @@ func (r *Runtime) buildSnapshot(ctx context.Context, key snapshotKey, tpl templa
 			}
 			return nil
 		}, func() { os.RemoveAll(build) }},
-		{"create throwaway disk", func(ctx context.Context) error {
-			// At the template's own size, the smallest a sandbox's disk
-			// is: a clone grows its disk, and the guest learns of it.
-			return createOverlay(ctx, tpl.Image, cfg.Disk, 0)
+		{"create disk", func(ctx context.Context) error {
+			// A cold snapshot's at the template's own size, the smallest
+			// a sandbox's disk is: a clone grows its disk, and the guest
+			// learns of it. A warm one's at warmDiskMiB.
+			return createOverlay(ctx, tpl.Image, cfg.Disk, diskMiB)
 		}, nil},
 		{"boot template vm", func(ctx context.Context) error {
 			var err error
 			m, err = vm.Start(ctx, cfg, log)
+			tvm.vm = m
 			return err
 		}, func() { m.Stop(context.Background()) }},
-		{"connect to agent", func(ctx context.Context) error {
-			var err error
-			if agent, err = ConnectAgent(ctx, m, r.cfg.BootTimeout); err != nil {
+	}
+	if warm {
+		steps = append(steps, step{"start gateway", func(ctx context.Context) error {
+			// Spec.Network is nil: egress is denied.
+			if err := r.startGateway(ctx, tvm, cfg.NetMAC); err != nil {
 				return err
 			}
-			pong, err := agent.Ping(ctx)
-			if err == nil && pong.Initialized {
-				err = errors.New("the agent says it is initialised")
-			}
-			if err != nil {
-				agent.Close()
-			}
+			return tvm.linkUp(ctx)
+		}, func() { tvm.closeGateway() }})
+	}
+	steps = append(steps, step{"connect to agent", func(ctx context.Context) error {
+		var err error
+		if agent, err = ConnectAgent(ctx, m, r.cfg.BootTimeout); err != nil {
 			return err
-		}, func() { agent.Close() }},
-		{"save state", func(ctx context.Context) error {
+		}
+		pong, err := agent.Ping(ctx)
+		if err == nil && pong.Initialized {
+			err = errors.New("the agent says it is initialised")
+		}
+		if err != nil {
+			agent.Close()
+			return err
+		}
+		tvm.mu.Lock()
+		tvm.agent = agent
+		tvm.mu.Unlock()
+		return nil
+	}, func() { agent.Close() }})
+	if warm {
+		steps = append(steps, r.warmSteps(tvm)...)
+	}
+	steps = append(steps,
+		step{"save state", func(ctx context.Context) error {
 			return m.SaveState(ctx, filepath.Join(build, snapshotStateName), true)
 		}, nil},
-		{"stop template vm", func(ctx context.Context) error {
+		step{"stop template vm", func(ctx context.Context) error {
 			agent.Close()
+			tvm.closeGateway()
 			m.Stop(ctx)
-			if err := os.Remove(cfg.Disk); err != nil {
-				return err
-			}
 			// The guest's RAM reached the file through the shared
 			// mapping; make it durable before the snapshot is in place.
 			return syncFile(cfg.MemoryFile)
 		}, nil},
-		{"record snapshot", func(context.Context) error {
+	)
+	if warm {
+		steps = append(steps, step{"keep disk layer", func(context.Context) error {
+			// The placeholder's gateway CA and egress log are of no use
+			// to anyone, and its key must not outlive it.
+			for _, p := range []string{gatewayDirName, EgressLogName} {
+				if err := os.RemoveAll(filepath.Join(build, p)); err != nil {
+					return err
+				}
+			}
+			// The layer under every clone's disk: never written again.
+			if err := os.Chmod(cfg.Disk, 0o444); err != nil {
+				return err
+			}
+			return syncFile(cfg.Disk)
+		}, nil})
+	} else {
+		steps = append(steps, step{"remove throwaway disk", func(context.Context) error {
+			return os.Remove(cfg.Disk)
+		}, nil})
+	}
+	steps = append(steps,
+		step{"record snapshot", func(context.Context) error {
 			fi, err := os.Stat(filepath.Join(build, snapshotStateName))
 			if err != nil {
 				return err
 			}
-			id := make([]byte, 8)
-			rand.Read(id)
 			vmc := cfg
 			vmc.Dir, vmc.Disk, vmc.MemoryFile = final, "", filepath.Join(final, snapshotMemName)
 			rec = snapshotRecord{
 				Template: key.digest, VCPUs: key.vcpus, MemoryMiB: key.memoryMiB, Origin: origin,
-				VM: vmc, StateBytes: fi.Size(), ID: hex.EncodeToString(id),
+				VM: vmc, StateBytes: fi.Size(), ID: id,
 				BuiltAt: time.Now().UTC(), BuildMillis: time.Since(start).Milliseconds(),
+			}
+			if warm {
+				rec.Warm, rec.Start, rec.Disk, rec.DiskMiB = true, key.warm, filepath.Base(cfg.Disk), diskMiB
 			}
 			b, err := json.MarshalIndent(rec, "", "  ")
 			if err != nil {
@@ -501,10 +625,10 @@ func (r *Runtime) buildSnapshot(ctx context.Context, key snapshotKey, tpl templa
 			}
 			return atomicfile.WriteBytes(filepath.Join(build, snapshotRecordName), append(b, '\n'), 0o644)
 		}, nil},
-		{"move snapshot into place", func(context.Context) error {
+		step{"move snapshot into place", func(context.Context) error {
 			return r.replaceSnapshot(key, build, final)
 		}, nil},
-	}
+	)
 	if err := runSteps(ctx, steps); err != nil {
 		return rec, err
 	}
@@ -518,8 +642,13 @@ func (r *Runtime) buildSnapshot(ctx context.Context, key snapshotKey, tpl templa
 // only a file of the right size there). The old snapshot is then removed.
 // Running clones of it are unharmed: they map its memory file, which the
 // kernel keeps while it is mapped; and a clone being restored holds the
-// snapshot's shared lock, which the caller's exclusive one excludes.
+// snapshot's shared lock, which the caller's exclusive one excludes. The
+// disk layers of the old warm snapshot that sandboxes still stand on go
+// into the new one first (carryLayers).
 func (r *Runtime) replaceSnapshot(key snapshotKey, build, final string) error {
+	if err := r.carryLayers(final, build); err != nil {
+		return err
+	}
 	err := unix.Renameat2(unix.AT_FDCWD, build, unix.AT_FDCWD, final, unix.RENAME_EXCHANGE)
 	switch {
 	case err == nil:

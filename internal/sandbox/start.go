@@ -27,10 +27,11 @@ const defaultStartTimeout = 60 * time.Second
 // server that does not come up within the timeout is an error quoting the
 // end of its log.
 //
-// It runs after every create, booted or cloned, so every sandbox pays the
-// server's start-up (for the code interpreter, a Jupyter kernel). The
-// template snapshot is taken before init, without the server; taking it
-// after the server is ready would let clones skip this wait.
+// It runs in the template VM of a warm snapshot (warm.go), and after the
+// create of every sandbox that is not a clone of one: a booted sandbox,
+// and a clone of the cold snapshot of a template that has no readiness
+// check, or of a sandbox that startsWarm excludes. Those pay the
+// server's start-up (for the code interpreter, a Jupyter kernel).
 func (r *Runtime) startTemplate(ctx context.Context, sb *Sandbox) error {
 	tpl := sb.Template
 	if tpl.StartCmd == "" && tpl.ReadyPort == 0 {

@@ -37,6 +37,10 @@ type record struct {
 	Spec Spec `json:"spec"`
 	// VM is the configuration the VM was started with.
 	VM vm.Config `json:"vm"`
+	// Layer is the disk layer (TemplateSnapshot.Disk) of the warm
+	// snapshot the VM is a clone of, which its disk is an overlay of; ""
+	// for a clone of a cold snapshot or a booted VM.
+	Layer string `json:"layer,omitempty"`
 }
 
 // snapshot is the directory of the template snapshot the VM is a clone
@@ -314,7 +318,7 @@ func (r *Runtime) Wake(ctx context.Context, id string) (*Sandbox, error) {
 			if err == nil {
 				sb = newSandbox(id, dir, rec.Spec, r.log)
 				sb.vm, sb.owner = m, lock
-				sb.Snapshot = rec.snapshot()
+				sb.Snapshot, sb.Warm = rec.snapshot(), rec.Layer != ""
 			}
 			return err
 		}, func() { m.Stop(context.Background()) }},
