@@ -110,6 +110,29 @@ const cases = [
     },
   },
   {
+    // Both kernels were started in the template snapshot: each sandbox
+    // must still draw its own random numbers.
+    name: 'two sandboxes draw different random numbers',
+    needs: ['create code-interpreter sandbox'],
+    timeoutMs: 200_000,
+    fn: async (log) => {
+      const other = await Sandbox.create({ requestTimeoutMs: 180_000, metadata: { suite: 'airlock-e2e', run: runId, role: 'code-interpreter-2' } })
+      try {
+        const code = 'import random, os\nprint(random.random(), os.urandom(8).hex())'
+        const a = (await sbx.runCode(code)).logs.stdout.join('')
+        const b = (await other.runCode(code)).logs.stdout.join('')
+        log({ a, b })
+        assert(a.trim() !== '' && b.trim() !== '', 'both printed', { a, b })
+        const [ra, ua] = a.trim().split(' ')
+        const [rb, ub] = b.trim().split(' ')
+        assert(ra !== rb, 'random.random() must differ between sandboxes', { a, b })
+        assert(ua !== ub, 'os.urandom must differ between sandboxes', { a, b })
+      } finally {
+        await other.kill()
+      }
+    },
+  },
+  {
     name: 'kill code-interpreter sandbox',
     needs: ['create code-interpreter sandbox'],
     fn: async () => {

@@ -84,6 +84,18 @@ def available_kernels():
         return set()
 
 
+# RESEED gives a kernel's random module (and numpy's global generator, if
+# numpy is loaded already) a seed from the kernel's entropy pool, which
+# the sandbox's init reseeded.
+RESEED = (
+    "import os as _airlock_os, random as _airlock_random, sys as _airlock_sys\n"
+    "_airlock_random.seed(_airlock_os.urandom(32))\n"
+    "if 'numpy' in _airlock_sys.modules:\n"
+    "    _airlock_sys.modules['numpy'].random.seed(int.from_bytes(_airlock_os.urandom(4), 'little'))\n"
+    "del _airlock_os, _airlock_random, _airlock_sys\n"
+)
+
+
 class Context:
     """A Jupyter kernel with its client; lock serialises its executions."""
 
@@ -102,6 +114,10 @@ class Context:
                             "(supported: %s)" % (language, ", ".join(langs)))
         if not os.path.isdir(cwd):
             raise HTTPError(HTTPStatus.BAD_REQUEST, "cwd %s is not a directory" % cwd)
+        # A kernel started in a template snapshot lives on in every
+        # sandbox cloned from it: its Python-level random state is
+        # reseeded from the sandbox's own entropy before it first runs code.
+        self.reseeded = False
         self.km = KernelManager(kernel_name=kernel)
         self.km.start_kernel(cwd=cwd)
         self.kc = self.km.client()
@@ -147,6 +163,9 @@ class Context:
         blocked.
         """
         with self.lock:
+            if not self.reseeded and self.language == "python":
+                self.run_silent(RESEED)
+                self.reseeded = True
             restore = None
             if env_vars and self.language == "python":
                 restore = "_airlock_env_saved"
