@@ -376,12 +376,16 @@ func (r *Runtime) loadSnapshot(key snapshotKey, origin string) (TemplateSnapshot
 			return TemplateSnapshot{}, rec, fmt.Errorf("its disk layer %s is missing", rec.Disk)
 		}
 	}
-	if snap.VM.MemoryFile != snap.MemFile {
-		return TemplateSnapshot{}, rec, fmt.Errorf("its record names memory file %s", snap.VM.MemoryFile)
-	}
 	if fi, err := os.Stat(snap.MemFile); err != nil || fi.Size() != int64(key.memoryMiB)<<20 {
 		return TemplateSnapshot{}, rec, fmt.Errorf("its memory file is missing or not %d MiB", key.memoryMiB)
 	}
+	// The record names the memory file by the path of the runtime that made
+	// it; another runtime may reach the same directory by another path (a
+	// data directory that links the snapshots of another).
+	if !sameFile(snap.VM.MemoryFile, snap.MemFile) {
+		return TemplateSnapshot{}, rec, fmt.Errorf("its record names memory file %s", snap.VM.MemoryFile)
+	}
+	snap.VM.MemoryFile = snap.MemFile
 	if fi, err := os.Stat(snap.StateFile); err != nil || fi.Size() != rec.StateBytes || fi.Size() == 0 {
 		return TemplateSnapshot{}, rec, fmt.Errorf("its state file is missing or not the %d bytes recorded", rec.StateBytes)
 	}
@@ -750,4 +754,14 @@ func syncFile(path string) error {
 	}
 	defer f.Close()
 	return f.Sync()
+}
+
+// sameFile reports whether paths a and b name the same existing file.
+func sameFile(a, b string) bool {
+	fa, err := os.Stat(a)
+	if err != nil {
+		return false
+	}
+	fb, err := os.Stat(b)
+	return err == nil && os.SameFile(fa, fb)
 }

@@ -300,3 +300,33 @@ func TestPrepareSnapshotsRefuses(t *testing.T) {
 		t.Fatalf("no specs: %v", err)
 	}
 }
+
+// A snapshot made through another path to the same directory (a data
+// directory linking another's snapshots) is usable, and named by this
+// runtime's path.
+func TestLoadSnapshotThroughLink(t *testing.T) {
+	r := testRuntime(t)
+	r.accel = vm.AccelTCG
+	key := snapshotKey{digest: "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", vcpus: 1, memoryMiB: 64}
+	const origin = "vmlinux:1:1 initramfs.cpio:1:1 qemu-system-x86_64:1:1"
+	rec := fakeSnapshot(t, r, key, origin)
+	link := filepath.Join(t.TempDir(), "other-home-snapshots")
+	if err := os.Symlink(r.snapshotsRoot(), link); err != nil {
+		t.Fatal(err)
+	}
+	rec.VM.MemoryFile = filepath.Join(link, key.name(), snapshotMemName)
+	writeSnapshotRecord(t, r.snapshotDir(key), rec)
+	snap, _, err := r.loadSnapshot(key, origin)
+	if err != nil {
+		t.Fatalf("a snapshot recorded through a link: %v", err)
+	}
+	rec.VM.MemoryFile = filepath.Join(t.TempDir(), snapshotMemName)
+	os.WriteFile(rec.VM.MemoryFile, nil, 0o644)
+	writeSnapshotRecord(t, r.snapshotDir(key), rec)
+	if _, _, err := r.loadSnapshot(key, origin); err == nil || !strings.Contains(err.Error(), "names memory file") {
+		t.Errorf("a record naming another file: %v", err)
+	}
+	if want := filepath.Join(r.snapshotDir(key), snapshotMemName); snap.VM.MemoryFile != want {
+		t.Errorf("memory file %s, want this runtime's path %s", snap.VM.MemoryFile, want)
+	}
+}
