@@ -250,6 +250,25 @@ const cases = [
     },
   },
   {
+    name: 'getMetrics',
+    needs: ['create'],
+    fn: async (log) => {
+      const info = await sbx.getInfo()
+      const metrics = await sbx.getMetrics()
+      log(metrics)
+      equal(metrics.length, 1, 'one sample, measured now')
+      const m = metrics[0]
+      assert(m.timestamp instanceof Date && Math.abs(m.timestamp - new Date()) < 60_000, 'timestamp is now', m.timestamp)
+      equal(m.cpuCount, info.cpuCount, 'cpuCount')
+      assert(m.cpuUsedPct >= 0 && m.cpuUsedPct <= 100, 'cpuUsedPct is a share', m.cpuUsedPct)
+      assert(m.memTotal > (info.memoryMB - 64) * 2 ** 20 && m.memTotal <= info.memoryMB * 2 ** 20, 'memTotal is about the memory asked for', m.memTotal)
+      assert(m.memUsed > 0 && m.memUsed < m.memTotal, 'memUsed', m.memUsed)
+      assert(m.diskTotal > 0 && m.diskUsed > 0 && m.diskUsed < m.diskTotal, 'disk', m)
+      const past = await sbx.getMetrics({ start: new Date(Date.now() - 3_600_000), end: new Date(Date.now() - 1_800_000) })
+      equal(past.length, 0, 'no samples in a past window')
+    },
+  },
+  {
     name: 'Sandbox.list by metadata',
     needs: ['create'],
     fn: async (log) => {

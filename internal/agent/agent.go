@@ -265,6 +265,8 @@ func (a *Agent) handle(st net.Conn) {
 		a.handleThaw(st)
 	case agentproto.OpSync:
 		a.handleSync(st)
+	case agentproto.OpStats:
+		a.handleStats(st)
 	case agentproto.OpRead, agentproto.OpWrite, agentproto.OpStat, agentproto.OpList,
 		agentproto.OpMkdir, agentproto.OpMove, agentproto.OpRemove, agentproto.OpTarOut, agentproto.OpTarIn:
 		if !a.initialized.Load() {

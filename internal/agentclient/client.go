@@ -277,6 +277,19 @@ func (c *Client) Sync(ctx context.Context) error {
 	return nil
 }
 
+// Stats measures the guest's CPU, memory and disk use now; it takes
+// agentproto.StatsWindow.
+func (c *Client) Stats(ctx context.Context) (agentproto.StatsResult, error) {
+	res, err := c.call(ctx, agentproto.Request{Op: agentproto.OpStats})
+	if err != nil {
+		return agentproto.StatsResult{}, fmt.Errorf("measure the guest: %w", err)
+	}
+	if res.Stats == nil {
+		return agentproto.StatsResult{}, fmt.Errorf("measure the guest: the agent answered without a result")
+	}
+	return *res.Stats, nil
+}
+
 func isFileOp(op string) bool {
 	switch op {
 	case agentproto.OpRead, agentproto.OpWrite, agentproto.OpStat, agentproto.OpList, agentproto.OpMkdir,

@@ -54,7 +54,31 @@ const (
 	// filesystem grown to the disk's new size. The root stays mounted and
 	// every process runs on. It answers an InitResult.
 	OpReinit = "reinit"
+	// OpStats measures the guest now: CPUs and their use over a short
+	// window, memory, and its root filesystem. It answers a StatsResult.
+	OpStats = "stats"
 )
+
+// StatsResult is what the guest uses now.
+type StatsResult struct {
+	// CPUCount is the number of online CPUs; CPUUsedPct their busy share
+	// over StatsWindow, 0 to 100.
+	CPUCount   int     `json:"cpu_count"`
+	CPUUsedPct float64 `json:"cpu_used_pct"`
+	// MemTotalBytes is the memory the kernel manages; MemUsedBytes what is
+	// not available to new work (total less MemAvailable); MemCacheBytes
+	// the page cache.
+	MemTotalBytes int64 `json:"mem_total_bytes"`
+	MemUsedBytes  int64 `json:"mem_used_bytes"`
+	MemCacheBytes int64 `json:"mem_cache_bytes"`
+	// DiskTotalBytes and DiskUsedBytes are the root filesystem's size and
+	// what is in use (statfs: blocks less free blocks).
+	DiskTotalBytes int64 `json:"disk_total_bytes"`
+	DiskUsedBytes  int64 `json:"disk_used_bytes"`
+}
+
+// StatsWindow is how long OpStats watches the CPUs.
+const StatsWindow = 200 * time.Millisecond
 
 // Request opens every stream. Op selects which of the other fields apply.
 type Request struct {
@@ -341,12 +365,13 @@ type Stat struct {
 
 // Result ends a request: either Error or the fields of the operation.
 type Result struct {
-	Error *Error      `json:"error,omitempty"`
-	Init  *InitResult `json:"init,omitempty"`
-	Stat  *Stat       `json:"stat,omitempty"`
-	Items []Stat      `json:"items,omitempty"`
-	Pong  *PongResult `json:"pong,omitempty"`
-	Thaw  *ThawResult `json:"thaw,omitempty"`
+	Error *Error       `json:"error,omitempty"`
+	Init  *InitResult  `json:"init,omitempty"`
+	Stat  *Stat        `json:"stat,omitempty"`
+	Items []Stat       `json:"items,omitempty"`
+	Pong  *PongResult  `json:"pong,omitempty"`
+	Thaw  *ThawResult  `json:"thaw,omitempty"`
+	Stats *StatsResult `json:"stats,omitempty"`
 }
 
 // PongResult answers a ping.

@@ -142,6 +142,7 @@ func (s *Server) routes() []route {
 
 		{"PUT", "/v1/sandboxes/{id}/network", authKey, nil, jsonCall(http.StatusOK, s.setNetwork)},
 		{"GET", "/v1/sandboxes/{id}/egress-log", authKey, []string{"limit"}, s.egressLog},
+		{"GET", "/v1/sandboxes/{id}/metrics", authKey, nil, s.sandboxMetrics},
 		{"", "/v1/sandboxes/{id}/ports/{port}/{path...}", authKey, anyParams, s.ports},
 		{"GET", "/v1/sandboxes/{id}/tunnel/{port}", authKey, nil, s.tunnel},
 

@@ -503,3 +503,12 @@ func (s *Server) buildLog(w http.ResponseWriter, r *http.Request, p service.Prin
 	started().event(0, "end", data)
 	return nil
 }
+
+func (s *Server) sandboxMetrics(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	m, err := s.svc.SandboxMetrics(r.Context(), p, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, m)
+	return nil
+}

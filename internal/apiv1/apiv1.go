@@ -448,3 +448,16 @@ type EgressEvent struct {
 	BytesOut int64     `json:"bytes_out"`
 	BytesIn  int64     `json:"bytes_in"`
 }
+
+// SandboxMetrics is the answer to GET /v1/sandboxes/{id}/metrics: what the
+// sandbox uses, measured in its guest when asked.
+type SandboxMetrics struct {
+	CPUUsedPct   float64   `json:"cpu_used_pct"`
+	CPUCount     int       `json:"cpu_count"`
+	MemUsedMiB   int64     `json:"mem_used_mib"`
+	MemTotalMiB  int64     `json:"mem_total_mib"`
+	MemCacheMiB  int64     `json:"mem_cache_mib"`
+	DiskUsedMiB  int64     `json:"disk_used_mib"`
+	DiskTotalMiB int64     `json:"disk_total_mib"`
+	Time         time.Time `json:"time"`
+}

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -741,13 +743,59 @@ func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request, p service.Pr
 	return nil
 }
 
+// sandboxMetric is E2B's SandboxMetric: bytes, and a CPU share in percent.
+type sandboxMetric struct {
+	Timestamp     string  `json:"timestamp"`
+	TimestampUnix int64   `json:"timestampUnix"`
+	CPUCount      int     `json:"cpuCount"`
+	CPUUsedPct    float64 `json:"cpuUsedPct"`
+	MemUsed       int64   `json:"memUsed"`
+	MemTotal      int64   `json:"memTotal"`
+	MemCache      int64   `json:"memCache"`
+	DiskUsed      int64   `json:"diskUsed"`
+	DiskTotal     int64   `json:"diskTotal"`
+}
+
 // metrics is GET /sandboxes/{id}/metrics. airlock keeps no history of a
-// sandbox's usage, so the list is empty.
+// sandbox's use: a running sandbox is measured now, and that one sample
+// is the list when now lies in the asked window (start and end, unix
+// seconds, both optional). A paused or suspended sandbox uses no CPU and
+// has no guest to ask: its list is empty.
 func (s *Server) metrics(w http.ResponseWriter, r *http.Request, p service.Principal) error {
-	if _, err := s.sandbox(r.Context(), p, r.PathValue("id")); err != nil {
+	sb, err := s.sandbox(r.Context(), p, r.PathValue("id"))
+	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, []struct{}{})
+	var window [2]int64
+	for i, k := range []string{"start", "end"} {
+		v := r.URL.Query().Get(k)
+		if v == "" {
+			continue
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return fmt.Errorf("%s %q is not unix seconds: %w", k, v, errdefs.ErrInvalid)
+		}
+		window[i] = n
+	}
+	out := []sandboxMetric{}
+	now := time.Now().UTC()
+	inWindow := (window[0] == 0 || now.Unix() >= window[0]) && (window[1] == 0 || now.Unix() <= window[1])
+	if sb.State == apiv1.StateRunning && inWindow {
+		st, err := s.svc.GuestStats(r.Context(), p, sb.ID)
+		if err != nil && !errors.Is(err, errdefs.ErrConflict) {
+			return err
+		}
+		if err == nil {
+			out = append(out, sandboxMetric{
+				Timestamp: now.Format(time.RFC3339), TimestampUnix: now.Unix(),
+				CPUCount: st.CPUCount, CPUUsedPct: math.Round(st.CPUUsedPct*100) / 100,
+				MemUsed: st.MemUsedBytes, MemTotal: st.MemTotalBytes, MemCache: st.MemCacheBytes,
+				DiskUsed: st.DiskUsedBytes, DiskTotal: st.DiskTotalBytes,
+			})
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
 	return nil
 }
 

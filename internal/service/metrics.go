@@ -1,11 +1,16 @@
 package service
 
 import (
+	"context"
+	"fmt"
+	"math"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/airlockhq/airlock/internal/agentproto"
 	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/errdefs"
 )
 
 // Metrics are the service's Prometheus metrics. A nil *Metrics counts
@@ -108,4 +113,40 @@ func (m *Metrics) streamed(n int) {
 	if m != nil && n > 0 {
 		m.bytes.Add(float64(n))
 	}
+}
+
+// GuestStats measures a running sandbox now, from inside its guest: CPU
+// use over agentproto.StatsWindow, memory and its root filesystem.
+func (s *Service) GuestStats(ctx context.Context, p Principal, id string) (agentproto.StatsResult, error) {
+	lv, _, err := s.runningSandbox(ctx, p, id)
+	if err != nil {
+		return agentproto.StatsResult{}, err
+	}
+	box, _, err := lv.vm()
+	if err != nil {
+		return agentproto.StatsResult{}, err
+	}
+	agent := box.Agent()
+	if agent == nil {
+		return agentproto.StatsResult{}, fmt.Errorf("sandbox %s has no agent session: retry shortly: %w", id, errdefs.ErrUnavailable)
+	}
+	st, err := agent.Stats(ctx)
+	if err != nil {
+		return agentproto.StatsResult{}, fmt.Errorf("measure sandbox %s: %w", id, err)
+	}
+	return st, nil
+}
+
+// SandboxMetrics is GuestStats as the API shows it.
+func (s *Service) SandboxMetrics(ctx context.Context, p Principal, id string) (apiv1.SandboxMetrics, error) {
+	st, err := s.GuestStats(ctx, p, id)
+	if err != nil {
+		return apiv1.SandboxMetrics{}, err
+	}
+	return apiv1.SandboxMetrics{
+		CPUUsedPct: math.Round(st.CPUUsedPct*10) / 10, CPUCount: st.CPUCount,
+		MemUsedMiB: st.MemUsedBytes >> 20, MemTotalMiB: st.MemTotalBytes >> 20, MemCacheMiB: st.MemCacheBytes >> 20,
+		DiskUsedMiB: st.DiskUsedBytes >> 20, DiskTotalMiB: st.DiskTotalBytes >> 20,
+		Time: s.now(),
+	}, nil
 }
