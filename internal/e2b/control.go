@@ -43,8 +43,8 @@ func (s *Server) routes() []route {
 		{"POST", "/sandboxes/{id}/resume", s.resume},
 		{"PUT", "/sandboxes/{id}/network", s.setNetwork},
 		{"GET", "/sandboxes/{id}/metrics", s.metrics},
-		{"GET", "/sandboxes/{id}/logs", s.logs(false)},
-		{"GET", "/v2/sandboxes/{id}/logs", s.logs(true)},
+		{"GET", "/sandboxes/{id}/logs", s.logs},
+		{"GET", "/v2/sandboxes/{id}/logs", s.logs},
 
 		{"POST", "/sandboxes/{id}/fork", unsupportedRoute("forking a sandbox (Sandbox.fork)")},
 		{"POST", "/sandboxes/{id}/snapshots", unsupportedRoute("snapshots (createSnapshot); airlock's native POST /v1/sandboxes/{id}/template makes a template of a sandbox")},
@@ -799,18 +799,16 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request, p service.Princ
 	return nil
 }
 
-// logs is GET /sandboxes/{id}/logs and its v2. A sandbox's console is not
-// exposed, so there are no entries.
-func (s *Server) logs(v2 bool) handler {
-	return func(w http.ResponseWriter, r *http.Request, p service.Principal) error {
-		if _, err := s.sandbox(r.Context(), p, r.PathValue("id")); err != nil {
-			return err
-		}
-		if v2 {
-			writeJSON(w, http.StatusOK, map[string][]struct{}{"logs": {}})
-		} else {
-			writeJSON(w, http.StatusOK, map[string][]struct{}{"logs": {}, "logEntries": {}})
-		}
-		return nil
+// logsWhat names what the logs routes would serve: airlock keeps no log
+// stream of a sandbox as E2B does (a template's start command writes to a
+// file in the guest instead).
+const logsWhat = "sandbox logs (the E2B CLI's sandbox logs): a template's start command writes its output to /var/log/airlock-start.log in the sandbox, and commands stream their own"
+
+// logs is GET /sandboxes/{id}/logs and its v2: 501, for a sandbox the key
+// may see (another tenant's is 404, as everywhere).
+func (s *Server) logs(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	if _, err := s.sandbox(r.Context(), p, r.PathValue("id")); err != nil {
+		return err
 	}
+	return unsupportedRoute(logsWhat)(w, r, p)
 }
