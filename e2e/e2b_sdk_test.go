@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 // The E2B SDK tests run E2B's own JavaScript SDK (npm e2b and
@@ -126,7 +127,7 @@ func TestE2BSDK(t *testing.T) {
 			// missing template is never a silent pass.
 			reason := fmt.Sprintf("runCode was not run: the server lists no template named %s (it is not installed)", e2bCITemplate)
 			for _, name := range sdkScriptPlan(t, node, dir, "code-interpreter.mjs", scriptEnv) {
-				t.Run(name, func(t *testing.T) { t.Skip(reason) })
+				t.Run(name, func(t *testing.T) { testenv.Lacking(t, "%s", reason) })
 			}
 			return
 		}
@@ -166,11 +167,7 @@ func needNode(t *testing.T) string {
 	t.Helper()
 	missing := func(why string) {
 		t.Helper()
-		msg := why + ": the E2B SDK tests need Node.js >= 20.18.1 and npm (Debian: apt-get install nodejs npm)"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
+		testenv.Lacking(t, "%s: the E2B SDK tests need Node.js >= 20.18.1 and npm (Debian: apt-get install nodejs npm)", why)
 	}
 	node, err := exec.LookPath("node")
 	if err != nil {
@@ -209,11 +206,7 @@ func needSDKModules(t *testing.T, dir string) {
 	}
 	npm, err := exec.LookPath("npm")
 	if err != nil {
-		msg := "npm is not installed and " + dir + "/node_modules lacks the pinned SDKs (Debian: apt-get install npm)"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
+		testenv.Lacking(t, "npm is not installed and %s/node_modules lacks the pinned SDKs (Debian: apt-get install npm)", dir)
 	}
 	cmd := exec.Command(npm, "ci", "--no-audit", "--no-fund")
 	cmd.Dir = dir
@@ -316,7 +309,7 @@ func runSDKScript(t *testing.T, s *server, node, dir, script string, env []strin
 			t.Run(r.Case, func(t *testing.T) {
 				switch {
 				case r.Skip != "":
-					t.Skip(r.Skip)
+					testenv.Lacking(t, "%s", r.Skip)
 				case !r.OK:
 					t.Errorf("%s\n--- case log:\n%s\n--- node stderr (tail):\n%s\n--- server output (tail):\n%s",
 						r.Error, strings.Join(r.Log, "\n"), lastBytes(stderr.String(), 4000), lastBytes(s.output(), 6000))

@@ -28,6 +28,7 @@ import (
 	"github.com/airlockhq/airlock/internal/agentproto"
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/sandbox"
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 var (
@@ -690,7 +691,7 @@ func (c *patternChecker) Write(b []byte) (int, error) {
 func TestCLITerminal(t *testing.T) {
 	script, err := exec.LookPath("script")
 	if err != nil {
-		t.Skip("script(1) is not installed")
+		testenv.Lacking(t, "script(1) is not installed (Debian: bsdutils)")
 	}
 	// script gives airlock a real terminal; the command inside sees one too,
 	// of the same size.

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 func TestParseNodeLine(t *testing.T) {
@@ -103,12 +105,12 @@ func TestFindE2BSDK(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "node is not installed") {
 			t.Fatalf("without node: %v", err)
 		}
-		t.Skip("node is not installed")
+		testenv.Lacking(t, "node is not installed")
 	}
 	empty := t.TempDir()
 	_, err := findE2BSDK(empty)
 	if err != nil && strings.Contains(err.Error(), "too old") {
-		t.Skip(err)
+		testenv.Lacking(t, "%v", err)
 	}
 	if err == nil || !strings.Contains(err.Error(), "npm ci") || !strings.Contains(err.Error(), "--e2b-sdk") {
 		t.Errorf("without the SDK: %v, want an error saying to run npm ci or pass --e2b-sdk", err)
@@ -134,7 +136,7 @@ func TestE2BScriptParses(t *testing.T) {
 	}
 	node, err := exec.LookPath("node")
 	if err != nil {
-		t.Skip("node is not installed")
+		testenv.Lacking(t, "node is not installed")
 	}
 	p := filepath.Join(t.TempDir(), "e2b.mjs")
 	if err := os.WriteFile(p, e2bScript, 0o644); err != nil {

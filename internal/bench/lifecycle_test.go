@@ -12,6 +12,7 @@ import (
 
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/sandbox"
+	"github.com/airlockhq/airlock/internal/testenv"
 	"github.com/airlockhq/airlock/internal/vm"
 )
 
@@ -149,7 +150,7 @@ func TestBareVMCloseWithoutMachine(t *testing.T) {
 
 func TestCreateOverlay(t *testing.T) {
 	if _, err := exec.LookPath("qemu-img"); err != nil {
-		t.Skip("qemu-img is not installed")
+		testenv.Lacking(t, "qemu-img is not installed")
 	}
 	dir := t.TempDir()
 	base := filepath.Join(dir, "base.ext4")

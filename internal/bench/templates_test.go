@@ -22,6 +22,7 @@ import (
 	"github.com/airlockhq/airlock/internal/imagebuild"
 	"github.com/airlockhq/airlock/internal/template"
 	"github.com/airlockhq/airlock/internal/template/oci"
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 func TestTemplateScenariosSelectable(t *testing.T) {
@@ -193,7 +194,7 @@ func TestBusyboxImageNeedsAStaticBusybox(t *testing.T) {
 func TestBusyboxImage(t *testing.T) {
 	bb, err := os.ReadFile(hostBusybox)
 	if err != nil || !staticELF(bb) {
-		t.Skipf("no static busybox at %s", hostBusybox)
+		testenv.Lacking(t, "no static busybox at %s", hostBusybox)
 	}
 	img, err := busyboxImage(hostBusybox)
 	if err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/guest"
 	"github.com/airlockhq/airlock/internal/template"
+	"github.com/airlockhq/airlock/internal/testenv"
 	"github.com/airlockhq/airlock/internal/vm"
 )
 
@@ -42,7 +43,7 @@ func startFakeQEMU(t *testing.T, dir string) *exec.Cmd {
 	t.Helper()
 	sleep, err := exec.LookPath("sleep")
 	if err != nil {
-		t.Skip("no sleep binary:", err)
+		testenv.Lacking(t, "no sleep binary: %v", err)
 	}
 	argv0 := "socket,id=agent,path=" + filepath.Join(dir, vm.AgentSocketName) + ",server=on,wait=off"
 	cmd := &exec.Cmd{Path: sleep, Args: []string{argv0, "1000"}}
@@ -241,7 +242,7 @@ func requireVMHost(t *testing.T) datadir.Dir {
 	}
 	dd := datadir.Default()
 	if err := guest.Check(dd); err != nil {
-		t.Skipf("host not set up for VMs: %v", err)
+		testenv.Lacking(t, "host not set up for VMs (run airlock setup): %v", err)
 	}
 	return dd
 }
@@ -255,7 +256,7 @@ func tinyRuntime(t *testing.T, ctx context.Context, dd datadir.Dir) *Runtime {
 		t.Fatal(err)
 	}
 	if _, err := rt.Templates().Resolve("tiny"); err != nil {
-		t.Skipf("template tiny is missing: %v", err)
+		testenv.Lacking(t, "template tiny is missing: %v", err)
 	}
 	return rt
 }

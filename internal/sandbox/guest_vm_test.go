@@ -24,6 +24,7 @@ import (
 	"github.com/airlockhq/airlock/internal/gateway"
 	"github.com/airlockhq/airlock/internal/guest"
 	"github.com/airlockhq/airlock/internal/template"
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 // agentRuntime returns a runtime over a data directory of its own whose
@@ -37,7 +38,7 @@ func agentRuntime(t *testing.T, ctx context.Context) *Runtime {
 	t.Helper()
 	host := requireVMHost(t)
 	if _, err := template.Open(host).Resolve("tiny"); err != nil {
-		t.Skipf("template tiny is missing: %v", err)
+		testenv.Lacking(t, "template tiny is missing: %v", err)
 	}
 	// Not t.TempDir: sockets live under it, and their paths must be short.
 	root, err := os.MkdirTemp("", "al-")
@@ -74,7 +75,7 @@ func linkHostTemplate(t *testing.T, host, dd datadir.Dir, name string) template.
 	t.Helper()
 	tpl, err := template.Open(host).Resolve(name)
 	if err != nil {
-		t.Skipf("template %s is missing: %v", name, err)
+		testenv.Lacking(t, "template %s is missing: %v", name, err)
 	}
 	mkdir(t, filepath.Join(dd.Templates(), "refs", name))
 	img := filepath.Join(dd.Templates(), filepath.Base(tpl.Image))
@@ -104,7 +105,7 @@ func goTool(t *testing.T) string {
 	}
 	p := filepath.Join(runtime.GOROOT(), "bin", "go")
 	if _, err := os.Stat(p); err != nil {
-		t.Skip("no go command to build the guest's programs with")
+		testenv.Lacking(t, "no go command to build the guest's programs with")
 	}
 	return p
 }
@@ -242,7 +243,7 @@ func muslCompiler(t *testing.T, dir string) (cc []string, libc string) {
 	t.Helper()
 	gcc, err := exec.LookPath("gcc")
 	if err != nil {
-		t.Skip("no gcc to link a musl program with")
+		testenv.Lacking(t, "no gcc to link a musl program with")
 	}
 	if out, err := exec.Command("dpkg-query", "-L", "musl", "musl-dev").Output(); err == nil {
 		var specs string
@@ -264,7 +265,7 @@ func muslCompiler(t *testing.T, dir string) (cc []string, libc string) {
 	dl := exec.Command("apt-get", "download", "musl", "musl-dev")
 	dl.Dir = dir
 	if out, err := dl.CombinedOutput(); err != nil {
-		t.Skipf("musl is not installed (apt-get install musl-tools) and apt-get download musl musl-dev failed: %v: %s", err, lastLine(string(out)))
+		testenv.Lacking(t, "musl is not installed (apt-get install musl-tools) and apt-get download musl musl-dev failed: %v: %s", err, lastLine(string(out)))
 	}
 	debs, _ := filepath.Glob(filepath.Join(dir, "*.deb"))
 	tree := filepath.Join(dir, "musl")
@@ -301,7 +302,7 @@ func buildMuslTree(t *testing.T, root string) {
 	t.Helper()
 	busybox, err := exec.LookPath("busybox")
 	if err != nil || !staticELF(busybox) {
-		t.Skipf("no static busybox (apt-get install busybox-static): %v", err)
+		testenv.Lacking(t, "no static busybox (apt-get install busybox-static): %v", err)
 	}
 	work := t.TempDir()
 	cc, libc := muslCompiler(t, work)

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/airlockhq/airlock/internal/agentproto"
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 // requireE2fsprogs skips a test without e2fsprogs' tools.
@@ -17,7 +18,7 @@ func requireE2fsprogs(t *testing.T) {
 	t.Helper()
 	for _, tool := range []string{"mkfs.ext4", "debugfs", "e2fsck", "resize2fs", "dumpe2fs"} {
 		if _, err := toolPath(tool); err != nil {
-			t.Skipf("%v", err)
+			testenv.Lacking(t, "%v", err)
 		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/airlockhq/airlock/internal/template"
+	"github.com/airlockhq/airlock/internal/testenv"
 	"github.com/airlockhq/airlock/internal/vm"
 )
 
@@ -256,7 +257,7 @@ func TestReplaceWarmSnapshot(t *testing.T) {
 // of an overlay of the template image, is seen down to the image.
 func TestOverlayInfoChain(t *testing.T) {
 	if _, err := exec.LookPath("qemu-img"); err != nil {
-		t.Skip("qemu-img is not installed")
+		testenv.Lacking(t, "qemu-img is not installed")
 	}
 	ctx := t.Context()
 	dir := t.TempDir()

@@ -15,6 +15,7 @@ import (
 
 	"github.com/airlockhq/airlock/internal/agentproto"
 	"github.com/airlockhq/airlock/internal/template"
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 // warmPort is the port of the warm test template's server.
@@ -42,7 +43,7 @@ func buildWarmTree(t *testing.T, root string) {
 	t.Helper()
 	busybox, err := exec.LookPath("busybox")
 	if err != nil || !staticELF(busybox) {
-		t.Skipf("no static busybox (apt-get install busybox-static): %v", err)
+		testenv.Lacking(t, "no static busybox (apt-get install busybox-static): %v", err)
 	}
 	for _, d := range []string{"bin", "etc/ssl/certs", "usr/local/share/ca-certificates", "www", "srv", "tmp", "var/log", "data"} {
 		mkdir(t, filepath.Join(root, d))

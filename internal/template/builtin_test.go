@@ -12,20 +12,21 @@ import (
 
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 // needRoot skips a test that builds a root filesystem as another user.
 func needRoot(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("building templates needs root")
+		testenv.Lacking(t, "building templates needs root")
 	}
 }
 
 func TestBuildTiny(t *testing.T) {
 	needRoot(t)
 	if _, err := staticBusybox(context.Background()); err != nil {
-		t.Skipf("no static busybox: %v", err)
+		testenv.Lacking(t, "no static busybox: %v", err)
 	}
 	dd := datadir.Dir{Root: t.TempDir()}
 	s := Open(dd)

@@ -12,13 +12,14 @@ import (
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/digest"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 // extImage makes an ext4 image of a small tree in dir.
 func extImage(t *testing.T, dir, content string) string {
 	t.Helper()
 	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
-		t.Skip("mkfs.ext4 not found (e2fsprogs)")
+		testenv.Lacking(t, "mkfs.ext4 not found (e2fsprogs)")
 	}
 	img := filepath.Join(dir, "disk.ext4")
 	if err := mkfs(context.Background(), smallTree(t, content), img, treeUsage{bytes: 1 << 20, inodes: 16}); err != nil {
@@ -145,11 +146,11 @@ func otherFS(t *testing.T) string {
 		return fi.Sys().(*syscall.Stat_t).Dev
 	}
 	if a, b := dev("/dev/shm"), dev(os.TempDir()); a == 0 || a == b {
-		t.Skip("no second filesystem (/dev/shm) to import from")
+		testenv.Lacking(t, "no second filesystem (/dev/shm) to import from")
 	}
 	dir, err := os.MkdirTemp("/dev/shm", "airlock-test-")
 	if err != nil {
-		t.Skip("cannot write /dev/shm:", err)
+		testenv.Lacking(t, "cannot write /dev/shm: %v", err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	return dir

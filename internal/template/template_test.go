@@ -12,6 +12,7 @@ import (
 
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 func TestParseRef(t *testing.T) {
@@ -72,7 +73,7 @@ func smallTree(t *testing.T, content string) string {
 
 func TestImportResolveList(t *testing.T) {
 	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
-		t.Skip("mkfs.ext4 not found")
+		testenv.Lacking(t, "mkfs.ext4 not found")
 	}
 	ctx := context.Background()
 	dd := datadir.Dir{Root: t.TempDir()}

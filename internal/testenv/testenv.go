@@ -1,0 +1,20 @@
+// Package testenv is for tests: it tells a prerequisite this host lacks
+// from one CI lacks.
+package testenv
+
+import (
+	"os"
+	"testing"
+)
+
+// Lacking skips a test whose prerequisite this host lacks, saying which.
+// Under CI (CI=true, as .ci/run sets it) it fails instead, so that CI
+// cannot pass without having run the test: make test installs and sets up
+// everything the tests need.
+func Lacking(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("CI lacks a prerequisite: "+format, args...)
+	}
+	t.Skipf(format, args...)
+}
