@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"maps"
 	"os"
-	"path"
 	"slices"
 	"strings"
 	"time"
@@ -55,6 +54,9 @@ type running struct {
 	base string
 	// contexts are the build contexts it reads, kept from pruning.
 	contexts []string
+	// storing is when the image store in progress began (storeImage);
+	// zero when none is. Guarded by Service.mu.
+	storing time.Time
 }
 
 // contextAge is how long an uploaded build context is kept for builds
@@ -407,37 +409,57 @@ func (s *Service) pin(run *running, dgst string) {
 	s.mu.Unlock()
 }
 
-// buildState is what the steps so far set for the next ones.
-type buildState struct {
-	Env     []string `json:"env"`
-	Workdir string   `json:"workdir"`
-	User    string   `json:"user"`
+// storeImage runs put, which stores a new image, and pins what it stored.
+// While it runs, Reclaim spares every image stored since it began: the new
+// one is in the store before it is pinned.
+func (s *Service) storeImage(run *running, put func() (template.Template, error)) (template.Template, error) {
+	s.mu.Lock()
+	run.storing = time.Now()
+	s.mu.Unlock()
+	t, err := put()
+	s.mu.Lock()
+	if err == nil {
+		run.pins[t.Digest] = true
+	}
+	run.storing = time.Time{}
+	s.mu.Unlock()
+	return t, err
 }
 
-func (b buildState) config() *template.ImageConfig {
-	return &template.ImageConfig{Env: slices.Clone(b.Env), WorkingDir: b.Workdir, User: b.User}
+// cached returns and pins the image a step with the given key made, if it
+// is stored: under reclaimMu, so that Reclaim cannot remove it in between.
+func (s *Service) cached(run *running, key string) (template.Template, bool) {
+	s.reclaimMu.RLock()
+	defer s.reclaimMu.RUnlock()
+	t, ok := s.rt.Templates().Cached(key)
+	if ok {
+		s.pin(run, t.Digest)
+	}
+	return t, ok
 }
 
-func stateOf(c *template.ImageConfig) buildState {
+// imageConfig is the template configuration a build state ends in; the
+// environment in name order.
+func imageConfig(st imagebuild.State) *template.ImageConfig {
+	c := &template.ImageConfig{WorkingDir: st.Workdir, User: st.User}
+	for _, k := range slices.Sorted(maps.Keys(st.Env)) {
+		c.Env = append(c.Env, k+"="+st.Env[k])
+	}
+	return c
+}
+
+// buildStateOf is the state an image's configuration starts a build in.
+func buildStateOf(c *template.ImageConfig) imagebuild.State {
 	if c == nil {
-		return buildState{}
+		return imagebuild.State{}
 	}
-	return buildState{Env: slices.Clone(c.Env), Workdir: c.WorkingDir, User: c.User}
-}
-
-// setEnv sets k=v in env, replacing an earlier value of k.
-func setEnv(env []string, k, v string) []string {
-	out := slices.DeleteFunc(slices.Clone(env), func(e string) bool { return strings.SplitN(e, "=", 2)[0] == k })
-	return append(out, k+"="+v)
-}
-
-func envMap(env []string) map[string]string {
-	m := map[string]string{}
-	for _, e := range env {
-		k, v, _ := strings.Cut(e, "=")
-		m[k] = v
+	st := imagebuild.State{Env: map[string]string{}, Workdir: c.WorkingDir, User: c.User}
+	for _, kv := range c.Env {
+		if k, v, ok := strings.Cut(kv, "="); ok && k != "" {
+			st.Env[k] = v
+		}
 	}
-	return m
+	return st
 }
 
 // cacheKey names the result of applying what to the image parent: the
@@ -464,7 +486,7 @@ func (s *Service) build(ctx context.Context, run *running, pl plan) (template.Te
 	s.pin(run, cur.Digest)
 	base := cur
 	parents := []string{cur.Digest}
-	state := stateOf(cur.Config)
+	state := buildStateOf(cur.Config)
 	settings := template.Settings{VCPUs: cur.VCPUs, MemoryMiB: cur.MemoryMiB, DiskMiB: cur.DiskMiB}
 	if pl.vcpus > 0 {
 		settings.VCPUs = pl.vcpus
@@ -484,21 +506,8 @@ func (s *Service) build(ctx context.Context, run *running, pl plan) (template.Te
 	for i, st := range pl.steps {
 		n := i + 1
 		rlog.infof(n, "step %d/%d: %s", n, len(pl.steps), st.String())
-		switch {
-		case st.Env != nil:
-			keys := slices.Sorted(maps.Keys(st.Env))
-			for _, k := range keys {
-				state.Env = setEnv(state.Env, k, st.Env[k])
-			}
-			continue
-		case st.Workdir != "":
-			state.Workdir = path.Join("/", state.Workdir, st.Workdir)
-			if path.IsAbs(st.Workdir) {
-				state.Workdir = path.Clean(st.Workdir)
-			}
-			continue
-		case st.User != "":
-			state.User = st.User
+		if st.Run == "" && st.Copy == nil { // env, workdir, user: only the state changes
+			state = state.Apply(st)
 			continue
 		}
 		var copyDigest string
@@ -510,9 +519,8 @@ func (s *Service) build(ctx context.Context, run *running, pl plan) (template.Te
 			}
 			copyDigest = sel.Digest
 		}
-		key := cacheKey("step", cur.Digest, st, state, copyDigest)
-		if t, ok := store.Cached(key); ok {
-			s.pin(run, t.Digest)
+		key := strings.TrimPrefix(imagebuild.CacheKey(cur.Digest, st, state, copyDigest), "sha256:")
+		if t, ok := s.cached(run, key); ok {
 			rlog.infof(n, "step %d: cached (%s)", n, t.Digest)
 			cur = t
 			parents = append(parents, cur.Digest)
@@ -525,8 +533,8 @@ func (s *Service) build(ctx context.Context, run *running, pl plan) (template.Te
 				return template.Template{}, fmt.Errorf("step %d: start a build sandbox: %w", n, err)
 			}
 		}
-		if err := vm.ensureDir(ctx, state.Workdir); err != nil {
-			return template.Template{}, fmt.Errorf("step %d: workdir %s: %w", n, state.Workdir, err)
+		if err := vm.ensureDir(ctx, state.Resolve(".")); err != nil {
+			return template.Template{}, fmt.Errorf("step %d: workdir %s: %w", n, state.Resolve("."), err)
 		}
 		if st.Run != "" {
 			if err := vm.run(ctx, n, st, state, rlog); err != nil {
@@ -536,12 +544,11 @@ func (s *Service) build(ctx context.Context, run *running, pl plan) (template.Te
 			return template.Template{}, err
 		}
 		rlog.infof(n, "saving the result of step %d", n)
-		t, err := vm.save(ctx, template.Settings{VCPUs: settings.VCPUs, MemoryMiB: settings.MemoryMiB, DiskMiB: settings.DiskMiB,
-			Config: state.config(), Parents: slices.Clone(parents)})
+		t, err := vm.save(ctx, run, template.Settings{VCPUs: settings.VCPUs, MemoryMiB: settings.MemoryMiB, DiskMiB: settings.DiskMiB,
+			Config: imageConfig(state), Parents: slices.Clone(parents)})
 		if err != nil {
 			return template.Template{}, fmt.Errorf("step %d: save the result: %w", n, err)
 		}
-		s.pin(run, t.Digest)
 		if err := store.Cache(key, t.Digest); err != nil {
 			return template.Template{}, fmt.Errorf("step %d: %w", n, err)
 		}
@@ -559,7 +566,7 @@ func (s *Service) build(ctx context.Context, run *running, pl plan) (template.Te
 		settings.StartCmd, settings.ReadyCmd = base.StartCmd, base.ReadyCmd
 		settings.ReadyPort, settings.ReadyPath = base.ReadyPort, base.ReadyPath
 	}
-	settings.Config = state.config()
+	settings.Config = imageConfig(state)
 	settings.Source = &template.Source{From: pl.from, Resolved: parents[0], Steps: len(pl.steps)}
 	settings.Parents = parents
 	return s.finalImage(ctx, run, cur, settings)

@@ -6,10 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"os/exec"
-	"path"
 	"path/filepath"
 	"strings"
 
@@ -74,22 +72,13 @@ func (b *builder) ensureDir(ctx context.Context, dir string) error {
 
 // run runs a RUN step with /bin/sh -c, its output going to the log. A
 // non-zero exit is the build's error, with the step's last lines.
-func (b *builder) run(ctx context.Context, n int, step imagebuild.Step, st buildState, rlog *buildLog) error {
+func (b *builder) run(ctx context.Context, n int, step imagebuild.Step, st imagebuild.State, rlog *buildLog) error {
 	cmd := step.Run
 	ctx, cancel := context.WithTimeout(ctx, stepTimeout)
 	defer cancel()
 	stdout, flushOut := rlog.writer(n, "stdout")
 	stderr, flushErr := rlog.writer(n, "stderr")
-	cwd := st.Workdir
-	if cwd == "" {
-		cwd = "/"
-	}
-	env := maps.Clone(step.Args)
-	if env == nil {
-		env = map[string]string{}
-	}
-	maps.Copy(env, envMap(st.Env)) // an ENV wins over an ARG of the same name
-	p, err := b.box.Exec(ctx, agentproto.ExecRequest{Cmd: cmd, Env: env, Cwd: cwd, User: st.User},
+	p, err := b.box.Exec(ctx, agentproto.ExecRequest{Cmd: cmd, Env: st.RunEnv(step), Cwd: st.Resolve("."), User: st.User},
 		agentclient.Stdio{Stdout: stdout, Stderr: stderr})
 	if err != nil {
 		return fmt.Errorf("step %d (RUN %s): %w", n, short(cmd), err)
@@ -118,20 +107,9 @@ func short(s string) string {
 
 // copyIn extracts what a COPY step selected from the context at its
 // destination, owned by root or by the step's chown, as Docker does.
-func (b *builder) copyIn(ctx context.Context, n int, st imagebuild.Step, sel *imagebuild.Selection, state buildState) error {
+func (b *builder) copyIn(ctx context.Context, n int, st imagebuild.Step, sel *imagebuild.Selection, state imagebuild.State) error {
 	what := fmt.Sprintf("step %d (%s)", n, st.String())
-	dest := st.Copy.Dest
-	if !path.IsAbs(dest) {
-		wd := state.Workdir
-		if wd == "" {
-			wd = "/"
-		}
-		trailing := strings.HasSuffix(dest, "/")
-		dest = path.Join(wd, dest)
-		if trailing && dest != "/" {
-			dest += "/"
-		}
-	}
+	dest := state.Resolve(st.Copy.Dest)
 	if !strings.HasSuffix(dest, "/") {
 		if fi, err := b.box.Agent().Stat(ctx, dest); err == nil && fi.Type == "dir" {
 			dest += "/" // an existing directory receives the source inside it
@@ -170,7 +148,7 @@ func (b *builder) copyIn(ctx context.Context, n int, st imagebuild.Step, sel *im
 }
 
 // save writes the build sandbox's disk as a new image.
-func (b *builder) save(ctx context.Context, st template.Settings) (template.Template, error) {
+func (b *builder) save(ctx context.Context, run *running, st template.Settings) (template.Template, error) {
 	store := b.s.rt.Templates()
 	dir, err := store.TempDir("save")
 	if err != nil {
@@ -181,7 +159,7 @@ func (b *builder) save(ctx context.Context, st template.Settings) (template.Temp
 	if err := b.box.SaveDisk(ctx, img); err != nil {
 		return template.Template{}, err
 	}
-	return store.PutImage(ctx, img, st)
+	return b.s.storeImage(run, func() (template.Template, error) { return store.PutImage(ctx, img, st) })
 }
 
 // buildBase returns the image a build starts from: a stored template, or
@@ -223,7 +201,7 @@ func (s *Service) buildBase(ctx context.Context, run *running, pl plan) (templat
 		run.log.infof(0, "base template %s is %s", t.Ref(), t.Digest)
 		return t, nil
 	}
-	if t, ok := store.Cached(key); ok {
+	if t, ok := s.cached(run, key); ok {
 		run.log.infof(0, "image cached as %s", t.Digest)
 		return t, nil
 	}
@@ -251,7 +229,7 @@ func (s *Service) buildBase(ctx context.Context, run *running, pl plan) (templat
 		return template.Template{}, err
 	}
 	run.log.infof(0, "making the root filesystem")
-	t, err := store.PutTree(ctx, root, settings)
+	t, err := s.storeImage(run, func() (template.Template, error) { return store.PutTree(ctx, root, settings) })
 	if err != nil {
 		return template.Template{}, err
 	}
@@ -311,9 +289,8 @@ func (s *Service) finalImage(ctx context.Context, run *running, cur template.Tem
 	store := s.rt.Templates()
 	conf := imageConfigJSON(st)
 	key := cacheKey("final", cur.Digest, string(conf))
-	if t, ok := store.Cached(key); ok {
+	if t, ok := s.cached(run, key); ok {
 		run.log.infof(0, "configuration cached (%s)", t.Digest)
-		s.pin(run, t.Digest)
 		return t, nil
 	}
 	dir, err := store.TempDir("final")
@@ -329,11 +306,10 @@ func (s *Service) finalImage(ctx context.Context, run *running, cur template.Tem
 	if err := editImage(ctx, img, conf, st.Config); err != nil {
 		return template.Template{}, err
 	}
-	t, err := store.PutImage(ctx, img, st)
+	t, err := s.storeImage(run, func() (template.Template, error) { return store.PutImage(ctx, img, st) })
 	if err != nil {
 		return template.Template{}, err
 	}
-	s.pin(run, t.Digest)
 	return t, store.Cache(key, t.Digest)
 }
 

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -100,11 +102,7 @@ func (s *Service) ListTemplates(ctx context.Context, limit int, pageToken string
 }
 
 func sortTemplates(ts []apiv1.Template) {
-	for i := 1; i < len(ts); i++ {
-		for j := i; j > 0 && ts[j].Name+":"+ts[j].Tag < ts[j-1].Name+":"+ts[j-1].Tag; j-- {
-			ts[j], ts[j-1] = ts[j-1], ts[j]
-		}
-	}
+	slices.SortFunc(ts, func(a, b apiv1.Template) int { return strings.Compare(a.Name+":"+a.Tag, b.Name+":"+b.Tag) })
 }
 
 // GetTemplate resolves a name[:tag] or digest; a template being built, or
@@ -209,7 +207,8 @@ func (s *Service) DeleteTemplate(ctx context.Context, p Principal, ref string) e
 // one built from it (its parents), while a sandbox that is not deleted was
 // made from it, or while a build in progress uses it. A snapshot stays
 // while its image does and it is current, or while such a sandbox exists.
-// It returns the bytes freed.
+// It returns the bytes freed. An image a build is storing right now stays
+// (Service.storeImage).
 func (s *Service) Reclaim(ctx context.Context) (int64, error) {
 	s.reclaimMu.Lock()
 	defer s.reclaimMu.Unlock()
@@ -221,24 +220,27 @@ func (s *Service) Reclaim(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	s.mu.Lock()
 	keep := map[string]bool{}
 	for d := range inUse {
 		keep[d] = true
 	}
+	var storingSince time.Time // the earliest store in progress
+	s.mu.Lock()
 	for _, run := range s.builds {
 		for d := range run.pins {
 			keep[d] = true
 		}
+		if !run.storing.IsZero() && (storingSince.IsZero() || run.storing.Before(storingSince)) {
+			storingSince = run.storing
+		}
 	}
+	s.mu.Unlock()
 	tagged, err := ts.Tagged()
 	if err != nil {
-		s.mu.Unlock()
 		return 0, err
 	}
 	images, err := ts.Images()
 	if err != nil {
-		s.mu.Unlock()
 		return 0, err
 	}
 	byDigest := map[string]template.Template{}
@@ -248,7 +250,7 @@ func (s *Service) Reclaim(ctx context.Context) (int64, error) {
 	for d := range tagged {
 		keep[d] = true
 	}
-	for d := range keep { // what a kept image was built through stays too
+	for d := range maps.Clone(keep) { // what a kept image was built through stays too
 		for _, p := range byDigest[d].Parents {
 			keep[p] = true
 		}
@@ -256,7 +258,10 @@ func (s *Service) Reclaim(ctx context.Context) (int64, error) {
 	var freed int64
 	var errs []error
 	for _, t := range images {
-		if keep[t.Digest] {
+		// An image stored since a store in progress began may be that
+		// store's, not pinned yet (records keep whole seconds).
+		young := !storingSince.IsZero() && !t.CreatedAt.Before(storingSince.Truncate(time.Second))
+		if keep[t.Digest] || young {
 			continue
 		}
 		if err := ts.RemoveImage(t.Digest); err != nil {
@@ -267,7 +272,6 @@ func (s *Service) Reclaim(ctx context.Context) (int64, error) {
 		s.log.Info("removed a template image nothing refers to", "digest", t.Digest, "bytes", t.SizeBytes)
 		delete(byDigest, t.Digest)
 	}
-	s.mu.Unlock()
 	if entries, err := ts.CacheEntries(); err == nil {
 		for k, d := range entries {
 			if _, ok := byDigest[d]; !ok {
@@ -442,10 +446,5 @@ func (s *Service) saveSandbox(ctx context.Context, run *running, pl plan) (templ
 		settings.Config = t.Config
 	}
 	settings.Source = &template.Source{From: pl.from, Resolved: sb.TemplateDigest}
-	t, err := ts.PutImage(ctx, img, settings)
-	if err != nil {
-		return template.Template{}, err
-	}
-	s.pin(run, t.Digest)
-	return t, nil
+	return s.storeImage(run, func() (template.Template, error) { return ts.PutImage(ctx, img, settings) })
 }
