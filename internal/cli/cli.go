@@ -193,3 +193,29 @@ func expandShortFlags(args []string, bools string) []string {
 	}
 	return out
 }
+
+// removeEach calls remove for each name, printing the names removed. One
+// name's error is the command's; of several, each failure is reported on
+// stderr as "airlock: CMD NAME: reason" and the exit code is the worst.
+func removeEach(env *Env, cmd string, names []string, remove func(string) error) error {
+	errs := make([]error, len(names))
+	for i, name := range names {
+		if errs[i] = remove(name); errs[i] == nil {
+			fmt.Fprintln(env.Stdout, name)
+		}
+	}
+	if len(names) == 1 {
+		return errs[0]
+	}
+	code := 0
+	for i, err := range errs {
+		if err != nil {
+			fmt.Fprintf(env.Stderr, "airlock: %s %s: %s\n", cmd, names[i], Message(err))
+			code = max(code, ExitCode(err))
+		}
+	}
+	if code != 0 {
+		return &ExitError{Code: code}
+	}
+	return nil
+}

@@ -168,24 +168,5 @@ func runKeyRemove(ctx context.Context, env *Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	errs := make([]error, len(ids))
-	for i, id := range ids {
-		if errs[i] = c.DeleteKey(ctx, id); errs[i] == nil {
-			fmt.Fprintln(env.Stdout, id)
-		}
-	}
-	if len(ids) == 1 {
-		return errs[0]
-	}
-	code := 0
-	for i, err := range errs {
-		if err != nil {
-			fmt.Fprintf(env.Stderr, "airlock: key rm %s: %s\n", ids[i], Message(err))
-			code = max(code, ExitCode(err))
-		}
-	}
-	if code != 0 {
-		return &ExitError{Code: code}
-	}
-	return nil
+	return removeEach(env, "key rm", ids, func(x string) error { return c.DeleteKey(ctx, x) })
 }

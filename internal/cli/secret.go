@@ -196,24 +196,5 @@ func runSecretRemove(ctx context.Context, env *Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	errs := make([]error, len(names))
-	for i, name := range names {
-		if errs[i] = c.DeleteSecret(ctx, name); errs[i] == nil {
-			fmt.Fprintln(env.Stdout, name)
-		}
-	}
-	if len(names) == 1 {
-		return errs[0]
-	}
-	code := 0
-	for i, err := range errs {
-		if err != nil {
-			fmt.Fprintf(env.Stderr, "airlock: secret rm %s: %s\n", names[i], Message(err))
-			code = max(code, ExitCode(err))
-		}
-	}
-	if code != 0 {
-		return &ExitError{Code: code}
-	}
-	return nil
+	return removeEach(env, "secret rm", names, func(x string) error { return c.DeleteSecret(ctx, x) })
 }

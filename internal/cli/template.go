@@ -136,20 +136,19 @@ func runTemplateBuild(ctx context.Context, env *Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	api := c
 	req := apiv1.CreateTemplate{Name: name, Tag: tag, Dockerfile: text, StartCmd: *startCmd, ReadyCmd: *readyCmd,
 		VCPUs: *vcpus, MemoryMiB: *memory, DiskMiB: *disk}
 	if len(buildArgs) > 0 {
 		req.BuildArgs = buildArgs
 	}
 	if contextDir != "" {
-		bc, err := uploadContext(ctx, env, api, contextDir, *quiet)
+		bc, err := uploadContext(ctx, env, c, contextDir, *quiet)
 		if err != nil {
 			return err
 		}
 		req.Context = bc.ID
 	}
-	to, err := api.CreateTemplate(ctx, req)
+	to, err := c.CreateTemplate(ctx, req)
 	if err != nil {
 		return err
 	}
@@ -162,7 +161,7 @@ func runTemplateBuild(ctx context.Context, env *Env, args []string) error {
 		}
 		return nil
 	}
-	return followBuild(ctx, env, c, api, built, *quiet)
+	return followBuild(ctx, env, c, built, *quiet)
 }
 
 // suggestName is a template name made of a directory's name, for the
@@ -302,8 +301,8 @@ func dockerfileCopies(text string) (bool, error) {
 // followBuild follows the build log of ref to its end and prints "REF
 // DIGEST" on stdout when the build is ready; a failed build is an error
 // with the server's reason, exit status 1.
-func followBuild(ctx context.Context, env *Env, c *apiclient.Client, api *apiclient.Client, ref string, quiet bool) error {
-	end, err := followBuildLog(ctx, env, api, ref, quiet)
+func followBuild(ctx context.Context, env *Env, c *apiclient.Client, ref string, quiet bool) error {
+	end, err := followBuildLog(ctx, env, c, ref, quiet)
 	if err != nil {
 		if ctx.Err() != nil {
 			return fmt.Errorf("stopped following the build of %s, which goes on on the server (`airlock template log %s` follows it): %w", ref, ref, err)
@@ -540,27 +539,7 @@ func runTemplateRemove(ctx context.Context, env *Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	api := c
-	errs := make([]error, len(refs))
-	for i, ref := range refs {
-		if errs[i] = api.DeleteTemplate(ctx, ref); errs[i] == nil {
-			fmt.Fprintln(env.Stdout, ref)
-		}
-	}
-	if len(refs) == 1 {
-		return errs[0]
-	}
-	code := 0
-	for i, err := range errs {
-		if err != nil {
-			fmt.Fprintf(env.Stderr, "airlock: template rm %s: %s\n", refs[i], Message(err))
-			code = max(code, ExitCode(err))
-		}
-	}
-	if code != 0 {
-		return &ExitError{Code: code}
-	}
-	return nil
+	return removeEach(env, "template rm", refs, func(x string) error { return c.DeleteTemplate(ctx, x) })
 }
 
 const templateLogAbout = `Shows the log of the build that made (or is making) a template, from its
@@ -584,8 +563,7 @@ func runTemplateLog(ctx context.Context, env *Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	api := c
-	return followBuild(ctx, env, c, api, pos[0], false)
+	return followBuild(ctx, env, c, pos[0], false)
 }
 
 const sandboxSaveAbout = `Saves a running, paused or suspended sandbox's disk as it is now as the
@@ -616,8 +594,7 @@ func runSandboxSave(ctx context.Context, env *Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	api := c
-	to, err := api.SaveSandbox(ctx, pos[0], apiv1.SaveTemplate{Name: name, Tag: tag})
+	to, err := c.SaveSandbox(ctx, pos[0], apiv1.SaveTemplate{Name: name, Tag: tag})
 	if err != nil {
 		return err
 	}
