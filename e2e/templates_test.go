@@ -28,6 +28,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/datadir"
+	"github.com/airlockhq/airlock/internal/template"
 	"github.com/airlockhq/airlock/internal/testenv"
 )
 
@@ -70,28 +72,10 @@ func privateTemplatesHome(names ...string) (string, error) {
 			return "", err
 		}
 	}
-	dst := filepath.Join(home, "templates")
+	dst := template.Open(datadir.Dir{Root: home})
 	for _, n := range names {
-		b, err := os.ReadFile(filepath.Join(src.Templates(), "refs", n, "latest"))
-		if err != nil {
+		if _, err := dst.Link(template.Open(src), n); err != nil {
 			return "", fmt.Errorf("template %s is not set up: %w", n, err)
-		}
-		hex := strings.TrimPrefix(strings.TrimSpace(string(b)), "sha256:")
-		if err := os.MkdirAll(filepath.Join(dst, "refs", n), 0o755); err != nil {
-			return "", err
-		}
-		if err := os.Symlink(filepath.Join(src.Templates(), "sha256-"+hex+".ext4"), filepath.Join(dst, "sha256-"+hex+".ext4")); err != nil {
-			return "", err
-		}
-		rec, err := os.ReadFile(filepath.Join(src.Templates(), "sha256-"+hex+".json"))
-		if err != nil {
-			return "", err
-		}
-		if err := os.WriteFile(filepath.Join(dst, "sha256-"+hex+".json"), rec, 0o644); err != nil {
-			return "", err
-		}
-		if err := os.WriteFile(filepath.Join(dst, "refs", n, "latest"), b, 0o644); err != nil {
-			return "", err
 		}
 	}
 	return home, nil

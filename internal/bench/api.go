@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
@@ -167,29 +166,10 @@ func newHome(real datadir.Dir, templates []string) (_ string, err error) {
 // written again), its record and its tag as copies, so that what a server
 // records, tags or removes in dst leaves src as it was.
 func linkTemplates(src, dst datadir.Dir, refs []string) error {
-	store := template.Open(src)
+	from, to := template.Open(src), template.Open(dst)
 	for _, ref := range refs {
-		t, err := store.Resolve(ref)
-		if err != nil {
+		if _, err := to.Link(from, ref); err != nil {
 			return fmt.Errorf("give the temporary data directory template %s: %w", ref, err)
-		}
-		hex := strings.TrimPrefix(t.Digest, "sha256:")
-		rec, err := os.ReadFile(filepath.Join(filepath.Dir(t.Image), "sha256-"+hex+".json"))
-		if err != nil {
-			return fmt.Errorf("read the record of template %s: %w", t.Ref(), err)
-		}
-		dir := dst.Templates()
-		if err := os.MkdirAll(filepath.Join(dir, "refs", t.Name), 0o755); err != nil {
-			return err
-		}
-		if err := os.Symlink(t.Image, filepath.Join(dir, filepath.Base(t.Image))); err != nil {
-			return fmt.Errorf("link the image of template %s: %w", t.Ref(), err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, "sha256-"+hex+".json"), rec, 0o644); err != nil {
-			return fmt.Errorf("copy the record of template %s: %w", t.Ref(), err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, "refs", t.Name, t.Tag), []byte(t.Digest+"\n"), 0o644); err != nil {
-			return fmt.Errorf("copy the tag of template %s: %w", t.Ref(), err)
 		}
 	}
 	return nil

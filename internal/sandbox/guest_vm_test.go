@@ -73,26 +73,12 @@ func agentRuntime(t *testing.T, ctx context.Context) *Runtime {
 // copies. It skips the test when the host has no such template.
 func linkHostTemplate(t *testing.T, host, dd datadir.Dir, name string) template.Template {
 	t.Helper()
-	tpl, err := template.Open(host).Resolve(name)
-	if err != nil {
+	tpl, err := template.Open(dd).Link(template.Open(host), name)
+	if errors.Is(err, errdefs.ErrNotFound) {
 		testenv.Lacking(t, "template %s is missing: %v", name, err)
 	}
-	mkdir(t, filepath.Join(dd.Templates(), "refs", name))
-	img := filepath.Join(dd.Templates(), filepath.Base(tpl.Image))
-	if err := os.Symlink(tpl.Image, img); err != nil {
-		t.Fatal(err)
-	}
-	settings, err := os.ReadFile(strings.TrimSuffix(tpl.Image, ".ext4") + ".json")
 	if err != nil {
 		t.Fatal(err)
-	}
-	for p, b := range map[string][]byte{
-		strings.TrimSuffix(img, ".ext4") + ".json":                       settings,
-		filepath.Join(dd.Templates(), "refs", name, template.DefaultTag): []byte(tpl.Digest + "\n"),
-	} {
-		if err := os.WriteFile(p, b, 0o644); err != nil {
-			t.Fatal(err)
-		}
 	}
 	return tpl
 }

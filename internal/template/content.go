@@ -311,3 +311,33 @@ func (s *Store) nameRecord(dgst, name, tag string) error {
 	}
 	return atomicfile.WriteBytes(s.recordPath(hex), append(b, '\n'), 0o644)
 }
+
+// Link makes the template ref of another store one of this store's too,
+// by reference: its image a symlink to the other's file, its settings and
+// tag copies. For a data directory that shares another's templates but
+// must reclaim only its own (tests, the bench). Removing the link later
+// leaves the other's image alone.
+func (s *Store) Link(from *Store, ref string) (Template, error) {
+	t, err := from.Resolve(ref)
+	if err != nil {
+		return Template{}, err
+	}
+	hex := strings.TrimPrefix(t.Digest, "sha256:")
+	rec, err := os.ReadFile(from.recordPath(hex))
+	if err != nil {
+		return Template{}, fmt.Errorf("link template %s: %w", t.Ref(), err)
+	}
+	if err := os.MkdirAll(filepath.Join(s.dir, "refs", t.Name), 0o755); err != nil {
+		return Template{}, fmt.Errorf("link template %s: %w", t.Ref(), err)
+	}
+	if err := os.Symlink(t.Image, s.imagePath(hex)); err != nil && !errors.Is(err, fs.ErrExist) {
+		return Template{}, fmt.Errorf("link template %s: %w", t.Ref(), err)
+	}
+	if err := atomicfile.WriteBytes(s.recordPath(hex), rec, 0o644); err != nil {
+		return Template{}, fmt.Errorf("link template %s: %w", t.Ref(), err)
+	}
+	if err := atomicfile.WriteBytes(s.refPath(t.Name, t.Tag), []byte(t.Digest+"\n"), 0o644); err != nil {
+		return Template{}, fmt.Errorf("link template %s: %w", t.Ref(), err)
+	}
+	return s.resolveName(t.Name, t.Tag)
+}
