@@ -1,7 +1,9 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"slices"
@@ -169,7 +171,7 @@ func (p *process) pump(f *os.File, t agentproto.MsgType, exited <-chan struct{})
 			f.SetReadDeadline(time.Now().Add(drainIdle))
 		default:
 		}
-		n, err := f.Read(buf)
+		n, err := readOutput(f, buf)
 		p.mu.Lock()
 		p.reserved -= len(buf)
 		if n > 0 {
@@ -181,6 +183,51 @@ func (p *process) pump(f *os.File, t agentproto.MsgType, exited <-chan struct{})
 			return // EOF, EIO from a pty whose last holder left, or idle after exit
 		}
 	}
+}
+
+// readOutput reads f like f.Read, except that a deadline that has passed
+// still lets it take what f already holds. Go's poller reports a passed
+// deadline without reading, so a pump that got to run only after the
+// drain deadline (a busy guest can stall it that long) would otherwise
+// drop output the process wrote before it exited.
+func readOutput(f *os.File, buf []byte) (int, error) {
+	n, err := f.Read(buf)
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		return n, err
+	}
+	rc, cerr := f.SyscallConn()
+	if cerr != nil {
+		return 0, err
+	}
+	var rerr error
+	n = 0
+	cerr = rc.Control(func(fd uintptr) {
+		// Poll first: the descriptor may be blocking (a terminal), and a
+		// read must not wait here.
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		if k, perr := unix.Poll(fds, 0); perr != nil || k == 0 {
+			rerr = err
+			return
+		}
+		for {
+			n, rerr = unix.Read(int(fd), buf)
+			if rerr != unix.EINTR {
+				break
+			}
+		}
+		switch {
+		case rerr == unix.EAGAIN:
+			n, rerr = 0, err
+		case rerr != nil:
+			n = 0
+		case n == 0:
+			rerr = io.EOF
+		}
+	})
+	if cerr != nil {
+		return 0, err
+	}
+	return n, rerr
 }
 
 // supervise runs the process's life after its start: it pumps the output

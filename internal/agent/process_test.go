@@ -1,10 +1,16 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
+	"io"
 	"net"
+	"os"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/creack/pty"
 
 	"github.com/airlockhq/airlock/internal/agentproto"
 )
@@ -139,4 +145,43 @@ func seq(from, to int) []int {
 		s = append(s, i)
 	}
 	return s
+}
+
+// A pump that only gets to run after its drain deadline passed still reads
+// what the process wrote before it exited: output already in the pipe or
+// terminal is never dropped, and only an idle one reports the deadline.
+func TestReadOutputAfterDeadline(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	ptmx, tty, err := pty.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ptmx.Close()
+	defer tty.Close()
+	for _, c := range []struct {
+		name string
+		r, w *os.File
+	}{{"pipe", r, w}, {"terminal", ptmx, tty}} {
+		if _, err := c.w.Write([]byte("written before the exit\n")); err != nil {
+			t.Fatal(err)
+		}
+		c.r.SetReadDeadline(time.Now().Add(-time.Second))
+		buf := make([]byte, 256)
+		n, err := readOutput(c.r, buf)
+		if err != nil || !strings.Contains(string(buf[:n]), "written before the exit") {
+			t.Errorf("%s: read %q, %v after the deadline, want the output", c.name, buf[:n], err)
+		}
+		if n, err := readOutput(c.r, buf); !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Errorf("%s: an idle read after the deadline got %q, %v", c.name, buf[:n], err)
+		}
+	}
+	w.Close()
+	if _, err := readOutput(r, make([]byte, 16)); err != io.EOF {
+		t.Errorf("a closed pipe after the deadline: %v, want EOF", err)
+	}
 }
