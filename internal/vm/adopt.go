@@ -97,6 +97,7 @@ func adopt(dir string, log *slog.Logger, usePidfd bool) (*Machine, error) {
 		go m.pollProc(pid)
 	}
 
+	m.console, m.consoleDone = dialConsole(dir)
 	qmpPath := filepath.Join(dir, QMPSocketName)
 	if _, err := os.Stat(qmpPath); err != nil {
 		log.Warn("adopted qemu has no QMP socket: stop will kill it", "pid", pid, "err", err)
@@ -136,8 +137,9 @@ func RunningPID(dir string) (int, error) {
 }
 
 // isQEMUOf reports whether process pid is alive and its command line names
-// dir's agent socket, as QEMU's does (Args). A zombie's command line is
-// empty, so an exited but unreaped QEMU does not count.
+// dir, as QEMU's does (Args: its -name; a QEMU started before sockets were
+// passed as descriptors names dir's agent socket instead). A zombie's
+// command line is empty, so an exited but unreaped QEMU does not count.
 func isQEMUOf(pid int, dir string) bool {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
 	if err != nil {
@@ -145,6 +147,9 @@ func isQEMUOf(pid int, dir string) bool {
 	}
 	want := "path=" + filepath.Join(dir, AgentSocketName)
 	for _, arg := range strings.Split(string(b), "\x00") {
+		if arg == "guest="+optValue(dir) {
+			return true
+		}
 		i := strings.Index(arg, want)
 		if i < 0 {
 			continue

@@ -15,6 +15,7 @@ package vm
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -112,6 +113,16 @@ type Config struct {
 	// (QEMU serves it; one peer at a time, and a new one may connect when
 	// the last has gone). Empty means no NIC.
 	NetMAC string `json:"net_mac,omitempty"`
+	// Jail, when set, runs QEMU confined (see Jail); nil runs it as this
+	// process's user with nothing taken away.
+	Jail *Jail `json:"jail,omitempty"`
+	// Cgroup, when set, receives QEMU's process before QEMU runs.
+	Cgroup Placer `json:"-"`
+}
+
+// Placer puts a process into a group that limits it, such as a cgroup.
+type Placer interface {
+	Add(pid int) error
 }
 
 // Validate checks the configuration before anything starts.
@@ -143,6 +154,9 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("network MAC %q is not a hardware address", c.NetMAC))
 		}
 	}
+	if c.Jail != nil && (c.Jail.UID <= 0 || c.Jail.GID <= 0) {
+		errs = append(errs, fmt.Errorf("jail user %d and group %d must not be root", c.Jail.UID, c.Jail.GID))
+	}
 	if c.Dir == "" {
 		errs = append(errs, errors.New("dir is required"))
 	} else if p := filepath.Join(c.Dir, AgentSocketName); len(p) > maxSocketPath {
@@ -169,11 +183,27 @@ type Machine struct {
 	releaseOnce sync.Once
 	released    chan struct{} // closed by Release; ends the watch on an adopted QEMU
 	pidfd       *os.File      // watched for an adopted QEMU's exit; nil when polling /proc
+
+	console     net.Conn      // the console socket, copied into the console log; nil if unreachable
+	consoleDone chan struct{} // closed when the copy has ended
 }
 
 // kernelArgs boot quietly to the agent: the console only shows warnings,
 // and a panic resets the VM, which -no-reboot turns into QEMU exiting.
 const kernelArgs = "console=ttyS0 quiet loglevel=4 panic=-1 reboot=t random.trust_cpu=on"
+
+// The descriptors QEMU is started with, after stdin, stdout and stderr:
+// its sockets, made by Start (so that a jailed QEMU need not write its
+// directory), and the sealed memory of a jailed clone.
+const (
+	fdQMP = 3 + iota
+	fdAgent
+	fdConsole
+	fdNet
+	fdMemory
+	fdSync // the jail stage's go-ahead; closed before QEMU runs
+	fdCount
+)
 
 // Args returns QEMU's command line for cfg.
 func Args(cfg Config) []string {
@@ -198,18 +228,21 @@ func Args(cfg Config) []string {
 			cmdline += fmt.Sprintf(" tsc_early_khz=%d tsc=reliable", khz)
 		}
 	}
-	dir := cfg.Dir
 	args := []string{
+		// The name ties the process to its directory (isQEMUOf).
+		"-name", "guest=" + optValue(cfg.Dir),
 		"-M", "microvm,x-option-roms=off,isa-serial=on,rtc=off",
 	}
 	args = append(args, accel...)
 	if cfg.MemoryFile != "" {
-		share := "off"
+		share, path := "off", cfg.MemoryFile
 		if cfg.MemoryShared {
 			share = "on"
+		} else if cfg.Jail != nil {
+			path = fmt.Sprintf("/proc/self/fd/%d", fdMemory)
 		}
 		args = append(args,
-			"-object", fmt.Sprintf("memory-backend-file,id=mem,size=%dM,mem-path=%s,share=%s", cfg.MemoryMiB, optValue(cfg.MemoryFile), share),
+			"-object", fmt.Sprintf("memory-backend-file,id=mem,size=%dM,mem-path=%s,share=%s", cfg.MemoryMiB, optValue(path), share),
 			"-machine", "memory-backend=mem",
 		)
 	}
@@ -220,33 +253,35 @@ func Args(cfg Config) []string {
 		"-kernel", cfg.Kernel,
 		"-initrd", cfg.Initramfs,
 		"-append", strings.TrimSpace(cmdline+" "+cfg.KernelArgs),
-		// append: a VM started again in the same directory (a wake) keeps
-		// the console of its earlier runs.
-		"-chardev", "file,id=console,path="+filepath.Join(dir, ConsoleLogName)+",append=on",
+		"-chardev", fmt.Sprintf("socket,id=console,fd=%d,server=on,wait=off", fdConsole),
 		"-serial", "chardev:console",
 	)
 	if cfg.Disk != "" {
 		args = append(args,
-			"-drive", "id="+rootDrive+",file="+cfg.Disk+",format=qcow2,if=none,discard=unmap,detect-zeroes=unmap",
+			"-drive", "id="+rootDrive+",file="+optValue(cfg.Disk)+",format=qcow2,if=none,discard=unmap,detect-zeroes=unmap",
 			"-device", "virtio-blk-device,drive="+rootDrive,
 		)
 	}
 	args = append(args,
 		"-device", "virtio-serial-device,max_ports=2",
-		"-chardev", "socket,id=agent,path="+filepath.Join(dir, AgentSocketName)+",server=on,wait=off",
+		"-chardev", fmt.Sprintf("socket,id=agent,fd=%d,server=on,wait=off", fdAgent),
 		"-device", "virtserialport,chardev=agent,name=airlock.agent",
 	)
 	if cfg.NetMAC != "" {
 		args = append(args,
-			"-netdev", "stream,id="+netDev+",server=on,addr.type=unix,addr.path="+optValue(filepath.Join(dir, NetSocketName)),
+			"-netdev", fmt.Sprintf("stream,id=%s,server=on,addr.type=fd,addr.str=%d", netDev, fdNet),
 			"-device", "virtio-net-device,netdev="+netDev+",mac="+cfg.NetMAC,
 		)
 	}
 	args = append(args,
 		"-object", "rng-random,id=rng,filename=/dev/urandom",
 		"-device", "virtio-rng-device,rng=rng",
-		"-qmp", "unix:"+filepath.Join(dir, QMPSocketName)+",server=on,wait=off",
+		"-chardev", fmt.Sprintf("socket,id=qmp,fd=%d,server=on,wait=off", fdQMP),
+		"-mon", "chardev=qmp,mode=control",
 	)
+	if cfg.Jail != nil {
+		args = append(args, seccompArgs...)
+	}
 	if cfg.Incoming {
 		// -S keeps the guest paused after the restore whatever state it
 		// was saved in, for the caller to Resume.
@@ -280,7 +315,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Machine, error) 
 	}
 	// Stale sockets of an earlier machine in the same directory would be
 	// mistaken for ours.
-	removeFiles(cfg.Dir, AgentSocketName, QMPSocketName, NetSocketName)
+	removeFiles(cfg.Dir, socketNames...)
 
 	logFile, err := os.OpenFile(filepath.Join(cfg.Dir, QEMULogName), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 	if err != nil {
@@ -292,24 +327,95 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Machine, error) 
 		return nil, err
 	}
 	defer devNull.Close()
+	files := make([]*os.File, fdCount)
+	files[0], files[1], files[2] = devNull, logFile, logFile
+	defer func() {
+		for _, f := range files[fdQMP:] {
+			if f != nil && f != files[fdMemory] {
+				f.Close()
+			}
+		}
+	}()
+	socks := map[int]string{fdQMP: QMPSocketName, fdAgent: AgentSocketName, fdConsole: ConsoleSocketName}
+	if cfg.NetMAC != "" {
+		socks[fdNet] = NetSocketName
+	}
+	for fd, name := range socks {
+		if files[fd], err = listenFile(filepath.Join(cfg.Dir, name)); err != nil {
+			removeFiles(cfg.Dir, socketNames...)
+			return nil, err
+		}
+	}
+	// Connected before QEMU runs, the console loses none of the boot.
+	console, consoleDone := dialConsole(cfg.Dir)
+	if console == nil {
+		removeFiles(cfg.Dir, socketNames...)
+		return nil, errors.New("connect to the console socket")
+	}
+	fail := func(err error) (*Machine, error) {
+		console.Close()
+		removeFiles(cfg.Dir, socketNames...)
+		return nil, err
+	}
+
 	sys := &syscall.SysProcAttr{Setpgid: true} // a terminal's ^C must not reach QEMU
 	if !cfg.Detach {
 		sys.Pdeathsig = syscall.SIGKILL
 	}
-	proc, err := os.StartProcess(bin, append([]string{bin}, Args(cfg)...), &os.ProcAttr{
-		Dir:   cfg.Dir,
-		Files: []*os.File{devNull, logFile, logFile},
-		Sys:   sys,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("start qemu: %w", err)
+	exe, argv, env := bin, append([]string{bin}, Args(cfg)...), []string(nil)
+	var goAhead *os.File // the jail stage waits on it
+	if cfg.Jail != nil {
+		if cfg.MemoryFile != "" && !cfg.MemoryShared {
+			if files[fdMemory], err = sealedMemory(cfg.MemoryFile); err != nil {
+				return fail(err)
+			}
+		}
+		spec, err := prepareJail(cfg, bin, argv)
+		if err != nil {
+			return fail(err)
+		}
+		if files[fdSync], goAhead, err = os.Pipe(); err != nil {
+			return fail(err)
+		}
+		defer goAhead.Close()
+		spec.SyncFD = fdSync
+		if !cfg.Detach {
+			spec.ParentPID = os.Getpid()
+		}
+		js, err := json.Marshal(spec)
+		if err != nil {
+			return fail(err)
+		}
+		// This binary, whichever file it was started from.
+		exe, argv, env = "/proc/self/exe", []string{"airlock-vm-jail"}, []string{jailEnv + "=" + string(js)}
+		sys.Cloneflags = syscall.CLONE_NEWNS
 	}
-	m := &Machine{cfg: cfg, log: log, proc: proc, done: make(chan struct{}), released: make(chan struct{})}
+	proc, err := os.StartProcess(exe, argv, &os.ProcAttr{Dir: cfg.Dir, Env: env, Files: files, Sys: sys})
+	if err != nil {
+		return fail(fmt.Errorf("start qemu: %w", err))
+	}
+	m := &Machine{cfg: cfg, log: log, proc: proc, done: make(chan struct{}), released: make(chan struct{}),
+		console: console, consoleDone: consoleDone}
 	go m.wait()
-	if err := os.WriteFile(filepath.Join(cfg.Dir, PIDFileName), []byte(strconv.Itoa(proc.Pid)+"\n"), 0o600); err != nil {
+	abort := func(err error) (*Machine, error) {
 		m.Kill()
 		<-m.done
-		return nil, fmt.Errorf("record qemu pid: %w", err)
+		console.Close()
+		removeFiles(cfg.Dir, socketNames...)
+		return nil, err
+	}
+	if cfg.Jail != nil {
+		if cfg.Cgroup != nil {
+			if err := cfg.Cgroup.Add(proc.Pid); err != nil {
+				return abort(fmt.Errorf("place qemu in its cgroup: %w", err))
+			}
+		}
+		if _, err := goAhead.Write([]byte{1}); err != nil {
+			return abort(fmt.Errorf("start the jailed qemu%s", m.qemuLogTail()))
+		}
+	}
+	if err := os.WriteFile(filepath.Join(cfg.Dir, PIDFileName), []byte(strconv.Itoa(proc.Pid)+"\n"), 0o600); err != nil {
+		return abort(fmt.Errorf("record qemu pid: %w", err))
 	}
 
 	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -336,8 +442,47 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Machine, error) 
 		return nil, err
 	}
 	m.qmp = q
-	log.Debug("vm started", "pid", proc.Pid, "accel", cfg.Accel)
+	log.Debug("vm started", "pid", proc.Pid, "accel", cfg.Accel, "jailed", cfg.Jail != nil)
 	return m, nil
+}
+
+// socketNames are the sockets Start makes in a VM's directory.
+var socketNames = []string{AgentSocketName, QMPSocketName, NetSocketName, ConsoleSocketName}
+
+// listenFile makes a listening unix socket at path, private to this
+// process's user, and returns it as a file to pass to QEMU. The socket
+// stays at path after this process lets go of it.
+func listenFile(path string) (*os.File, error) {
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("make socket %s: %w", path, err)
+	}
+	l.SetUnlinkOnClose(false)
+	defer l.Close()
+	if err := os.Chmod(path, 0o600); err != nil {
+		return nil, err
+	}
+	return l.File()
+}
+
+// prepareJail readies cfg's files for its jail and returns the jail
+// stage's spec.
+func prepareJail(cfg Config, bin string, argv []string) (jailSpec, error) {
+	if cfg.MemoryShared {
+		// The jail binds the file in: it must exist, and QEMU sizes it.
+		f, err := os.OpenFile(cfg.MemoryFile, os.O_CREATE|os.O_WRONLY, 0o600)
+		if err != nil {
+			return jailSpec{}, err
+		}
+		f.Close()
+	}
+	if err := ownByJail(cfg); err != nil {
+		return jailSpec{}, err
+	}
+	if err := os.Mkdir(filepath.Join(cfg.Dir, jailRootName), 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return jailSpec{}, err
+	}
+	return jailSpecFor(cfg, bin, argv)
 }
 
 // wait reaps QEMU, this process's child. It returns when QEMU has exited.
@@ -395,18 +540,9 @@ func (m *Machine) ExitError() error {
 // ConsoleTail returns up to max bytes of the end of the guest's console.
 func (m *Machine) ConsoleTail(max int) string { return consoleTail(m.cfg.Dir, max) }
 
-// consoleTail returns up to max bytes of the end of the console log in dir.
-func consoleTail(dir string, max int) string {
-	b, err := os.ReadFile(filepath.Join(dir, ConsoleLogName))
-	if err != nil {
-		return ""
-	}
-	return tail(string(b), max)
-}
-
 // GuestPanicked reports whether the console shows a kernel panic.
 func (m *Machine) GuestPanicked() bool {
-	return strings.Contains(m.ConsoleTail(64<<10), "Kernel panic")
+	return hasPanic(m.ConsoleTail(64 << 10))
 }
 
 func tail(s string, max int) string {
@@ -449,9 +585,24 @@ func (m *Machine) Stop(ctx context.Context) error {
 		if m.qmp != nil {
 			m.qmp.Close()
 		}
-		removeFiles(m.cfg.Dir, AgentSocketName, QMPSocketName, NetSocketName, PIDFileName)
+		m.endConsole(time.Second)
+		removeFiles(m.cfg.Dir, append(socketNames, PIDFileName, jailRootName)...)
 	})
 	return nil
+}
+
+// endConsole waits up to grace for the console copy to take the last of
+// what QEMU wrote, then ends it.
+func (m *Machine) endConsole(grace time.Duration) {
+	if m.console == nil {
+		return
+	}
+	select {
+	case <-m.consoleDone:
+	case <-time.After(grace):
+	}
+	m.console.Close()
+	<-m.consoleDone
 }
 
 // Release lets go of the machine without stopping it, as a process does
@@ -464,6 +615,10 @@ func (m *Machine) Release() {
 		close(m.released)
 		if m.qmp != nil {
 			m.qmp.Close()
+		}
+		if m.console != nil {
+			m.console.Close() // QEMU takes the next process's connection
+			<-m.consoleDone
 		}
 		if m.pidfd != nil {
 			m.pidfd.Close() // wakes the watcher

@@ -31,6 +31,7 @@ func TestValidate(t *testing.T) {
 		{"negative tsc rate", func(c *Config) { c.TSCKHz = -1 }, "tsc rate -1 kHz"},
 		{"network device", func(c *Config) { c.NetMAC = "5a:94:ef:e4:0c:ee" }, ""},
 		{"bad mac", func(c *Config) { c.NetMAC = "5a:94,model=e1000" }, `network MAC "5a:94,model=e1000"`},
+		{"jailed as root", func(c *Config) { c.Jail = &Jail{UID: 0, GID: 5} }, "must not be root"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -53,7 +54,7 @@ func TestValidate(t *testing.T) {
 func TestArgs(t *testing.T) {
 	c := validConfig()
 	tcg := strings.Join(Args(c), " ")
-	for _, want := range []string{"-accel tcg,thread=multi -cpu max", "panic=-1", "-no-reboot", "name=airlock.agent", "/d/agent.sock", "/d/qmp.sock"} {
+	for _, want := range []string{"-accel tcg,thread=multi -cpu max", "panic=-1", "-no-reboot", "name=airlock.agent", "-name guest=/d ", "socket,id=agent,fd=4,server=on", "socket,id=qmp,fd=3,server=on", "-mon chardev=qmp,mode=control"} {
 		if !strings.Contains(tcg, want) {
 			t.Errorf("TCG args lack %q: %s", want, tcg)
 		}
@@ -87,14 +88,14 @@ func TestArgsMemoryAndIncoming(t *testing.T) {
 		{
 			name:    "plain",
 			modify:  func(*Config) {},
-			want:    []string{"-m 256", "file,id=console,path=/d/console.log,append=on"},
-			notWant: []string{"memory-backend", "-incoming", " -S ", "netdev"},
+			want:    []string{"-m 256", "socket,id=console,fd=5,server=on,wait=off"},
+			notWant: []string{"memory-backend", "-incoming", " -S ", "netdev", "-sandbox"},
 		},
 		{
 			name:   "network device",
 			modify: func(c *Config) { c.NetMAC = "5a:94:ef:e4:0c:ee" },
 			want: []string{
-				"-netdev stream,id=net0,server=on,addr.type=unix,addr.path=/d/net.sock",
+				"-netdev stream,id=net0,server=on,addr.type=fd,addr.str=6",
 				"-device virtio-net-device,netdev=net0,mac=5a:94:ef:e4:0c:ee",
 			},
 		},
@@ -108,6 +109,22 @@ func TestArgsMemoryAndIncoming(t *testing.T) {
 			name:   "private memory file with a comma",
 			modify: func(c *Config) { c.MemoryFile = "/t/a,b" },
 			want:   []string{"mem-path=/t/a,,b,share=off"},
+		},
+		{
+			name:   "jailed",
+			modify: func(c *Config) { c.Jail = &Jail{UID: 1999999001, GID: 1999999001} },
+			want:   []string{"-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"},
+		},
+		{
+			name:    "jailed clone maps the sealed memory",
+			modify:  func(c *Config) { c.MemoryFile, c.Jail = "/t/mem", &Jail{UID: 1999999001, GID: 1999999001} },
+			want:    []string{"mem-path=/proc/self/fd/7,share=off"},
+			notWant: []string{"/t/mem"},
+		},
+		{
+			name:   "jailed template VM writes its memory file",
+			modify: func(c *Config) { c.MemoryFile, c.MemoryShared, c.Jail = "/t/mem", true, &Jail{UID: 1999999001, GID: 1999999001} },
+			want:   []string{"mem-path=/t/mem,share=on"},
 		},
 		{
 			name:    "incoming",
