@@ -1,8 +1,11 @@
 package e2e
 
 import (
+	"fmt"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
 )
@@ -43,4 +46,103 @@ func TestSandboxMetrics(t *testing.T) {
 	if status, _ := s.call(t, "GET", "/v1/sandboxes/sbxnosuch/metrics", s.key, nil); status != 404 {
 		t.Errorf("metrics of an unknown sandbox: %d", status)
 	}
+}
+
+// TestMetricsPerSandbox scrapes /metrics for the gauges of each running
+// sandbox: two appear with their IDs and template; over
+// --metrics-per-sandbox none do and a gauge says why; a deleted sandbox
+// disappears.
+func TestMetricsPerSandbox(t *testing.T) {
+	s := newServer(t)
+	a := s.createSandbox(t, s.key, apiv1.CreateSandbox{Template: "tiny", MemoryMiB: 256})
+	b := s.createSandbox(t, s.key, apiv1.CreateSandbox{Template: "tiny", MemoryMiB: 256})
+	series := func(name, id string) string {
+		return name + `{sandbox="` + id + `",template="tiny:latest"}`
+	}
+	// scrape waits (a few scrapes at most) until the sandboxes in want
+	// have series and those in gone have none.
+	scrape := func(want, gone []string) map[string]float64 {
+		t.Helper()
+		var values map[string]float64
+		for try := 0; try < 10; try++ {
+			status, body := s.call(t, "GET", "/metrics", "", nil)
+			if status != 200 {
+				t.Fatalf("metrics: %d %s", status, body)
+			}
+			values = map[string]float64{}
+			for _, line := range strings.Split(string(body), "\n") {
+				var v float64
+				if name, val, ok := strings.Cut(line, " "); ok && strings.HasPrefix(name, "airlock_sandbox_") {
+					if _, err := fmt.Sscan(val, &v); err == nil {
+						values[name] = v
+					}
+				}
+			}
+			ok := true
+			for _, id := range want {
+				_, has := values[series("airlock_sandbox_mem_used_bytes", id)]
+				ok = ok && has
+			}
+			for _, id := range gone {
+				_, has := values[series("airlock_sandbox_mem_used_bytes", id)]
+				ok = ok && !has
+			}
+			if ok {
+				return values
+			}
+			time.Sleep(time.Second)
+		}
+		t.Fatalf("after 10 scrapes, want series of %q and none of %q; have %v", want, gone, values)
+		return nil
+	}
+
+	got := scrape([]string{a.ID, b.ID}, nil)
+	for _, id := range []string{a.ID, b.ID} {
+		cpu, hasCPU := got[series("airlock_sandbox_cpu_used_pct", id)]
+		memTotal := got[series("airlock_sandbox_mem_total_bytes", id)]
+		diskUsed, diskTotal := got[series("airlock_sandbox_disk_used_bytes", id)], got[series("airlock_sandbox_disk_total_bytes", id)]
+		if !hasCPU || cpu < 0 || cpu > 100 || memTotal < 160<<20 || memTotal > 256<<20 || got[series("airlock_sandbox_mem_used_bytes", id)] <= 0 ||
+			diskUsed <= 0 || diskTotal < diskUsed {
+			t.Errorf("series of %s: cpu %v (%v), mem total %v, disk %v of %v", id, cpu, hasCPU, memTotal, diskUsed, diskTotal)
+		}
+	}
+	if got[`airlock_sandbox_metrics_limit`] != 100 || got[`airlock_sandbox_metrics_suppressed{reason="over_limit"}`] != 0 {
+		t.Errorf("limit and suppressed gauges under the default limit: %v", got)
+	}
+
+	// Two running over a limit of one: no per-sandbox series at all.
+	s.stop(syscall.SIGTERM)
+	s.args = append(s.args, "--metrics-per-sandbox", "1")
+	if err := s.start(); err != nil {
+		t.Fatal(err)
+	}
+	status, body := s.call(t, "GET", "/metrics", "", nil)
+	if status != 200 || strings.Contains(string(body), "airlock_sandbox_cpu_used_pct{") ||
+		!strings.Contains(string(body), `airlock_sandbox_metrics_suppressed{reason="over_limit"} 1`) ||
+		!strings.Contains(string(body), "airlock_sandbox_metrics_limit 1") {
+		t.Errorf("metrics with 2 sandboxes running over a limit of 1: %d\n%s", status, grepLines(string(body), "airlock_sandbox_"))
+	}
+
+	// The deleted one goes, and the other, now alone under the limit, is back.
+	s.deleteSandbox(t, s.key, b.ID)
+	got = scrape([]string{a.ID}, []string{b.ID})
+	if got[`airlock_sandbox_metrics_suppressed{reason="over_limit"}`] != 0 {
+		t.Errorf("over_limit with one sandbox running under a limit of 1: %v", got)
+	}
+	for name := range got {
+		if strings.Contains(name, b.ID) {
+			t.Errorf("series of the deleted sandbox %s: %s", b.ID, name)
+		}
+	}
+}
+
+// grepLines is the lines of text that hold sub.
+func grepLines(text, sub string) string {
+	var out []string
+	for _, line := range strings.Split(text, "\n") {
+		if strings.Contains(line, sub) {
+			out = append(out, line)
+		}
+	}
+	return strings.Join(out, "\n")
 }

@@ -131,6 +131,15 @@ func (c *Client) Keep(ctx context.Context, id string, timeoutS int, opts ...Call
 	return out, err
 }
 
+// SandboxMetrics measures a running sandbox now: CPU, memory and disk as
+// its guest sees them, and its VMM's use of the host when the server can
+// tell. A sandbox that is not running is a conflict.
+func (c *Client) SandboxMetrics(ctx context.Context, id string) (apiv1.SandboxMetrics, error) {
+	var out apiv1.SandboxMetrics
+	err := c.call(ctx, http.MethodGet, p("v1", "sandboxes", id, "metrics"), nil, nil, &out, nil)
+	return out, err
+}
+
 // SandboxEvents streams a sandbox's state changes from now on: events named
 // "state" whose data is the Sandbox. The caller closes the stream.
 func (c *Client) SandboxEvents(ctx context.Context, id string) (*EventStream, error) {

@@ -204,6 +204,35 @@ func TestListSandboxesQuery(t *testing.T) {
 	}
 }
 
+func TestSandboxMetrics(t *testing.T) {
+	c := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Method != http.MethodGet:
+			http.NotFound(w, r)
+		case r.URL.Path == "/v1/sandboxes/sbx1/metrics":
+			io.WriteString(w, `{"cpu_used_pct":12.5,"cpu_count":2,"mem_used_mib":41,"mem_total_mib":467,"mem_cache_mib":3,`+
+				`"disk_used_mib":655,"disk_total_mib":1983,"vmm_cpu_pct":30.5,"vmm_mem_mib":510,"time":"2026-12-01T12:00:00Z"}`)
+		case r.URL.Path == "/v1/sandboxes/sbx2/metrics":
+			io.WriteString(w, `{"cpu_used_pct":1,"cpu_count":1,"mem_used_mib":1,"mem_total_mib":2,"mem_cache_mib":0,`+
+				`"disk_used_mib":3,"disk_total_mib":4,"time":"2026-12-01T12:00:00Z"}`)
+		default:
+			writeJSON(w, 409, apiv1.ErrorBody{Error: apiv1.Error{Code: "conflict", Message: "sandbox is paused"}})
+		}
+	}))
+	m, err := c.SandboxMetrics(context.Background(), "sbx1")
+	want := apiv1.SandboxMetrics{CPUUsedPct: 12.5, CPUCount: 2, MemUsedMiB: 41, MemTotalMiB: 467, MemCacheMiB: 3,
+		DiskUsedMiB: 655, DiskTotalMiB: 1983, VMMCPUPct: 30.5, VMMMemMiB: 510, Time: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)}
+	if err != nil || m != want {
+		t.Fatalf("metrics with host-side fields: %+v %v", m, err)
+	}
+	if m, err = c.SandboxMetrics(context.Background(), "sbx2"); err != nil || m.VMMCPUPct != 0 || m.VMMMemMiB != 0 || m.DiskTotalMiB != 4 {
+		t.Fatalf("metrics without host-side fields: %+v %v", m, err)
+	}
+	if _, err := c.SandboxMetrics(context.Background(), "sbx3"); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("metrics of a paused sandbox: %v", err)
+	}
+}
+
 func TestWaitOperation(t *testing.T) {
 	var mu sync.Mutex
 	polls := 0

@@ -450,14 +450,21 @@ type EgressEvent struct {
 }
 
 // SandboxMetrics is the answer to GET /v1/sandboxes/{id}/metrics: what the
-// sandbox uses, measured in its guest when asked.
+// sandbox uses, measured in its guest when asked, and what its VMM uses
+// on the host when that can be measured.
 type SandboxMetrics struct {
-	CPUUsedPct   float64   `json:"cpu_used_pct"`
-	CPUCount     int       `json:"cpu_count"`
-	MemUsedMiB   int64     `json:"mem_used_mib"`
-	MemTotalMiB  int64     `json:"mem_total_mib"`
-	MemCacheMiB  int64     `json:"mem_cache_mib"`
-	DiskUsedMiB  int64     `json:"disk_used_mib"`
-	DiskTotalMiB int64     `json:"disk_total_mib"`
-	Time         time.Time `json:"time"`
+	CPUUsedPct   float64 `json:"cpu_used_pct"`
+	CPUCount     int     `json:"cpu_count"`
+	MemUsedMiB   int64   `json:"mem_used_mib"`
+	MemTotalMiB  int64   `json:"mem_total_mib"`
+	MemCacheMiB  int64   `json:"mem_cache_mib"`
+	DiskUsedMiB  int64   `json:"disk_used_mib"`
+	DiskTotalMiB int64   `json:"disk_total_mib"`
+	// VMMCPUPct is the CPU the sandbox's VMM uses on the host, in
+	// percent, and VMMMemMiB the host memory it holds. Both are
+	// host-side, from the sandbox's cgroup when the jail is on; absent
+	// otherwise.
+	VMMCPUPct float64   `json:"vmm_cpu_pct,omitempty"`
+	VMMMemMiB int64     `json:"vmm_mem_mib,omitempty"`
+	Time      time.Time `json:"time"`
 }

@@ -45,7 +45,9 @@ type fakeServer struct {
 	files     map[string]*fakeFile // by clean absolute path; "/" always exists
 	created   []apiv1.CreateSandbox
 	pageSize  int
-	tpl       fakeTemplates // see template_test.go
+	tpl       fakeTemplates                   // see template_test.go
+	metrics   map[string]apiv1.SandboxMetrics // of running sandboxes; see top_test.go
+	measured  []string                        // the sandboxes whose metrics were asked for
 }
 
 type fakeCommand struct {
@@ -67,7 +69,8 @@ type fakeFile struct {
 func newFakeServer(t *testing.T) *fakeServer {
 	f := &fakeServer{sandboxes: map[string]*apiv1.Sandbox{}, ops: map[string]*apiv1.Operation{},
 		opFail: map[string]string{}, commands: map[string]*fakeCommand{},
-		files: map[string]*fakeFile{"/": {dir: true, mode: 0o755}}, pageSize: 2, tpl: newFakeTemplates()}
+		files: map[string]*fakeFile{"/": {dir: true, mode: 0o755}}, pageSize: 2, tpl: newFakeTemplates(),
+		metrics: map[string]apiv1.SandboxMetrics{}}
 	mux := http.NewServeMux()
 	f.templateRoutes(mux)
 	mux.HandleFunc("POST /v1/sandboxes", f.createSandbox)
@@ -85,6 +88,7 @@ func newFakeServer(t *testing.T) *fakeServer {
 	mux.HandleFunc("GET /v1/sandboxes/{id}/fs/stat", f.stat)
 	mux.HandleFunc("PUT /v1/sandboxes/{id}/archive", f.archiveIn)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/archive", f.archiveOut)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/metrics", f.sandboxMetrics)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") != "Bearer "+testKey {
 			fakeError(w, 401, "unauthenticated", "bad key")

@@ -19,6 +19,7 @@ func sandboxCommands() []command {
 	return []command{
 		{"create", "create a sandbox and print its ID", runSandboxCreate},
 		{"ls", "list sandboxes", runSandboxList},
+		{"top", "show what each sandbox uses, refreshed live", runSandboxTop},
 		{"get", "show a sandbox", runSandboxGet},
 		{"rm", "remove sandboxes", runSandboxRemove},
 		{"pause", "pause sandboxes: their vCPUs stop, their memory stays", runSandboxPause},

@@ -44,8 +44,15 @@ With --e2b-listen it also serves E2B's API on a second address, for code
 written for E2B's SDKs (see docs/e2b.md): point both E2B_API_URL and
 E2B_SANDBOX_URL at it.
 
+Creates, wakes, template builds and sandbox saves write large files: while
+the data directory's filesystem has less than --min-free-disk free they
+are refused with 429 resource_exhausted, before anything is recorded.
+/metrics carries gauges per running sandbox (CPU, memory, disk, labelled
+by sandbox ID and template) while at most --metrics-per-sandbox run.
+
   airlock serve
   airlock serve --listen 0.0.0.0:7700 --max-sandboxes 64
+  airlock serve --min-free-disk 10GiB --metrics-per-sandbox 0
   airlock serve --default-egress allow --dns-upstream 127.0.0.1:5353
   airlock serve --e2b-listen 127.0.0.1:3000`
 
@@ -64,8 +71,14 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	trusted := fs.String("trusted-registries", "", "comma-separated registry `hosts` (HOST[:PORT]) template builds may pull docker:// images from (default: any)")
 	maxBuilds := fs.Int("max-builds", 1, "most template builds running at once (each boots a sandbox)")
 	maxContext := fs.Int64("max-build-context", 1024, "largest build context upload in `MiB`")
+	minFreeDisk := sizeFlag{n: 2 << 30}
+	fs.Var(&minFreeDisk, "min-free-disk", "free `size` (like 512MiB or 2GiB) to keep on the data directory's filesystem: creates, wakes, builds and saves are refused below it; 0: no check")
+	perSandbox := fs.Int("metrics-per-sandbox", 100, "most running sandboxes that get their own series on /metrics; with more running, none do; 0: none")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *perSandbox < 0 {
+		return fmt.Errorf("serve: --metrics-per-sandbox must not be negative (0 turns the series off): %w", errdefs.ErrInvalid)
 	}
 	var trustedRegistries []string
 	for _, h := range strings.Split(*trusted, ",") {
@@ -150,11 +163,13 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 		MaxSandboxes: *maxSandboxes, MaxStarts: *maxStarts, MaxQueuedStarts: *maxQueued,
 		DefaultEgress: *defaultEgress, Secrets: box, TokenKey: tokenKey,
 		TrustedRegistries: trustedRegistries, MaxBuilds: *maxBuilds, MaxContextBytes: *maxContext << 20,
+		MinFreeDiskBytes: minFreeDisk.n,
 	})
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
 	defer svc.Close()
+	reg.MustRegister(service.NewSandboxCollector(svc, service.SandboxCollectorConfig{Limit: *perSandbox}))
 
 	keyPath := env.Dir.AdminKey()
 	if key, err := svc.EnsureAdminKey(ctx, keyPath); err != nil {

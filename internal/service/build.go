@@ -264,6 +264,9 @@ func (s *Service) startBuild(p Principal, pl plan, body []byte) (apiv1.TemplateO
 	if err := s.mayWrite(s.ctx, p, pl.name, pl.tag); err != nil {
 		return apiv1.TemplateOperation{}, err
 	}
+	if err := s.checkFreeDisk(s.cfg.Dir.Templates()); err != nil {
+		return apiv1.TemplateOperation{}, err
+	}
 	now := s.now()
 	rec := store.Build{ID: ids.New("bld"), Owner: p.KeyID, Name: pl.name, Tag: pl.tag, Status: apiv1.TemplateBuilding,
 		Request: body, CreatedAt: now}

@@ -224,6 +224,15 @@ func (s *Service) suspendVM(id string) error {
 		if !box.Machine().Exited() {
 			lv.setBox(box) // still running: keep it
 			lv.resumeCommands()
+		} else {
+			// The VM died during the suspend, and its watch ended with
+			// the context above: let go of it as the watch would have,
+			// or its owner lock, held here, keeps a delete from
+			// removing the sandbox.
+			lv.pumps.Wait()
+			lv.endAll("the sandbox VM exited")
+			box.Release()
+			lv.s.endCommands(id, "the sandbox VM exited")
 		}
 		return fmt.Errorf("suspend sandbox %s: %w", id, err)
 	}
@@ -235,6 +244,12 @@ func (s *Service) suspendVM(id string) error {
 func (s *Service) Wake(ctx context.Context, p Principal, id string) (apiv1.SandboxOperation, error) {
 	cur, err := s.getOwned(ctx, p, id)
 	if err != nil {
+		return apiv1.SandboxOperation{}, err
+	}
+	// A woken VM writes to its disk on the host, and a restore that fails
+	// once the guest ran saves its memory again: on a full disk that save
+	// fails and the sandbox is lost.
+	if err := s.checkFreeDisk(s.sandboxDir(id)); err != nil {
 		return apiv1.SandboxOperation{}, err
 	}
 	transitional := ""

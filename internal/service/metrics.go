@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/airlockhq/airlock/internal/agentproto"
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/store"
 )
 
 // Metrics are the service's Prometheus metrics. A nil *Metrics counts
@@ -149,4 +151,200 @@ func (s *Service) SandboxMetrics(ctx context.Context, p Principal, id string) (a
 		DiskUsedMiB: st.DiskUsedBytes >> 20, DiskTotalMiB: st.DiskTotalBytes >> 20,
 		Time: s.now(),
 	}, nil
+}
+
+// SandboxCollectorConfig configures the per-sandbox series on /metrics.
+type SandboxCollectorConfig struct {
+	// Limit is the most running sandboxes that get series of their own:
+	// with more running, none do (each sandbox is a label value, and
+	// Prometheus keeps every series it ever saw), and
+	// airlock_sandbox_metrics_suppressed{reason="over_limit"} is 1.
+	// 0 writes no per-sandbox series at all.
+	Limit int
+	// Budget bounds the measuring of one scrape, all sandboxes together;
+	// a sandbox not measured by then is left out and counted in
+	// airlock_sandbox_metrics_skipped_total{reason="timeout"}.
+	// Default 2 s.
+	Budget time.Duration
+	// Parallel is how many sandboxes are measured at once. Default 4.
+	Parallel int
+}
+
+// SandboxCollector writes gauges of what each running sandbox uses,
+// labelled by sandbox ID and template, measured when /metrics is scraped
+// the way GET /v1/sandboxes/{id}/metrics measures (Service.GuestStats).
+type SandboxCollector struct {
+	s   *Service
+	cfg SandboxCollectorConfig
+	// measure is s.GuestStats as the admin; tests put a fake VM here.
+	measure func(ctx context.Context, id string) (agentproto.StatsResult, error)
+
+	cpu, memUsed, memTotal, diskUsed, diskTotal *prometheus.Desc
+	limit, suppressed                           *prometheus.Desc
+	skipped                                     *prometheus.CounterVec
+}
+
+// Reasons why per-sandbox series are left out, the values of
+// airlock_sandbox_metrics_suppressed's label.
+const (
+	suppressedDisabled  = "disabled"
+	suppressedOverLimit = "over_limit"
+)
+
+// Reasons why one running sandbox is left out of a scrape.
+const (
+	skippedTimeout = "timeout"
+	skippedError   = "error"
+)
+
+// NewSandboxCollector returns the collector of s's per-sandbox series;
+// register it with the registry /metrics serves.
+func NewSandboxCollector(s *Service, cfg SandboxCollectorConfig) *SandboxCollector {
+	if cfg.Budget <= 0 {
+		cfg.Budget = 2 * time.Second
+	}
+	if cfg.Parallel <= 0 {
+		cfg.Parallel = 4
+	}
+	labels := []string{"sandbox", "template"}
+	c := &SandboxCollector{
+		s: s, cfg: cfg,
+		cpu: prometheus.NewDesc("airlock_sandbox_cpu_used_pct",
+			"Busy share of the sandbox's vCPUs, 0 to 100, measured in its guest over 200 ms at scrape time.", labels, nil),
+		memUsed: prometheus.NewDesc("airlock_sandbox_mem_used_bytes",
+			"Guest memory in use (total less available), measured in the guest at scrape time.", labels, nil),
+		memTotal: prometheus.NewDesc("airlock_sandbox_mem_total_bytes",
+			"Guest memory the sandbox's kernel sees.", labels, nil),
+		diskUsed: prometheus.NewDesc("airlock_sandbox_disk_used_bytes",
+			"Bytes used on the sandbox's root filesystem, measured in the guest at scrape time.", labels, nil),
+		diskTotal: prometheus.NewDesc("airlock_sandbox_disk_total_bytes",
+			"Size of the sandbox's root filesystem.", labels, nil),
+		limit: prometheus.NewDesc("airlock_sandbox_metrics_limit",
+			"Most running sandboxes that get per-sandbox series (airlock serve --metrics-per-sandbox); 0: none.", nil, nil),
+		suppressed: prometheus.NewDesc("airlock_sandbox_metrics_suppressed",
+			"1 when no per-sandbox series are written, by reason: disabled (limit 0) or over_limit (more sandboxes run than the limit).",
+			[]string{"reason"}, nil),
+		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "airlock_sandbox_metrics_skipped_total",
+			Help: "Running sandboxes left out of a scrape: not measured within its time bound (timeout), or their measure failed (error).",
+		}, []string{"reason"}),
+	}
+	admin := Principal{Role: apiv1.RoleAdmin}
+	c.measure = func(ctx context.Context, id string) (agentproto.StatsResult, error) {
+		return s.GuestStats(ctx, admin, id)
+	}
+	c.skipped.WithLabelValues(skippedTimeout)
+	c.skipped.WithLabelValues(skippedError)
+	return c
+}
+
+// Describe sends the descriptors of every series the collector writes.
+func (c *SandboxCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.cpu, c.memUsed, c.memTotal, c.diskUsed, c.diskTotal, c.limit, c.suppressed} {
+		ch <- d
+	}
+	c.skipped.Describe(ch)
+}
+
+// Collect measures the running sandboxes, at most Parallel at once and
+// within Budget in all, and writes their series. A sandbox that stops
+// running between the list and its measure is left out without a count.
+func (c *SandboxCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(c.s.ctx, c.cfg.Budget)
+	defer cancel()
+	disabled, over := c.cfg.Limit <= 0, false
+	var rows []store.Sandbox
+	if !disabled {
+		// One past the limit is enough to tell that there are too many.
+		var err error
+		rows, err = c.s.st.ListSandboxes(ctx, store.SandboxFilter{States: []string{apiv1.StateRunning}, Limit: c.cfg.Limit + 1})
+		if err != nil && ctx.Err() == nil {
+			c.s.log.Warn("per-sandbox metrics: list running sandboxes", "err", err)
+		}
+		if len(rows) > c.cfg.Limit {
+			over, rows = true, nil
+		}
+	}
+	for _, r := range c.measureAll(ctx, rows) {
+		labels := []string{r.sb.ID, r.sb.TemplateRef}
+		ch <- prometheus.MustNewConstMetric(c.cpu, prometheus.GaugeValue, r.st.CPUUsedPct, labels...)
+		ch <- prometheus.MustNewConstMetric(c.memUsed, prometheus.GaugeValue, float64(r.st.MemUsedBytes), labels...)
+		ch <- prometheus.MustNewConstMetric(c.memTotal, prometheus.GaugeValue, float64(r.st.MemTotalBytes), labels...)
+		ch <- prometheus.MustNewConstMetric(c.diskUsed, prometheus.GaugeValue, float64(r.st.DiskUsedBytes), labels...)
+		ch <- prometheus.MustNewConstMetric(c.diskTotal, prometheus.GaugeValue, float64(r.st.DiskTotalBytes), labels...)
+	}
+	ch <- prometheus.MustNewConstMetric(c.limit, prometheus.GaugeValue, float64(max(c.cfg.Limit, 0)))
+	ch <- prometheus.MustNewConstMetric(c.suppressed, prometheus.GaugeValue, gaugeBool(disabled), suppressedDisabled)
+	ch <- prometheus.MustNewConstMetric(c.suppressed, prometheus.GaugeValue, gaugeBool(over), suppressedOverLimit)
+	c.skipped.Collect(ch)
+}
+
+func gaugeBool(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// measured is one sandbox's measure.
+type measured struct {
+	sb store.Sandbox
+	st agentproto.StatsResult
+}
+
+// measureAll measures rows until ctx ends and returns those measured, in
+// the order of rows. Each measuring goroutine ends when its call returns,
+// which ctx bounds; those that answer after ctx ended are counted as
+// timeouts and their answers dropped.
+func (c *SandboxCollector) measureAll(ctx context.Context, rows []store.Sandbox) []measured {
+	type answer struct {
+		i   int
+		st  agentproto.StatsResult
+		err error
+	}
+	answers := make(chan answer, len(rows)) // never blocks a sender
+	slots := make(chan struct{}, c.cfg.Parallel)
+	for i, sb := range rows {
+		go func() {
+			select {
+			case slots <- struct{}{}:
+			case <-ctx.Done():
+				answers <- answer{i: i, err: ctx.Err()}
+				return
+			}
+			defer func() { <-slots }()
+			st, err := c.measure(ctx, sb.ID)
+			answers <- answer{i: i, st: st, err: err}
+		}()
+	}
+
+	got := make([]*agentproto.StatsResult, len(rows))
+	pending := len(rows)
+	for pending > 0 {
+		select {
+		case a := <-answers:
+			pending--
+			switch {
+			case a.err == nil:
+				got[a.i] = &a.st
+			case ctx.Err() != nil || errors.Is(a.err, context.DeadlineExceeded):
+				c.skipped.WithLabelValues(skippedTimeout).Inc()
+			case errors.Is(a.err, errdefs.ErrConflict), errors.Is(a.err, errdefs.ErrNotFound):
+				// No longer running: nothing was skipped.
+			default:
+				c.skipped.WithLabelValues(skippedError).Inc()
+				c.s.log.Debug("per-sandbox metrics: measure", "sandbox", rows[a.i].ID, "err", a.err)
+			}
+		case <-ctx.Done():
+			c.skipped.WithLabelValues(skippedTimeout).Add(float64(pending))
+			pending = 0
+		}
+	}
+	var out []measured
+	for i, st := range got {
+		if st != nil {
+			out = append(out, measured{sb: rows[i], st: *st})
+		}
+	}
+	return out
 }

@@ -116,6 +116,9 @@ func (s *Service) CreateSandbox(ctx context.Context, p Principal, req apiv1.Crea
 	}
 	op := store.Operation{ID: ids.New("op"), Kind: apiv1.OpCreate, TargetID: sb.ID, Owner: p.KeyID, Status: apiv1.OpPending, CreatedAt: now}
 
+	if err := s.checkFreeDisk(s.cfg.Dir.Sandboxes()); err != nil {
+		return apiv1.SandboxOperation{}, err
+	}
 	// Admission: the caps are checked and the slot taken under one lock.
 	s.mu.Lock()
 	if s.closed {

@@ -79,6 +79,12 @@ type Config struct {
 	MaxBuilds int
 	// MaxContextBytes caps an uploaded build context. Default 1 GiB.
 	MaxContextBytes int64
+	// MinFreeDiskBytes is the free space, in bytes, below which creates,
+	// wakes, template builds and sandbox saves are refused: each checks
+	// the filesystem it writes to under Dir first and, with less free,
+	// fails with an error wrapping errdefs.ErrExhausted before anything
+	// is recorded. 0 (the default) checks nothing.
+	MinFreeDiskBytes int64
 	// NoReclaim keeps every template image and snapshot: for a service
 	// that shares its templates directory with a server that owns it
 	// (the bench's), whose sandboxes it cannot see.
@@ -126,6 +132,9 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("the token key is %d bytes, under %d: %w", n, tokenKeySize, errdefs.ErrInvalid)
 	default:
 		c.TokenKey = slices.Clone(c.TokenKey)
+	}
+	if c.MinFreeDiskBytes < 0 {
+		return fmt.Errorf("the free disk space to keep is %d bytes, under 0: %w", c.MinFreeDiskBytes, errdefs.ErrInvalid)
 	}
 	if c.MaxSandboxes < 1 || c.MaxStarts < 1 || c.MaxQueuedStarts < 0 {
 		return fmt.Errorf("limits must be positive (max sandboxes %d, max starts %d, queued starts %d): %w",

@@ -1,0 +1,64 @@
+package service
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/airlockhq/airlock/internal/errdefs"
+)
+
+// checkFreeDisk refuses an operation that writes large files under dir (a
+// sandbox's disk and saved memory, a template image) when the filesystem
+// holding dir has less than Config.MinFreeDiskBytes free for unprivileged
+// use. It runs before the operation records anything, so a filling disk
+// fails requests up front instead of leaving half-written images and
+// snapshots behind.
+func (s *Service) checkFreeDisk(dir string) error {
+	keep := s.cfg.MinFreeDiskBytes
+	if keep <= 0 {
+		return nil
+	}
+	free, err := freeBytes(dir)
+	if err != nil {
+		return fmt.Errorf("measure the free disk space: %w", err)
+	}
+	if free < keep {
+		return fmt.Errorf("the host's data directory has %s free, less than the %s `airlock serve --min-free-disk` asks for: "+
+			"free some space (or lower --min-free-disk) and retry: %w", byteSize(free), byteSize(keep), errdefs.ErrExhausted)
+	}
+	return nil
+}
+
+// freeBytes is the space left for unprivileged use on the filesystem that
+// holds path, or would hold it: a path not made yet is measured at its
+// nearest existing parent.
+func freeBytes(path string) (int64, error) {
+	for {
+		var st unix.Statfs_t
+		err := unix.Statfs(path, &st)
+		if err == nil {
+			return int64(st.Bavail) * int64(st.Bsize), nil
+		}
+		parent := filepath.Dir(path)
+		if !errors.Is(err, unix.ENOENT) || parent == path {
+			return 0, &os.PathError{Op: "statfs", Path: path, Err: err}
+		}
+		path = parent
+	}
+}
+
+// byteSize is n for a person: TiB or GiB with one decimal from 1 of
+// them, else MiB.
+func byteSize(n int64) string {
+	if n >= 1<<40 {
+		return fmt.Sprintf("%.1f TiB", float64(n)/(1<<40))
+	}
+	if n >= 1<<30 {
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	}
+	return fmt.Sprintf("%d MiB", n>>20)
+}

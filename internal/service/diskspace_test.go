@@ -1,0 +1,62 @@
+package service
+
+import (
+	"errors"
+	"math"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/airlockhq/airlock/internal/datadir"
+	"github.com/airlockhq/airlock/internal/errdefs"
+)
+
+func TestCheckFreeDisk(t *testing.T) {
+	root := t.TempDir()
+	free, err := freeBytes(root)
+	if err != nil || free <= 0 {
+		t.Fatalf("free space of %s: %d, %v", root, free, err)
+	}
+	// A directory not made yet is measured where it would be.
+	if below, err := freeBytes(filepath.Join(root, "sandboxes", "sbxnew")); err != nil || below <= 0 {
+		t.Fatalf("free space below a missing directory: %d, %v", below, err)
+	}
+	tests := []struct {
+		name string
+		keep int64
+		full bool
+	}{
+		{"off", 0, false},
+		{"a byte", 1, false},
+		{"more than there is", free + 1<<40, true},
+		{"all of int64", math.MaxInt64, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &Service{cfg: Config{Dir: datadir.Dir{Root: root}, MinFreeDiskBytes: tc.keep}}
+			err := s.checkFreeDisk(s.cfg.Dir.Sandboxes())
+			if !tc.full {
+				if err != nil {
+					t.Fatalf("keeping %d bytes free: %v", tc.keep, err)
+				}
+				return
+			}
+			if !errors.Is(err, errdefs.ErrExhausted) || Code(err) != "resource_exhausted" {
+				t.Fatalf("keeping %d bytes free: %v, want resource exhausted", tc.keep, err)
+			}
+			for _, want := range []string{"free", "--min-free-disk", "retry"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("message %q lacks %q", err, want)
+				}
+			}
+		})
+	}
+}
+
+func TestByteSize(t *testing.T) {
+	for n, want := range map[int64]string{0: "0 MiB", 512 << 20: "512 MiB", 1 << 30: "1.0 GiB", 3<<30 + 1<<29: "3.5 GiB", 1 << 50: "1024.0 TiB"} {
+		if got := byteSize(n); got != want {
+			t.Errorf("byteSize(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
