@@ -65,8 +65,13 @@ func runRun(ctx context.Context, env *Env, args []string) error {
 	accel := fs.String("accel", "auto", "accelerator: kvm, tcg or auto")
 	netPolicy := fs.String("net", "deny", netFlagHelp+"; credential rules are for the server")
 	dnsUpstream := fs.String("dns-upstream", "", "resolver `HOST:PORT` the gateway asks (default: the host's)")
+	jailOpts := addJailFlags(fs)
 	if err := parse(fs, expandShortFlags(args, "it")); err != nil {
 		return err
+	}
+	unjailed, uids, err := jailOpts.parse()
+	if err != nil {
+		return fmt.Errorf("run: %w", err)
 	}
 	rawNet, err := readNetworkPolicy(env, *netPolicy)
 	if err != nil {
@@ -97,7 +102,10 @@ func runRun(ctx context.Context, env *Env, args []string) error {
 		return fmt.Errorf("run: %v: %w", err, errdefs.ErrInvalid)
 	}
 
-	rt, err := sandbox.New(ctx, sandbox.Config{Dir: env.Dir, Accel: *accel, Log: env.Log,
+	if unjailed {
+		env.Log.Warn("the jail is off: QEMU runs unconfined, for debugging only")
+	}
+	rt, err := sandbox.New(ctx, sandbox.Config{Dir: env.Dir, Accel: *accel, Log: env.Log, Unjailed: unjailed, UIDs: uids,
 		Network: sandbox.NetworkConfig{DNSUpstream: *dnsUpstream}})
 	if err != nil {
 		return err

@@ -54,7 +54,13 @@ by sandbox ID and template) while at most --metrics-per-sandbox run.
   airlock serve --listen 0.0.0.0:7700 --max-sandboxes 64
   airlock serve --min-free-disk 10GiB --metrics-per-sandbox 0
   airlock serve --default-egress allow --dns-upstream 127.0.0.1:5353
-  airlock serve --e2b-listen 127.0.0.1:3000`
+  airlock serve --e2b-listen 127.0.0.1:3000
+
+Each sandbox's QEMU runs jailed (docs/hardening.md): as a user of its own
+from --jail-uids, in a mount namespace that holds only its files, with no
+capabilities, no_new_privs, QEMU's seccomp filter and a cgroup limiting
+its CPU, memory, processes and I/O weight. --jail off is for debugging
+only: it is logged loudly and refused unless every listener is loopback.`
 
 func runServe(ctx context.Context, env *Env, args []string) error {
 	fs := newFlagSet("serve", "airlock serve [FLAGS]", serveAbout, env)
@@ -73,9 +79,14 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	maxContext := fs.Int64("max-build-context", 1024, "largest build context upload in `MiB`")
 	minFreeDisk := sizeFlag{n: 2 << 30}
 	fs.Var(&minFreeDisk, "min-free-disk", "free `size` (like 512MiB or 2GiB) to keep on the data directory's filesystem: creates, wakes, builds and saves are refused below it; 0: no check")
+	jailOpts := addJailFlags(fs)
 	perSandbox := fs.Int("metrics-per-sandbox", 100, "most running sandboxes that get their own series on /metrics; with more running, none do; 0: none")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	unjailed, uids, err := jailOpts.parse()
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
 	}
 	if *perSandbox < 0 {
 		return fmt.Errorf("serve: --metrics-per-sandbox must not be negative (0 turns the series off): %w", errdefs.ErrInvalid)
@@ -115,16 +126,25 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 		return fmt.Errorf("serve: listen on %s: %v: %w", *listen, err, errdefs.ErrInvalid)
 	}
 	defer ln.Close()
+	if unjailed && !isLoopback(ln.Addr()) {
+		return fmt.Errorf("serve: --jail off is for debugging only and is refused on %s: listen on a loopback address: %w", ln.Addr(), errdefs.ErrInvalid)
+	}
 	var e2bLn net.Listener
 	if *e2bListen != "" {
 		if e2bLn, err = net.Listen("tcp", *e2bListen); err != nil {
 			return fmt.Errorf("serve: listen on %s: %v: %w", *e2bListen, err, errdefs.ErrInvalid)
 		}
 		defer e2bLn.Close()
+		if unjailed && !isLoopback(e2bLn.Addr()) {
+			return fmt.Errorf("serve: --jail off is for debugging only and is refused on %s: listen on a loopback address: %w", e2bLn.Addr(), errdefs.ErrInvalid)
+		}
 	} else if *e2bDomain != "" {
 		return fmt.Errorf("serve: --e2b-domain needs --e2b-listen: %w", errdefs.ErrInvalid)
 	}
 	log := env.Log
+	if unjailed {
+		log.Warn("THE JAIL IS OFF: every QEMU runs as this process's user with nothing taken away and no cgroup; a guest that escapes into its VMM owns the host. For debugging only.")
+	}
 
 	if err := os.MkdirAll(env.Dir.Root, 0o755); err != nil {
 		return fmt.Errorf("serve: %w", err)
@@ -148,7 +168,7 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	// The gateways look secrets up through the service, which needs the
 	// runtime first: the service is filled in before any sandbox starts.
 	var svc *service.Service
-	rt, err := sandbox.New(ctx, sandbox.Config{Dir: env.Dir, Accel: *accel, Log: log, Network: sandbox.NetworkConfig{
+	rt, err := sandbox.New(ctx, sandbox.Config{Dir: env.Dir, Accel: *accel, Log: log, Unjailed: unjailed, UIDs: uids, Network: sandbox.NetworkConfig{
 		DNSUpstream: *dnsUpstream,
 		Metrics:     gateway.NewMetrics(reg),
 		Secret: func(ctx context.Context, id, name string) (string, error) {

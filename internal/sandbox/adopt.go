@@ -205,7 +205,7 @@ func (r *Runtime) Remove(ctx context.Context, id string) error {
 	case !errors.Is(err, vm.ErrNotRunning):
 		return fmt.Errorf("remove sandbox %s: %w", id, err)
 	}
-	if err := os.RemoveAll(dir); err != nil {
+	if err := removeDir(dir); err != nil {
 		return fmt.Errorf("remove sandbox %s: %w", id, err)
 	}
 	return nil

@@ -58,6 +58,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/airlockhq/airlock/internal/agentclient"
@@ -91,6 +92,12 @@ type Config struct {
 	StartTimeout time.Duration
 	// Network configures the sandboxes' gateways.
 	Network NetworkConfig
+	// Unjailed runs every QEMU unconfined, as this process's user, for
+	// debugging only. Otherwise each runs in a jail of its own (vm.Jail)
+	// as a user from UIDs, which needs root.
+	Unjailed bool
+	// UIDs is the range of jailed VMs' users; zero means vm.DefaultUIDs.
+	UIDs vm.UIDRange
 	// Log receives the runtime's diagnostics.
 	Log *slog.Logger
 }
@@ -124,6 +131,17 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	if err := guest.Check(cfg.Dir); err != nil {
 		return nil, err
 	}
+	if cfg.UIDs == (vm.UIDRange{}) {
+		cfg.UIDs = vm.DefaultUIDs
+	}
+	if !cfg.Unjailed {
+		if os.Geteuid() != 0 {
+			return nil, fmt.Errorf("jailed VMs need root (each QEMU runs as a user of its own): run as root, or turn the jail off for debugging: %w", errdefs.ErrPrecondition)
+		}
+		if err := cfg.UIDs.Check(); err != nil {
+			return nil, err
+		}
+	}
 	r := &Runtime{cfg: cfg, log: cfg.Log, templates: template.Open(cfg.Dir)}
 	Sweep(cfg.Dir, cfg.Log)
 	switch cfg.Accel {
@@ -146,6 +164,55 @@ func (r *Runtime) Accel() vm.Accel { return r.accel }
 
 // CPU is the -cpu model sandboxes run with under KVM ("" means host).
 func (r *Runtime) CPU() string { return r.cpu }
+
+// Jailed reports whether the runtime's VMs run jailed.
+func (r *Runtime) Jailed() bool { return !r.cfg.Unjailed }
+
+// jail returns the jail of the VM whose files are in dir, as the user
+// want names when that is still free (a sandbox woken again keeps its
+// user), or nil when the runtime's VMs run unjailed.
+func (r *Runtime) jail(dir string, want *vm.Jail) (*vm.Jail, error) {
+	if r.cfg.Unjailed {
+		return nil, nil
+	}
+	w := 0
+	if want != nil {
+		w = want.UID
+	}
+	uids := r.cfg.UIDs
+	if uids == (vm.UIDRange{}) {
+		uids = vm.DefaultUIDs
+	}
+	uid, err := uids.AllocateUID(dir, w)
+	if err != nil {
+		return nil, err
+	}
+	j := &vm.Jail{UID: uid, GID: uid}
+	if r.accel == vm.AccelKVM {
+		// The group that may open /dev/kvm, unless anyone may.
+		if fi, err := os.Stat("/dev/kvm"); err == nil && fi.Mode().Perm()&0o006 != 0o006 {
+			j.Groups = []int{int(fi.Sys().(*syscall.Stat_t).Gid)}
+		}
+	}
+	return j, nil
+}
+
+// jailStep gives the sandbox's VM its jail.
+func (r *Runtime) jailStep(sb *Sandbox, cfg *vm.Config) step {
+	return step{"jail vm", func(context.Context) error {
+		var err error
+		cfg.Jail, err = r.jail(sb.Dir, nil)
+		return err
+	}, nil}
+}
+
+// removeDir removes a sandbox's directory and frees what the host kept
+// for it: its jail's user.
+func removeDir(dir string) error {
+	err := os.RemoveAll(dir)
+	vm.ReleaseUID(dir)
+	return err
+}
 
 // Templates is the template store.
 func (r *Runtime) Templates() *template.Store { return r.templates }
@@ -397,6 +464,7 @@ func (r *Runtime) boot(ctx context.Context, spec Spec, tpl template.Template) (*
 	}
 	steps := []step{
 		r.dirStep(sb),
+		r.jailStep(sb, &cfg),
 		{"create disk", func(ctx context.Context) error {
 			return createOverlay(ctx, tpl.Image, overlay, spec.DiskMiB)
 		}, nil},
@@ -447,7 +515,7 @@ func (r *Runtime) dirStep(sb *Sandbox) step {
 		}
 		sb.owner = lock
 		return nil
-	}, func() { os.RemoveAll(sb.Dir); sb.owner.Close() }}
+	}, func() { removeDir(sb.Dir); sb.owner.Close() }}
 }
 
 // recordStep records the sandbox's spec (its template by digest), the
@@ -702,7 +770,7 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	s.closeAgent()
 	s.closeGateway()
 	s.vm.Stop(ctx)
-	err := os.RemoveAll(s.Dir)
+	err := removeDir(s.Dir)
 	s.owner.Close()
 	if err != nil {
 		return fmt.Errorf("remove sandbox %s: %w", s.ID, err)

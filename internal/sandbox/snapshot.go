@@ -529,8 +529,9 @@ func (r *Runtime) buildSnapshot(ctx context.Context, key snapshotKey, tpl templa
 			if r.accel == vm.AccelTCG {
 				cfg.TSCKHz = vm.HostTSCKHz()
 			}
-			return nil
-		}, func() { os.RemoveAll(build) }},
+			cfg.Jail, err = r.jail(build, nil)
+			return err
+		}, func() { removeDir(build) }},
 		{"create disk", func(ctx context.Context) error {
 			// A cold snapshot's at the template's own size, the smallest
 			// a sandbox's disk is: a clone grows its disk, and the guest
@@ -582,6 +583,16 @@ func (r *Runtime) buildSnapshot(ctx context.Context, key snapshotKey, tpl templa
 			agent.Close()
 			tvm.closeGateway()
 			m.Stop(ctx)
+			// What the template VM wrote goes back to root: its user
+			// is handed to another VM next.
+			if cfg.Jail != nil {
+				for _, f := range []string{cfg.MemoryFile, cfg.Disk} {
+					if err := os.Chown(f, 0, 0); err != nil && !errors.Is(err, os.ErrNotExist) {
+						return err
+					}
+				}
+				vm.ReleaseUID(build)
+			}
 			// The guest's RAM reached the file through the shared
 			// mapping; make it durable before the snapshot is in place.
 			return syncFile(cfg.MemoryFile)
@@ -615,6 +626,7 @@ func (r *Runtime) buildSnapshot(ctx context.Context, key snapshotKey, tpl templa
 			}
 			vmc := cfg
 			vmc.Dir, vmc.Disk, vmc.MemoryFile = final, "", filepath.Join(final, snapshotMemName)
+			vmc.Jail = nil // each clone has its own
 			rec = snapshotRecord{
 				Template: key.digest, VCPUs: key.vcpus, MemoryMiB: key.memoryMiB, Origin: origin,
 				VM: vmc, StateBytes: fi.Size(), ID: id,

@@ -314,6 +314,9 @@ func (r *Runtime) Wake(ctx context.Context, id string) (*Sandbox, error) {
 			cfg := rec.VM
 			cfg.Incoming = true
 			var err error
+			if cfg.Jail, err = r.jail(dir, rec.VM.Jail); err != nil {
+				return err
+			}
 			m, err = vm.Start(ctx, cfg, log)
 			if err == nil {
 				sb = newSandbox(id, dir, rec.Spec, r.log)

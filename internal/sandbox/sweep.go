@@ -77,7 +77,7 @@ func Sweep(dir datadir.Dir, log *slog.Logger) {
 			lock.Close()
 			continue
 		}
-		if err := os.RemoveAll(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := removeDir(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 			log.Warn("remove abandoned sandbox", "dir", p, "err", err)
 		} else {
 			log.Info("removed abandoned sandbox", "id", e.Name())
