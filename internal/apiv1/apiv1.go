@@ -124,6 +124,19 @@ type Sandbox struct {
 	Metadata  map[string]string `json:"metadata"`
 	Network   json.RawMessage   `json:"network"`
 	LastError *Status           `json:"last_error"`
+	// Limits bound what the sandbox's VMM may use on the host, from its
+	// cgroup; absent when the server runs with the jail off.
+	Limits *SandboxLimits `json:"limits,omitempty"`
+}
+
+// SandboxLimits are the host-side limits of a sandbox's VMM.
+type SandboxLimits struct {
+	// CPUPct is its CPU quota in percent of one host CPU (250: two and a
+	// half CPUs).
+	CPUPct    int `json:"cpu_pct"`
+	MemoryMiB int `json:"memory_mib"`
+	Pids      int `json:"pids"`
+	IOWeight  int `json:"io_weight,omitempty"`
 }
 
 // SandboxOperation is the answer to a lifecycle call on a sandbox.

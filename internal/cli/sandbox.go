@@ -273,6 +273,9 @@ func printSandbox(w io.Writer, sb apiv1.Sandbox) error {
 		{"On timeout", sb.OnTimeout},
 		{"Labels", strings.Join(labels, " ")},
 	}
+	if l := sb.Limits; l != nil {
+		rows = append(rows, [2]string{"Host limits", fmt.Sprintf("cpu %d%%, memory %d MiB, %d processes, io weight %d", l.CPUPct, l.MemoryMiB, l.Pids, l.IOWeight)})
+	}
 	if sb.LastError != nil {
 		rows = append(rows, [2]string{"Last error", sb.LastError.Code + ": " + sb.LastError.Message})
 	}

@@ -72,7 +72,7 @@ func (r *Runtime) Adopt(ctx context.Context, id string, spec Spec) (*Sandbox, er
 		}
 		return nil, fmt.Errorf("adopt sandbox %s: %w", id, err)
 	}
-	sb.vm, sb.owner = m, lock
+	sb.vm, sb.owner, sb.cg = m, lock, r.loadCgroup(dir)
 	var netMAC string // the VM's network device, when it has one
 	if rec, err := readRecord(dir); err == nil {
 		sb.Snapshot, sb.Warm = rec.snapshot(), rec.Layer != ""
@@ -204,6 +204,11 @@ func (r *Runtime) Remove(ctx context.Context, id string) error {
 		log.Info("killed the VM of a removed sandbox", "pid", m.PID())
 	case !errors.Is(err, vm.ErrNotRunning):
 		return fmt.Errorf("remove sandbox %s: %w", id, err)
+	}
+	if g := r.loadCgroup(dir); g != nil {
+		if err := g.Delete(); err != nil {
+			log.Warn("remove the sandbox's cgroup", "err", err)
+		}
 	}
 	if err := removeDir(dir); err != nil {
 		return fmt.Errorf("remove sandbox %s: %w", id, err)

@@ -45,6 +45,7 @@ func (r *Runtime) clone(ctx context.Context, spec Spec, tpl template.Template) (
 		}, func() { release() }},
 		r.dirStep(sb),
 		r.jailStep(sb, &cfg),
+		r.cgroupStep(sb, &cfg),
 		{"create disk", func(ctx context.Context) error {
 			// At the size the snapshot's guest saw its disk; it grows to
 			// the sandbox's size after the restore.

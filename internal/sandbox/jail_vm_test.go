@@ -53,6 +53,15 @@ func TestJailEscapeVM(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Destroy(context.Background())
+	defer func() {
+		// Destroyed, a sandbox's cgroup is gone.
+		a.Destroy(context.Background())
+		b.Destroy(context.Background())
+		names, err := rt.cg.List()
+		if err != nil || len(names) != 0 {
+			t.Errorf("cgroups left after the sandboxes: %v, %v", names, err)
+		}
+	}()
 
 	uids := map[int]string{}
 	for _, sb := range []*Sandbox{a, b} {
@@ -81,6 +90,24 @@ func TestJailEscapeVM(t *testing.T) {
 		}
 	}
 	aUID := strconv.Itoa(mustJail(t, a).UID)
+
+	// Each QEMU is in its sandbox's cgroup, with the limits of its size.
+	for _, sb := range []*Sandbox{a, b} {
+		if sb.cg == nil {
+			t.Fatalf("sandbox %s has no cgroup", sb.ID)
+		}
+		b, _ := os.ReadFile("/proc/" + strconv.Itoa(sb.vm.PID()) + "/cgroup")
+		if !strings.Contains(string(b), ":/"+sb.cg.Path()+"\n") {
+			t.Errorf("sandbox %s's QEMU is not in cgroup %s: %s", sb.ID, sb.cg.Path(), b)
+		}
+		if got, want := sb.cg.Resources(), *rt.Limits(sb.Spec.VCPUs, sb.Spec.MemoryMiB); got.MemoryBytes != want.MemoryBytes || got.CPUQuotaUS != want.CPUQuotaUS || got.Pids != want.Pids {
+			t.Errorf("sandbox %s's cgroup has %+v, want %+v", sb.ID, got, want)
+		}
+		st, err := sb.VMMStats()
+		if err != nil || st.MemoryBytes == 0 || st.CPUUsageNS == 0 || st.Pids == 0 {
+			t.Errorf("sandbox %s's VMM stats: %+v, %v", sb.ID, st, err)
+		}
+	}
 
 	// QEMU's root: outside /usr, only the boot files, its disk chain and
 	// devices; nothing else of either sandbox's directory.

@@ -63,6 +63,7 @@ import (
 
 	"github.com/airlockhq/airlock/internal/agentclient"
 	"github.com/airlockhq/airlock/internal/agentproto"
+	"github.com/airlockhq/airlock/internal/cgroup"
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/gateway"
@@ -108,7 +109,8 @@ type Runtime struct {
 	log       *slog.Logger
 	templates *template.Store
 	accel     vm.Accel
-	cpu       string // the -cpu model under KVM
+	cpu       string            // the -cpu model under KVM
+	cg        *cgroup.Hierarchy // the VMs' cgroups; nil when they run unjailed
 
 	built atomic.Int64 // template snapshots this runtime made
 
@@ -143,7 +145,17 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		}
 	}
 	r := &Runtime{cfg: cfg, log: cfg.Log, templates: template.Open(cfg.Dir)}
+	if !cfg.Unjailed {
+		h, err := cgroup.Open(cgroupParent(cfg.Dir))
+		if err != nil {
+			return nil, fmt.Errorf("jailed VMs need cgroups (or turn the jail off for debugging): %w", err)
+		}
+		r.cg = h
+	}
 	Sweep(cfg.Dir, cfg.Log)
+	if r.cg != nil {
+		r.sweepCgroups()
+	}
 	switch cfg.Accel {
 	case "kvm", "tcg":
 		r.accel = vm.Accel(cfg.Accel)
@@ -350,6 +362,9 @@ type Sandbox struct {
 
 	owner *os.File // holds the directory's owner lock while this process owns it
 
+	cgMu sync.Mutex    // held while the cgroup is read or removed
+	cg   *cgroup.Group // the VM's cgroup; nil when unjailed or removed
+
 	releaseOnce sync.Once
 	released    chan struct{} // closed by Release; ends watch
 }
@@ -465,6 +480,7 @@ func (r *Runtime) boot(ctx context.Context, spec Spec, tpl template.Template) (*
 	steps := []step{
 		r.dirStep(sb),
 		r.jailStep(sb, &cfg),
+		r.cgroupStep(sb, &cfg),
 		{"create disk", func(ctx context.Context) error {
 			return createOverlay(ctx, tpl.Image, overlay, spec.DiskMiB)
 		}, nil},
@@ -528,6 +544,10 @@ func recordStep(sb *Sandbox, cfg *vm.Config, layer *string) step {
 			spec.Template = sb.Template.Digest
 		}
 		rec := record{Spec: spec, VM: *cfg}
+		if sb.cg != nil {
+			res := sb.cg.Resources()
+			rec.Limits = &res
+		}
 		if layer != nil {
 			rec.Layer = *layer
 		}
@@ -627,6 +647,7 @@ func (s *Sandbox) watch() {
 	}
 	s.closeAgent()
 	s.closeGateway()
+	s.dropCgroup()
 }
 
 // closeAgent ends the session with the agent, if there is one.
@@ -770,6 +791,7 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	s.closeAgent()
 	s.closeGateway()
 	s.vm.Stop(ctx)
+	s.dropCgroup()
 	err := removeDir(s.Dir)
 	s.owner.Close()
 	if err != nil {

@@ -539,11 +539,18 @@ func (r *Runtime) buildSnapshot(ctx context.Context, key snapshotKey, tpl templa
 			return createOverlay(ctx, tpl.Image, cfg.Disk, diskMiB)
 		}, nil},
 		{"boot template vm", func(ctx context.Context) error {
-			var err error
+			cg, err := r.vmCgroup(&cfg)
+			if err != nil {
+				return err
+			}
+			tvm.cg = cg
 			m, err = vm.Start(ctx, cfg, log)
 			tvm.vm = m
+			if err != nil {
+				tvm.dropCgroup()
+			}
 			return err
-		}, func() { m.Stop(context.Background()) }},
+		}, func() { m.Stop(context.Background()); tvm.dropCgroup() }},
 	}
 	if warm {
 		steps = append(steps, step{"start gateway", func(ctx context.Context) error {
@@ -583,6 +590,7 @@ func (r *Runtime) buildSnapshot(ctx context.Context, key snapshotKey, tpl templa
 			agent.Close()
 			tvm.closeGateway()
 			m.Stop(ctx)
+			tvm.dropCgroup()
 			// What the template VM wrote goes back to root: its user
 			// is handed to another VM next.
 			if cfg.Jail != nil {

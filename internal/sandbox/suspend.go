@@ -15,6 +15,7 @@ import (
 	"github.com/airlockhq/airlock/internal/agentclient"
 	"github.com/airlockhq/airlock/internal/agentproto"
 	"github.com/airlockhq/airlock/internal/atomicfile"
+	"github.com/airlockhq/airlock/internal/cgroup"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/vm"
 )
@@ -41,6 +42,8 @@ type record struct {
 	// snapshot the VM is a clone of, which its disk is an overlay of; ""
 	// for a clone of a cold snapshot or a booted VM.
 	Layer string `json:"layer,omitempty"`
+	// Limits are the cgroup limits the VM runs with; absent when unjailed.
+	Limits *cgroup.Resources `json:"limits,omitempty"`
 }
 
 // snapshot is the directory of the template snapshot the VM is a clone
@@ -257,6 +260,7 @@ func (s *Sandbox) Suspend(ctx context.Context) error {
 	s.closeAgent()
 	s.closeGateway()
 	s.vm.Stop(ctx)
+	s.dropCgroup()
 	s.owner.Close()
 	s.log.Info("sandbox suspended")
 	return nil
@@ -317,14 +321,22 @@ func (r *Runtime) Wake(ctx context.Context, id string) (*Sandbox, error) {
 			if cfg.Jail, err = r.jail(dir, rec.VM.Jail); err != nil {
 				return err
 			}
-			m, err = vm.Start(ctx, cfg, log)
-			if err == nil {
-				sb = newSandbox(id, dir, rec.Spec, r.log)
-				sb.vm, sb.owner = m, lock
-				sb.Snapshot, sb.Warm = rec.snapshot(), rec.Layer != ""
+			cg, err := r.vmCgroup(&cfg)
+			if err != nil {
+				return err
 			}
-			return err
-		}, func() { m.Stop(context.Background()) }},
+			m, err = vm.Start(ctx, cfg, log)
+			if err != nil {
+				if cg != nil {
+					cg.Delete()
+				}
+				return err
+			}
+			sb = newSandbox(id, dir, rec.Spec, r.log)
+			sb.vm, sb.owner, sb.cg = m, lock, cg
+			sb.Snapshot, sb.Warm = rec.snapshot(), rec.Layer != ""
+			return nil
+		}, func() { m.Stop(context.Background()); sb.dropCgroup() }},
 		{"start gateway", func(ctx context.Context) error {
 			// Flows the guest had open end: the new gateway knows none
 			// of them, and resets them when the guest sends on them.

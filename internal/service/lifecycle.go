@@ -148,7 +148,7 @@ func (s *Service) Pause(ctx context.Context, p Principal, id string) (apiv1.Sand
 		}
 		s.endOp(f, sb, apiv1.StateRunning, op, err, time.Since(start))
 	}()
-	return apiv1.SandboxOperation{Sandbox: sandboxView(sb), Operation: opView(op)}, nil
+	return apiv1.SandboxOperation{Sandbox: s.sandboxView(sb), Operation: opView(op)}, nil
 }
 
 // liveVM returns the sandbox this server looks after and its VM, or a
@@ -180,7 +180,7 @@ func (s *Service) Suspend(ctx context.Context, p Principal, id string) (apiv1.Sa
 		return apiv1.SandboxOperation{}, err
 	}
 	go s.runSuspend(sb, op, f, from)
-	return apiv1.SandboxOperation{Sandbox: sandboxView(sb), Operation: opView(op)}, nil
+	return apiv1.SandboxOperation{Sandbox: s.sandboxView(sb), Operation: opView(op)}, nil
 }
 
 func (s *Service) runSuspend(sb store.Sandbox, op store.Operation, f *inflight, from string) {
@@ -285,7 +285,7 @@ func (s *Service) Wake(ctx context.Context, p Principal, id string) (apiv1.Sandb
 		}
 		s.endOp(f, sb, from, op, err, time.Since(start))
 	}()
-	return apiv1.SandboxOperation{Sandbox: sandboxView(sb), Operation: opView(op)}, nil
+	return apiv1.SandboxOperation{Sandbox: s.sandboxView(sb), Operation: opView(op)}, nil
 }
 
 // admit checks the host-wide cap on sandboxes holding a VM.
@@ -391,7 +391,7 @@ func (s *Service) Keep(ctx context.Context, p Principal, id string, timeoutS *in
 	if err := s.st.UpdateSandbox(ctx, sb); err != nil {
 		return apiv1.Sandbox{}, err
 	}
-	return sandboxView(sb), nil
+	return s.sandboxView(sb), nil
 }
 
 // maxLease bounds a lease: a year.

@@ -11,7 +11,9 @@ import (
 
 	"github.com/airlockhq/airlock/internal/agentproto"
 	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/cgroup"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/sandbox"
 	"github.com/airlockhq/airlock/internal/store"
 )
 
@@ -140,18 +142,49 @@ func (s *Service) GuestStats(ctx context.Context, p Principal, id string) (agent
 }
 
 // SandboxMetrics is GuestStats as the API shows it.
+// The host side of the metrics comes from the sandbox's cgroup: the CPU
+// its QEMU used between two readings at least vmmWindow apart (taken
+// around the guest's measurement), as a percentage of one host CPU, and
+// the memory charged to it at the second.
 func (s *Service) SandboxMetrics(ctx context.Context, p Principal, id string) (apiv1.SandboxMetrics, error) {
+	var box *sandbox.Sandbox
+	if lv, _, err := s.runningSandbox(ctx, p, id); err == nil {
+		box, _, _ = lv.vm()
+	}
+	var before cgroup.Stats
+	var vmmErr error = errdefs.ErrNotFound
+	start := time.Now()
+	if box != nil {
+		before, vmmErr = box.VMMStats()
+	}
 	st, err := s.GuestStats(ctx, p, id)
 	if err != nil {
 		return apiv1.SandboxMetrics{}, err
 	}
-	return apiv1.SandboxMetrics{
+	m := apiv1.SandboxMetrics{
 		CPUUsedPct: math.Round(st.CPUUsedPct*10) / 10, CPUCount: st.CPUCount,
 		MemUsedMiB: st.MemUsedBytes >> 20, MemTotalMiB: st.MemTotalBytes >> 20, MemCacheMiB: st.MemCacheBytes >> 20,
 		DiskUsedMiB: st.DiskUsedBytes >> 20, DiskTotalMiB: st.DiskTotalBytes >> 20,
-		Time: s.now(),
-	}, nil
+	}
+	if vmmErr == nil {
+		select {
+		case <-time.After(vmmWindow - time.Since(start)):
+		case <-ctx.Done():
+			return apiv1.SandboxMetrics{}, ctx.Err()
+		}
+		if after, err := box.VMMStats(); err == nil && after.CPUUsageNS >= before.CPUUsageNS {
+			pct := float64(after.CPUUsageNS-before.CPUUsageNS) / float64(time.Since(start).Nanoseconds()) * 100
+			m.VMMCPUPct = math.Round(pct*10) / 10
+			m.VMMMemMiB = int64(after.MemoryBytes >> 20)
+		}
+	}
+	m.Time = s.now()
+	return m, nil
 }
+
+// vmmWindow is the least time between the two readings of a sandbox's
+// cgroup that its CPU use is measured over.
+const vmmWindow = 200 * time.Millisecond
 
 // SandboxCollectorConfig configures the per-sandbox series on /metrics.
 type SandboxCollectorConfig struct {

@@ -118,7 +118,7 @@ func (s *Service) SetNetwork(ctx context.Context, p Principal, id string, raw js
 		return apiv1.Sandbox{}, fmt.Errorf("record the network policy: %w", err)
 	}
 	s.publish(cur)
-	return sandboxView(cur), nil
+	return s.sandboxView(cur), nil
 }
 
 // EgressLog lists the newest entries of a sandbox's egress log: every

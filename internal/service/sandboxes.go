@@ -151,7 +151,7 @@ func (s *Service) CreateSandbox(ctx context.Context, p Principal, req apiv1.Crea
 	s.countState("", sb.State)
 	s.m.opStarted(op.Kind)
 	go s.runCreate(cctx, c, sb, op, spec)
-	return apiv1.SandboxOperation{Sandbox: sandboxView(sb), Operation: opView(op)}, nil
+	return apiv1.SandboxOperation{Sandbox: s.sandboxView(sb), Operation: opView(op)}, nil
 }
 
 // runCreate boots the sandbox: it waits for a start slot, then creates.
@@ -342,7 +342,7 @@ func (s *Service) GetSandbox(ctx context.Context, p Principal, id string) (apiv1
 	if err != nil {
 		return apiv1.Sandbox{}, err
 	}
-	return sandboxView(sb), nil
+	return s.sandboxView(sb), nil
 }
 
 // SandboxFilter selects sandboxes to list.
@@ -394,7 +394,7 @@ func (s *Service) ListSandboxes(ctx context.Context, p Principal, f SandboxFilte
 			out.NextPageToken = encodePageToken(rows[i-1].ID)
 			break
 		}
-		out.Items = append(out.Items, sandboxView(sb))
+		out.Items = append(out.Items, s.sandboxView(sb))
 	}
 	return out, nil
 }
@@ -444,7 +444,7 @@ func (s *Service) DeleteSandbox(ctx context.Context, p Principal, id string) (ap
 	s.publish(sb)
 	s.m.opStarted(op.Kind)
 	go s.runDelete(sb, op)
-	return apiv1.SandboxOperation{Sandbox: sandboxView(sb), Operation: opView(op)}, nil
+	return apiv1.SandboxOperation{Sandbox: s.sandboxView(sb), Operation: opView(op)}, nil
 }
 
 // runDelete stops whatever the sandbox has and removes its files.
@@ -497,7 +497,7 @@ func (s *Service) runDelete(sb store.Sandbox, op store.Operation) {
 }
 
 // sandboxView is the API's view of a sandbox row.
-func sandboxView(sb store.Sandbox) apiv1.Sandbox {
+func (s *Service) sandboxView(sb store.Sandbox) apiv1.Sandbox {
 	v := apiv1.Sandbox{
 		ID: sb.ID, State: sb.State,
 		Template: apiv1.TemplateRef{Ref: sb.TemplateRef, Digest: sb.TemplateDigest},
@@ -513,6 +513,12 @@ func sandboxView(sb store.Sandbox) apiv1.Sandbox {
 	}
 	if sb.LastError != nil {
 		v.LastError = &apiv1.Status{Code: sb.LastError.Code, Message: sb.LastError.Message}
+	}
+	if s.rt != nil {
+		if r := s.rt.Limits(sb.VCPUs, sb.MemoryMiB); r != nil {
+			v.Limits = &apiv1.SandboxLimits{CPUPct: int(r.CPUQuotaUS * 100 / max(r.CPUPeriodUS, 1)),
+				MemoryMiB: int(r.MemoryBytes >> 20), Pids: int(r.Pids), IOWeight: int(r.IOWeight)}
+		}
 	}
 	return v
 }
@@ -611,7 +617,7 @@ func (s *Service) Watch(ctx context.Context, p Principal, id string) (<-chan api
 // publish sends a state change to the sandbox's watchers. A watcher too
 // slow to keep 16 changes queued loses the oldest.
 func (s *Service) publish(sb store.Sandbox) {
-	v := sandboxView(sb)
+	v := s.sandboxView(sb)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for ch := range s.watchers[sb.ID] {

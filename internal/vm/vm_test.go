@@ -122,9 +122,11 @@ func TestArgsMemoryAndIncoming(t *testing.T) {
 			notWant: []string{"/t/mem"},
 		},
 		{
-			name:   "jailed template VM writes its memory file",
-			modify: func(c *Config) { c.MemoryFile, c.MemoryShared, c.Jail = "/t/mem", true, &Jail{UID: 1999999001, GID: 1999999001} },
-			want:   []string{"mem-path=/t/mem,share=on"},
+			name: "jailed template VM writes its memory file",
+			modify: func(c *Config) {
+				c.MemoryFile, c.MemoryShared, c.Jail = "/t/mem", true, &Jail{UID: 1999999001, GID: 1999999001}
+			},
+			want: []string{"mem-path=/t/mem,share=on"},
 		},
 		{
 			name:    "incoming",
