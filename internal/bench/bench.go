@@ -13,7 +13,8 @@
 // round trip) against the same work over the native API, and template
 // builds (cold and cached) against booting a sandbox and running the same
 // commands, and a create from an image-built template against one from a
-// built-in template.
+// built-in template, and the jail (create to first output, exec round
+// trip) against the same with the jail off.
 // Absolute timings vary from host to host (and from minute to minute under
 // software emulation); the ratios to the baselines are what compare across
 // runs.
@@ -59,11 +60,13 @@ const (
 
 	ScenarioTemplateBuild = "template_build"
 	ScenarioImageCreate   = "image_template_create_to_first_output"
+
+	ScenarioJail = "jail_cost"
 )
 
 // Scenarios lists every scenario in the order Run runs them.
 func Scenarios() []string {
-	return []string{ScenarioBoot, ScenarioSnapshot, ScenarioExecRTT, ScenarioThroughput,
+	return []string{ScenarioBoot, ScenarioSnapshot, ScenarioJail, ScenarioExecRTT, ScenarioThroughput,
 		ScenarioNetThroughput, ScenarioNetConnect, ScenarioNetDNS, ScenarioPause,
 		ScenarioSuspend, ScenarioIdlePSS, ScenarioConcurrent, ScenarioTemplateBuild, ScenarioImageCreate,
 		ScenarioE2BCreate, ScenarioE2BExecRTT, ScenarioAPICreate, ScenarioAPIExecRTT}
@@ -310,6 +313,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	}{
 		{ScenarioBoot, r.boot},
 		{ScenarioSnapshot, r.snapshotCreate},
+		{ScenarioJail, r.jailCost},
 		{ScenarioExecRTT, r.execRTT},
 		{ScenarioThroughput, r.stdoutThroughput},
 		{ScenarioNetThroughput, r.netTCPThroughput},

@@ -27,6 +27,8 @@ the ratios compare across runs):
                               sandbox create (a clone of the template snapshot) to
                               the first stdout of echo hi vs a bare QEMU restoring
                               the same snapshot until it runs
+  jail_cost                   the same create to first output, and exec round
+                              trips, with the jail on vs with it off
   exec_rtt                    exec round trip of true vs fork/exec of /bin/true
   stdout_throughput           N MiB of dd if=/dev/zero on stdout vs the same on the host
   net_tcp_throughput          100 MiB sent from a sandbox through its gateway to a
@@ -97,7 +99,7 @@ func runBench(ctx context.Context, env *Env, args []string) error {
 	pauseRuns := fs.Int("pause-runs", bench.DefaultPauseRuns, "rounds of pause and resume per side in the pause_resume scenario")
 	suspendRuns := fs.Int("suspend-runs", bench.DefaultSuspendRuns, "rounds of suspend and wake per side in the suspend_wake_512 scenario")
 	sandboxes := fs.Int("sandboxes", bench.DefaultSandboxes, "sandboxes at once in the idle_pss and concurrent_create scenarios")
-	snapshotRuns := fs.Int("snapshot-runs", bench.DefaultSnapshotRuns, "samples per side in the snapshot_create_to_first_output scenario")
+	snapshotRuns := fs.Int("snapshot-runs", bench.DefaultSnapshotRuns, "samples per side in the snapshot_create_to_first_output and jail_cost scenarios")
 	buildRuns := fs.Int("build-runs", bench.DefaultTemplateBuildRuns, "builds per side (cold, cached, baseline) in the template_build scenario")
 	e2bSDK := fs.String("e2b-sdk", bench.DefaultE2BSDK, "`dir` whose node_modules holds E2B's JS SDK (npm e2b), for the e2b_ scenarios")
 	only := fs.String("only", "", "comma-separated `scenarios` to run (default: all): "+strings.Join(bench.Scenarios(), ", "))
