@@ -36,6 +36,17 @@ func TestSandboxMetrics(t *testing.T) {
 	if after.CPUUsedPct < 50 {
 		t.Errorf("with a spinner on its only vCPU the sandbox uses %.1f%% CPU", after.CPUUsedPct)
 	}
+	// The host side, from the VMM's cgroup: the spinning vCPU shows as
+	// QEMU's CPU (its quota is 125% of a CPU), and QEMU holds at least the
+	// guest memory in use.
+	if after.VMMCPUPct < 30 || after.VMMCPUPct > 140 || after.VMMMemMiB < after.MemUsedMiB/2 {
+		t.Errorf("host side with a spinner: vmm cpu %.1f%%, vmm memory %d MiB (guest uses %d)", after.VMMCPUPct, after.VMMMemMiB, after.MemUsedMiB)
+	}
+	var got apiv1.Sandbox
+	s.must(t, 200, "GET", "/v1/sandboxes/"+sb.ID, s.key, nil, &got)
+	if l := got.Limits; l == nil || l.CPUPct != 125 || l.MemoryMiB <= 256 || l.Pids <= 0 {
+		t.Errorf("limits of a 1-vCPU, 256 MiB sandbox: %+v", got.Limits)
+	}
 
 	var op apiv1.SandboxOperation
 	s.must(t, 202, "POST", "/v1/sandboxes/"+sb.ID+"/pause", s.key, nil, &op)
@@ -104,6 +115,11 @@ func TestMetricsPerSandbox(t *testing.T) {
 		if !hasCPU || cpu < 0 || cpu > 100 || memTotal < 160<<20 || memTotal > 256<<20 || got[series("airlock_sandbox_mem_used_bytes", id)] <= 0 ||
 			diskUsed <= 0 || diskTotal < diskUsed {
 			t.Errorf("series of %s: cpu %v (%v), mem total %v, disk %v of %v", id, cpu, hasCPU, memTotal, diskUsed, diskTotal)
+		}
+		// The host side, from the sandbox's cgroup: QEMU has used CPU
+		// and holds at least the guest memory it touched.
+		if vcpu, vmem := got[series("airlock_sandbox_vmm_cpu_seconds_total", id)], got[series("airlock_sandbox_vmm_memory_bytes", id)]; vcpu <= 0 || vmem < 16<<20 {
+			t.Errorf("vmm series of %s: cpu %v s, memory %v", id, vcpu, vmem)
 		}
 	}
 	if got[`airlock_sandbox_metrics_limit`] != 100 || got[`airlock_sandbox_metrics_suppressed{reason="over_limit"}`] != 0 {

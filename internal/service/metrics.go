@@ -182,6 +182,23 @@ func (s *Service) SandboxMetrics(ctx context.Context, p Principal, id string) (a
 	return m, nil
 }
 
+// vmmStats reads the cgroup of sandbox id's VMM, if this server runs its
+// VM and it has one.
+func (s *Service) vmmStats(id string) (cgroup.Stats, bool) {
+	s.mu.Lock()
+	lv := s.live[id]
+	s.mu.Unlock()
+	if lv == nil {
+		return cgroup.Stats{}, false
+	}
+	box, _, err := lv.vm()
+	if err != nil {
+		return cgroup.Stats{}, false
+	}
+	st, err := box.VMMStats()
+	return st, err == nil
+}
+
 // vmmWindow is the least time between the two readings of a sandbox's
 // cgroup that its CPU use is measured over.
 const vmmWindow = 200 * time.Millisecond
@@ -213,6 +230,7 @@ type SandboxCollector struct {
 	measure func(ctx context.Context, id string) (agentproto.StatsResult, error)
 
 	cpu, memUsed, memTotal, diskUsed, diskTotal *prometheus.Desc
+	vmmCPU, vmmMem                              *prometheus.Desc
 	limit, suppressed                           *prometheus.Desc
 	skipped                                     *prometheus.CounterVec
 }
@@ -252,6 +270,10 @@ func NewSandboxCollector(s *Service, cfg SandboxCollectorConfig) *SandboxCollect
 			"Bytes used on the sandbox's root filesystem, measured in the guest at scrape time.", labels, nil),
 		diskTotal: prometheus.NewDesc("airlock_sandbox_disk_total_bytes",
 			"Size of the sandbox's root filesystem.", labels, nil),
+		vmmCPU: prometheus.NewDesc("airlock_sandbox_vmm_cpu_seconds_total",
+			"CPU time the sandbox's VMM (its QEMU) has used on the host, from its cgroup (absent with the jail off).", labels, nil),
+		vmmMem: prometheus.NewDesc("airlock_sandbox_vmm_memory_bytes",
+			"Host memory charged to the sandbox's VMM's cgroup (absent with the jail off).", labels, nil),
 		limit: prometheus.NewDesc("airlock_sandbox_metrics_limit",
 			"Most running sandboxes that get per-sandbox series (airlock serve --metrics-per-sandbox); 0: none.", nil, nil),
 		suppressed: prometheus.NewDesc("airlock_sandbox_metrics_suppressed",
@@ -273,7 +295,7 @@ func NewSandboxCollector(s *Service, cfg SandboxCollectorConfig) *SandboxCollect
 
 // Describe sends the descriptors of every series the collector writes.
 func (c *SandboxCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.cpu, c.memUsed, c.memTotal, c.diskUsed, c.diskTotal, c.limit, c.suppressed} {
+	for _, d := range []*prometheus.Desc{c.cpu, c.memUsed, c.memTotal, c.diskUsed, c.diskTotal, c.vmmCPU, c.vmmMem, c.limit, c.suppressed} {
 		ch <- d
 	}
 	c.skipped.Describe(ch)
@@ -305,6 +327,10 @@ func (c *SandboxCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.memTotal, prometheus.GaugeValue, float64(r.st.MemTotalBytes), labels...)
 		ch <- prometheus.MustNewConstMetric(c.diskUsed, prometheus.GaugeValue, float64(r.st.DiskUsedBytes), labels...)
 		ch <- prometheus.MustNewConstMetric(c.diskTotal, prometheus.GaugeValue, float64(r.st.DiskTotalBytes), labels...)
+		if vmm, ok := c.s.vmmStats(r.sb.ID); ok {
+			ch <- prometheus.MustNewConstMetric(c.vmmCPU, prometheus.CounterValue, float64(vmm.CPUUsageNS)/1e9, labels...)
+			ch <- prometheus.MustNewConstMetric(c.vmmMem, prometheus.GaugeValue, float64(vmm.MemoryBytes), labels...)
+		}
 	}
 	ch <- prometheus.MustNewConstMetric(c.limit, prometheus.GaugeValue, float64(max(c.cfg.Limit, 0)))
 	ch <- prometheus.MustNewConstMetric(c.suppressed, prometheus.GaugeValue, gaugeBool(disabled), suppressedDisabled)
