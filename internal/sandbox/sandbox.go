@@ -455,7 +455,7 @@ func (r *Runtime) started(ctx context.Context, sb *Sandbox, spec Spec) (*Sandbox
 	if spec.NoStart || sb.Warm {
 		return sb, nil
 	}
-	if err := r.startTemplate(ctx, sb); err != nil {
+	if err := r.startTemplate(ctx, sb, r.startTimeout()); err != nil {
 		if derr := sb.Destroy(context.WithoutCancel(ctx)); derr != nil {
 			r.log.Warn("destroying a sandbox whose start command failed", "sandbox", sb.ID, "err", derr)
 		}

@@ -20,26 +20,36 @@ import (
 // start command to answer on its ready port.
 const defaultStartTimeout = 60 * time.Second
 
+// warmStartTimeout is the least a warm snapshot's template VM waits for
+// its server: the first start of a server may do one-time work (the code
+// interpreter's matplotlib builds its font cache) that a busy host under
+// TCG stretches past a minute, and a snapshot is made once.
+const warmStartTimeout = 3 * time.Minute
+
+// startTimeout is how long a create waits for a template's server.
+func (r *Runtime) startTimeout() time.Duration {
+	if r.cfg.StartTimeout > 0 {
+		return r.cfg.StartTimeout
+	}
+	return defaultStartTimeout
+}
+
 // startTemplate starts the template's StartCmd in the background of a
 // freshly created sandbox, detached from the agent's exec (its own
 // session, output to template.StartLog), then waits until an HTTP GET of
 // ReadyPath on ReadyPort answers 200 through the sandbox's gateway. A
-// server that does not come up within the timeout is an error quoting the
-// end of its log.
+// server that does not come up within timeout is an error quoting the end
+// of its log.
 //
 // It runs in the template VM of a warm snapshot (warm.go), and after the
 // create of every sandbox that is not a clone of one: a booted sandbox,
 // and a clone of the cold snapshot of a template that has no readiness
 // check, or of a sandbox that startsWarm excludes. Those pay the
 // server's start-up (for the code interpreter, a Jupyter kernel).
-func (r *Runtime) startTemplate(ctx context.Context, sb *Sandbox) error {
+func (r *Runtime) startTemplate(ctx context.Context, sb *Sandbox, timeout time.Duration) error {
 	tpl := sb.Template
 	if tpl.StartCmd == "" && tpl.ReadyPort == 0 {
 		return nil
-	}
-	timeout := r.cfg.StartTimeout
-	if timeout <= 0 {
-		timeout = defaultStartTimeout
 	}
 	start := time.Now()
 	if tpl.StartCmd != "" {

@@ -142,7 +142,7 @@ func (r *Runtime) warmSteps(tvm *Sandbox) []step {
 			return nil
 		}, nil},
 		{"start template's server", func(ctx context.Context) error {
-			return r.startTemplate(ctx, tvm)
+			return r.startTemplate(ctx, tvm, max(r.startTimeout(), warmStartTimeout))
 		}, nil},
 		{"write out guest data", func(ctx context.Context) error {
 			// Not needed for the clones, whose RAM holds what the disk

@@ -352,7 +352,7 @@ func TestWarmSnapshotVM(t *testing.T) {
 				t.Fatal("a sandbox that skips the start command is a warm clone")
 			}
 			start := time.Now()
-			if err := rt.startTemplate(ctx, sb); err != nil {
+			if err := rt.startTemplate(ctx, sb, rt.startTimeout()); err != nil {
 				t.Fatal(err)
 			}
 			took += time.Since(start)
@@ -464,7 +464,7 @@ func TestWarmCodeInterpreterVM(t *testing.T) {
 	create(t, Spec{NoStart: true})
 	sb, took := create(t, Spec{NoStart: true})
 	start = time.Now()
-	if err := rt.startTemplate(ctx, sb); err != nil {
+	if err := rt.startTemplate(ctx, sb, rt.startTimeout()); err != nil {
 		t.Fatal(err)
 	}
 	started := time.Since(start)
