@@ -80,16 +80,18 @@ const (
 //     (the hash of translated blocks, per-page descriptors, the vCPUs'
 //     software TLBs).
 //
-// So a TCG VM was seen to use guest + 1205 MiB, and gets guest + 1536.
+// So a TCG VM with QEMU's default cache was seen to use guest + 1205 MiB.
+// airlock caps the cache at TCGCacheMiB, and a TCG VM gets guest + 768.
 const (
 	// vmmOverheadMiB covers QEMU apart from TCG: over twice the most seen
 	// outside the cache and its bookkeeping, and page cache of the disk
 	// image (charged to the group, reclaimed before anything is killed).
 	vmmOverheadMiB = 256
-	// tcgCacheMiB is QEMU 7.2's largest TCG translation cache
-	// (DEFAULT_CODE_GEN_BUFFER_SIZE), its size on any host with 8 GiB of
-	// RAM or more. A QEMU given a smaller -accel tcg,tb-size needs that.
-	tcgCacheMiB = 1024
+	// TCGCacheMiB is the size of the TCG translation cache airlock gives
+	// QEMU (-accel tcg,tb-size, internal/vm), a quarter of QEMU 7.2's
+	// default of up to 1 GiB (DEFAULT_CODE_GEN_BUFFER_SIZE), which a busy
+	// guest was seen to fill.
+	TCGCacheMiB = 256
 	// tcgBookkeepingMiB covers what grows with the cache: 183 MiB with
 	// QEMU's own at its fullest.
 	tcgBookkeepingMiB = 256
@@ -108,7 +110,7 @@ const (
 // ForVM returns the resources of a VM with vcpus virtual CPUs and
 // memoryMiB of guest RAM, under TCG when tcg is true and under KVM
 // otherwise: a CPU quota of vcpus CPUs plus a quarter of one for QEMU's
-// own threads; guest memory plus 256 MiB for QEMU, and under TCG 1280 MiB
+// own threads; guest memory plus 256 MiB for QEMU, and under TCG 512 MiB
 // more for the translation cache and its bookkeeping; 256 processes; the
 // default I/O weight.
 // The memory limit is deliberately loose: it bounds a runaway QEMU, and an
@@ -117,7 +119,7 @@ func ForVM(vcpus, memoryMiB int, tcg bool) Resources {
 	vcpus = max(vcpus, 1)
 	overhead := vmmOverheadMiB
 	if tcg {
-		overhead += tcgCacheMiB + tcgBookkeepingMiB
+		overhead += TCGCacheMiB + tcgBookkeepingMiB
 	}
 	return Resources{
 		CPUQuotaUS:  int64(vcpus*100+ioThreadCPUPercent) * DefaultCPUPeriodUS / 100,

@@ -29,6 +29,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/airlockhq/airlock/internal/cgroup"
 	"github.com/airlockhq/airlock/internal/errdefs"
 )
 
@@ -207,7 +208,10 @@ const (
 
 // Args returns QEMU's command line for cfg.
 func Args(cfg Config) []string {
-	accel := []string{"-accel", "tcg,thread=multi", "-cpu", "max"}
+	// The translation cache is capped (QEMU 7.2 gives it up to 1 GiB,
+	// which a busy guest fills), so that a VM's memory is bounded
+	// (cgroup.ForVM).
+	accel := []string{"-accel", fmt.Sprintf("tcg,thread=multi,tb-size=%d", cgroup.TCGCacheMiB), "-cpu", "max"}
 	cmdline := kernelArgs
 	if cfg.Accel == AccelKVM {
 		cpu := cfg.CPU

@@ -54,7 +54,7 @@ func TestValidate(t *testing.T) {
 func TestArgs(t *testing.T) {
 	c := validConfig()
 	tcg := strings.Join(Args(c), " ")
-	for _, want := range []string{"-accel tcg,thread=multi -cpu max", "panic=-1", "-no-reboot", "name=airlock.agent", "-name guest=/d ", "socket,id=agent,fd=4,server=on", "socket,id=qmp,fd=3,server=on", "-mon chardev=qmp,mode=control"} {
+	for _, want := range []string{"-accel tcg,thread=multi,tb-size=256 -cpu max", "panic=-1", "-no-reboot", "name=airlock.agent", "-name guest=/d ", "socket,id=agent,fd=4,server=on", "socket,id=qmp,fd=3,server=on", "-mon chardev=qmp,mode=control"} {
 		if !strings.Contains(tcg, want) {
 			t.Errorf("TCG args lack %q: %s", want, tcg)
 		}
