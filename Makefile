@@ -7,7 +7,7 @@ export PATH := $(dir $(GO)):$(PATH)
 BIN := bin
 export CGO_ENABLED := 0
 
-.PHONY: all build setup run test unit e2e bench vet clean
+.PHONY: all build setup run test unit e2e soak bench vet clean
 
 all: build
 
@@ -44,6 +44,12 @@ e2e: setup
 		cd e2e/e2bsdk && { [ node_modules/.package-lock.json -nt package-lock.json ] || npm ci --no-audit --no-fund; }; \
 	fi
 	AIRLOCK_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m ./e2e/...
+
+# The reliability suite alone (e2e/reliability_test.go), long: 500
+# create/exec/delete cycles instead of 50, with the attacks from inside a
+# guest and the kills of QEMU and of the server.
+soak: setup
+	AIRLOCK_SOAK=1 AIRLOCK_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 2h -v -run '^TestReliability' ./e2e/
 
 # Setup first, so that the unit phase's VM tests (internal/sandbox) run on
 # a fresh machine too instead of skipping for want of boot artifacts.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -93,6 +95,9 @@ func (s *Service) recoverOp(ctx context.Context, op store.Operation) error {
 		// is adopted below.
 		restarted("the sandbox is as its VM was found")
 	case apiv1.OpSuspend:
+		// A save cut short leaves its temporary state file, as big as
+		// the VM's memory; whatever happens next, it is never used.
+		removeStateTemps(s.sandboxDir(sb.ID))
 		switch {
 		case !vmAlive && sandbox.SuspendedState(s.sandboxDir(sb.ID)):
 			sb.State, op.Status = apiv1.StateSuspended, apiv1.OpSucceeded
@@ -176,4 +181,14 @@ func (s *Service) recoverRunning(ctx context.Context, sb store.Sandbox) {
 	}
 	lv.resumeCommands()
 	s.log.Info("adopted sandbox", "sandbox", sb.ID)
+}
+
+// removeStateTemps removes the temporary files of saves of the sandbox's
+// state (vm.Machine.SaveState writes one beside sandbox.StateName and
+// renames it once whole) from the sandbox directory dir.
+func removeStateTemps(dir string) {
+	tmps, _ := filepath.Glob(filepath.Join(dir, "."+sandbox.StateName+".tmp-*"))
+	for _, p := range tmps {
+		os.Remove(p)
+	}
 }
