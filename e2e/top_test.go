@@ -47,13 +47,15 @@ func TestCLITop(t *testing.T) {
 	if r.code != 0 || len(lines) != 2 {
 		t.Fatalf("top --once: exit %d, stderr %q, stdout:\n%s", r.code, r.stderr, r.stdout)
 	}
-	if h := strings.Fields(lines[0]); strings.Join(h, " ") != "ID TEMPLATE STATE CPU% MEM(MiB) DISK(MiB) VCPUS" {
+	// The server runs its VMs jailed, so its sandboxes also have the
+	// host side, from their cgroups.
+	if h := strings.Fields(lines[0]); strings.Join(h, " ") != "ID TEMPLATE STATE CPU% MEM(MiB) DISK(MiB) VCPUS VMM_CPU% VMM_MEM(MiB)" {
 		t.Errorf("header %q", lines[0])
 	}
 	row := strings.Fields(lines[1])
-	var memUsed, memTotal, diskUsed, diskTotal int
+	var memUsed, memTotal, diskUsed, diskTotal, vmmMem int
 	var cpu float64
-	if len(row) != 7 || row[0] != sb.ID || row[1] != "tiny:latest" || row[2] != "running" || row[6] != "1" {
+	if len(row) != 9 || row[0] != sb.ID || row[1] != "tiny:latest" || row[2] != "running" || row[6] != "1" {
 		t.Fatalf("row %q", lines[1])
 	}
 	_, err1 := fmt.Sscanf(row[3], "%g", &cpu)
@@ -62,6 +64,9 @@ func TestCLITop(t *testing.T) {
 	if err := errors.Join(err1, err2, err3); err != nil || cpu < 0 || cpu > 100 || memUsed <= 0 || memTotal < 160 || memTotal > 256 ||
 		diskUsed <= 0 || diskTotal < 400 || diskTotal > 512 {
 		t.Errorf("measures of a 256 MiB, 512 MiB-disk sandbox: %q (%v)", lines[1], err)
+	}
+	if _, err := fmt.Sscanf(row[8], "%d", &vmmMem); err != nil || vmmMem < memUsed/2 {
+		t.Errorf("the VMM's memory %q beside the guest's %d MiB", row[8], memUsed)
 	}
 
 	r = keyCLI(t, s, key.Key, "sandbox", "top", "--once", "--json")
