@@ -78,6 +78,12 @@ func (r *Runtime) Adopt(ctx context.Context, id string, spec Spec) (*Sandbox, er
 		sb.Snapshot, sb.Warm = rec.snapshot(), rec.Layer != ""
 		netMAC = rec.VM.NetMAC
 	}
+	// A suspend whose process died may have left its save running, or
+	// the VM stopped by it: the save is never used (its state is not in
+	// place, or is removed below), so the VM runs on as before it.
+	if found, err := m.SettleSave(ctx); found {
+		sb.log.Warn("the adopted VM was being saved by a suspend that never finished: it runs on", "err", err)
+	}
 	st, err := m.Status(ctx)
 	if err != nil {
 		// Without QMP the agent decides, as before pause existed.

@@ -90,7 +90,7 @@ func adopt(dir string, log *slog.Logger, usePidfd bool) (*Machine, error) {
 		m.closePidfd()
 		return nil, notRunning(dir, fmt.Sprintf("qemu (pid %d): %v", pid, err))
 	}
-	m.proc = proc
+	m.proc, m.adopted = proc, true
 	if m.pidfd != nil {
 		go m.watchPidfd(pid)
 	} else {
@@ -235,5 +235,8 @@ func (m *Machine) pollProc(pid int) {
 // parent learns, and closes done.
 func (m *Machine) exited(pid int) {
 	m.exitErr = fmt.Errorf("qemu (pid %d, adopted) exited; only the process that started it learns how", pid)
+	// os.FindProcess holds a pidfd of its own: let go of it now rather
+	// than when the collector finds it.
+	m.proc.Release()
 	close(m.done)
 }

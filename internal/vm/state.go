@@ -252,6 +252,58 @@ func (m *Machine) waitMigration(ctx context.Context, q *QMP) error {
 	}
 }
 
+// SettleSave ends what a SaveState that another process began and never
+// finished (it died) left in the machine: a migration still under way is
+// cancelled and waited out, and a machine that such a save stopped
+// (paused by it, or past it in StatusPostMigrate, its disk handed over)
+// runs again. It reports whether it found such a save. A machine waiting
+// for a restore is left alone.
+func (m *Machine) SettleSave(ctx context.Context) (bool, error) {
+	q, err := m.control()
+	if err != nil {
+		return false, err
+	}
+	st, err := status(ctx, q)
+	if err != nil || st == StatusInMigrate {
+		return false, err
+	}
+	var info migrationInfo
+	if err := q.Execute(ctx, "query-migrate", nil, &info); err != nil {
+		return false, err
+	}
+	switch info.Status {
+	case "setup", "active", "device", "pre-switchover", "wait-unplug", "cancelling":
+		if err := q.Execute(ctx, "migrate_cancel", nil, nil); err != nil {
+			return true, err
+		}
+		t := time.NewTicker(statePollInterval)
+		defer t.Stop()
+		for info.Status != "completed" && info.Status != "failed" && info.Status != "cancelled" {
+			select {
+			case <-ctx.Done():
+				return true, fmt.Errorf("wait for a cancelled save to end: %w", ctx.Err())
+			case <-t.C:
+			}
+			if err := q.Execute(ctx, "query-migrate", nil, &info); err != nil {
+				return true, err
+			}
+		}
+	default:
+		// No save under way. One that completed left the machine in
+		// postmigrate, which only an outgoing migration leads to.
+		if st != StatusPostMigrate {
+			return false, nil
+		}
+	}
+	if st, err = status(ctx, q); err != nil {
+		return true, err
+	}
+	if st != StatusRunning {
+		return true, m.Resume(ctx)
+	}
+	return true, nil
+}
+
 func orUnknown(s string) string {
 	if s == "" {
 		return "qemu gave no reason"

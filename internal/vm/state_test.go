@@ -542,3 +542,51 @@ func TestRestoreState(t *testing.T) {
 		})
 	}
 }
+
+// SettleSave cancels a save another process left running and lets the
+// machine run again; it resumes one a finished save left in postmigrate;
+// and it leaves alone a machine no save touched, paused or not, and one
+// waiting for a restore.
+func TestSettleSave(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		status    string // the run state found
+		migration string // query-migrate's status found
+		found     bool
+		commands  string
+	}{
+		{"save under way", StatusPaused, "active", true, "query-status query-migrate migrate_cancel query-migrate query-status cont"},
+		{"save finished", StatusPostMigrate, "completed", true, "query-status query-migrate query-status cont"},
+		{"paused by its user", StatusPaused, "", false, "query-status query-migrate"},
+		{"a clone restored long ago", StatusPaused, "completed", false, "query-status query-migrate"},
+		{"running", StatusRunning, "", false, "query-status query-migrate"},
+		{"waiting for a restore", StatusInMigrate, "active", false, "query-status"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st, mig := tc.status, tc.migration
+			m, s := scriptedMachine(t, func(c qmpCall) qmpReply {
+				switch c.Cmd {
+				case "query-status":
+					return statusReply(st)
+				case "query-migrate":
+					if mig == "" {
+						return qmpReply{Return: map[string]any{}}
+					}
+					return qmpReply{Return: map[string]any{"status": mig}}
+				case "migrate_cancel":
+					mig = "cancelled"
+				case "cont":
+					st = StatusRunning
+				}
+				return qmpReply{}
+			})
+			found, err := m.SettleSave(t.Context())
+			if err != nil || found != tc.found {
+				t.Errorf("SettleSave = %v, %v; want %v", found, err, tc.found)
+			}
+			if got := strings.Join(s.commands(), " "); got != tc.commands {
+				t.Errorf("commands %q, want %q", got, tc.commands)
+			}
+		})
+	}
+}

@@ -185,6 +185,7 @@ type Machine struct {
 	released    chan struct{} // closed by Release; ends the watch on an adopted QEMU
 	pidfd       *os.File      // watched for an adopted QEMU's exit; nil when polling /proc
 
+	adopted     bool          // started by another process: proc is os.FindProcess's handle
 	console     net.Conn      // the console socket, copied into the console log; nil if unreachable
 	consoleDone chan struct{} // closed when the copy has ended
 }
@@ -626,6 +627,11 @@ func (m *Machine) Release() {
 		}
 		if m.pidfd != nil {
 			m.pidfd.Close() // wakes the watcher
+		}
+		if m.adopted && !m.Exited() {
+			// The watcher returns without exited: the handle
+			// os.FindProcess opened goes here.
+			m.proc.Release()
 		}
 	})
 }
