@@ -103,7 +103,10 @@ func (s *Service) recoverOp(ctx context.Context, op store.Operation) error {
 			sb.State, op.Status = apiv1.StateSuspended, apiv1.OpSucceeded
 		case vmAlive:
 			sb.State = apiv1.StateRunning
-			restarted("the sandbox still runs: suspend it again")
+			// Adopt cancels a save still under way and resumes a VM the
+			// save had stopped; one stopped before its save began stays
+			// paused, as its VM says.
+			restarted("the sandbox is as its VM was found: suspend it again")
 		default:
 			restarted("the sandbox's VM was lost")
 			sb.State, sb.LastError = apiv1.StateFailed, op.Error
