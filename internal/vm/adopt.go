@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -90,7 +91,8 @@ func adopt(dir string, log *slog.Logger, usePidfd bool) (*Machine, error) {
 		m.closePidfd()
 		return nil, notRunning(dir, fmt.Sprintf("qemu (pid %d): %v", pid, err))
 	}
-	m.proc, m.adopted = proc, true
+	m.proc, m.pid, m.adopted = proc, pid, true
+	m.releaseProc = sync.OnceFunc(func() { proc.Release() })
 	if m.pidfd != nil {
 		go m.watchPidfd(pid)
 	} else {
@@ -237,6 +239,6 @@ func (m *Machine) exited(pid int) {
 	m.exitErr = fmt.Errorf("qemu (pid %d, adopted) exited; only the process that started it learns how", pid)
 	// os.FindProcess holds a pidfd of its own: let go of it now rather
 	// than when the collector finds it.
-	m.proc.Release()
+	m.releaseProc()
 	close(m.done)
 }

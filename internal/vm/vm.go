@@ -185,7 +185,9 @@ type Machine struct {
 	released    chan struct{} // closed by Release; ends the watch on an adopted QEMU
 	pidfd       *os.File      // watched for an adopted QEMU's exit; nil when polling /proc
 
+	pid         int           // QEMU's process ID, kept: releasing proc clears its own
 	adopted     bool          // started by another process: proc is os.FindProcess's handle
+	releaseProc func()        // lets go of an adopted proc's handle, once
 	console     net.Conn      // the console socket, copied into the console log; nil if unreachable
 	consoleDone chan struct{} // closed when the copy has ended
 }
@@ -399,7 +401,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Machine, error) 
 	if err != nil {
 		return fail(fmt.Errorf("start qemu: %w", err))
 	}
-	m := &Machine{cfg: cfg, log: log, proc: proc, done: make(chan struct{}), released: make(chan struct{}),
+	m := &Machine{cfg: cfg, log: log, proc: proc, pid: proc.Pid, done: make(chan struct{}), released: make(chan struct{}),
 		console: console, consoleDone: consoleDone}
 	go m.wait()
 	abort := func(err error) (*Machine, error) {
@@ -511,7 +513,7 @@ func (m *Machine) qemuLogTail() string {
 }
 
 // PID is QEMU's process ID.
-func (m *Machine) PID() int { return m.proc.Pid }
+func (m *Machine) PID() int { return m.pid }
 
 // AgentSocket is the unix socket connected to the guest agent's port.
 func (m *Machine) AgentSocket() string { return filepath.Join(m.cfg.Dir, AgentSocketName) }
@@ -631,7 +633,7 @@ func (m *Machine) Release() {
 		if m.adopted && !m.Exited() {
 			// The watcher returns without exited: the handle
 			// os.FindProcess opened goes here.
-			m.proc.Release()
+			m.releaseProc()
 		}
 	})
 }
