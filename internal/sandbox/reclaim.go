@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/airlockhq/airlock/internal/vm"
 )
 
 // ReclaimSnapshots removes the template snapshots that keep says no
@@ -51,6 +53,9 @@ func (r *Runtime) ReclaimSnapshots(keep func(digest string, current bool) bool) 
 			continue // in use
 		}
 		size := dirSize(dir)
+		// The sealed copy jailed clones map goes with it (theirs stay
+		// mapped).
+		vm.ForgetMemory(filepath.Join(dir, snapshotMemName))
 		if err := os.RemoveAll(dir); err != nil {
 			errs = append(errs, err)
 		} else {
