@@ -117,7 +117,8 @@ type Config struct {
 	// Jail, when set, runs QEMU confined (see Jail); nil runs it as this
 	// process's user with nothing taken away.
 	Jail *Jail `json:"jail,omitempty"`
-	// Cgroup, when set, receives QEMU's process before QEMU runs.
+	// Cgroup, when set, receives a jailed QEMU's process before QEMU
+	// runs (the jail stage waits for it); it is not used without Jail.
 	Cgroup Placer `json:"-"`
 }
 
