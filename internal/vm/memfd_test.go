@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 // The sealed copy of a memory file has its content, keeps its holes, can
@@ -99,7 +101,7 @@ func TestSealedMemory(t *testing.T) {
 // image's directory, to the raw image at the bottom.
 func TestBackingChain(t *testing.T) {
 	if _, err := exec.LookPath("qemu-img"); err != nil {
-		t.Skip("qemu-img is not installed")
+		testenv.Lacking(t, "qemu-img is not installed")
 	}
 	dir := t.TempDir()
 	raw := filepath.Join(dir, "base.ext4")
