@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 // qemuOf returns the status fields of the QEMU of sandbox id of server s.
@@ -17,17 +18,11 @@ func qemuOf(t *testing.T, s *server, id string) map[string]string {
 	if err != nil {
 		t.Fatalf("sandbox %s's qemu pid: %v", id, err)
 	}
-	st, err := os.ReadFile("/proc/" + strings.TrimSpace(string(b)) + "/status")
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
 	if err != nil {
-		t.Fatalf("sandbox %s's qemu status: %v", id, err)
+		t.Fatal(err)
 	}
-	fields := map[string]string{}
-	for _, line := range strings.Split(string(st), "\n") {
-		if k, v, ok := strings.Cut(line, ":"); ok {
-			fields[k] = strings.TrimSpace(v)
-		}
-	}
-	return fields
+	return testenv.ProcStatus(t, pid)
 }
 
 // TestServeJail checks the jail through the server: a sandbox's QEMU runs

@@ -11,24 +11,9 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/internal/agentproto"
+	"github.com/airlockhq/airlock/internal/testenv"
 	"github.com/airlockhq/airlock/internal/vm"
 )
-
-// qemuStatus returns the fields of /proc/PID/status of a sandbox's QEMU.
-func qemuStatus(t *testing.T, pid int) map[string]string {
-	t.Helper()
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		t.Fatal(err)
-	}
-	fields := map[string]string{}
-	for _, line := range strings.Split(string(b), "\n") {
-		if k, v, ok := strings.Cut(line, ":"); ok {
-			fields[k] = strings.TrimSpace(v)
-		}
-	}
-	return fields
-}
 
 // TestJailEscapeVM tries to get out of a jailed sandbox, from the guest
 // as root and from its QEMU's side: QEMU runs as a user of its own with
@@ -65,7 +50,7 @@ func TestJailEscapeVM(t *testing.T) {
 
 	uids := map[int]string{}
 	for _, sb := range []*Sandbox{a, b} {
-		st := qemuStatus(t, sb.vm.PID())
+		st := testenv.ProcStatus(t, sb.vm.PID())
 		rec, err := readRecord(sb.Dir)
 		if err != nil || rec.VM.Jail == nil {
 			t.Fatalf("sandbox %s's record has no jail: %v", sb.ID, err)

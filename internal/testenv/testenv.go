@@ -4,6 +4,8 @@ package testenv
 
 import (
 	"os"
+	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -17,4 +19,21 @@ func Lacking(t testing.TB, format string, args ...any) {
 		t.Fatalf("CI lacks a prerequisite: "+format, args...)
 	}
 	t.Skipf(format, args...)
+}
+
+// ProcStatus returns the fields of /proc/PID/status, such as "Uid",
+// "CapEff" or "Seccomp", their values trimmed.
+func ProcStatus(t testing.TB, pid int) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fields := map[string]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok {
+			fields[k] = strings.TrimSpace(v)
+		}
+	}
+	return fields
 }

@@ -38,22 +38,6 @@ func bootDir(t *testing.T) datadir.Dir {
 	return dd
 }
 
-// procStatus returns the fields of /proc/PID/status.
-func procStatus(t *testing.T, pid int) map[string]string {
-	t.Helper()
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		t.Fatal(err)
-	}
-	fields := map[string]string{}
-	for _, line := range strings.Split(string(b), "\n") {
-		if k, v, ok := strings.Cut(line, ":"); ok {
-			fields[k] = strings.TrimSpace(v)
-		}
-	}
-	return fields
-}
-
 // TestJailedVM boots a jailed VM: QEMU runs as the jail's user with no
 // capabilities, no_new_privs and a seccomp filter, sees only the files
 // it was given, and the guest boots far enough to write its console.
@@ -75,7 +59,7 @@ func TestJailedVM(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Stop(context.Background())
-	st := procStatus(t, m.PID())
+	st := testenv.ProcStatus(t, m.PID())
 	for k, want := range map[string]string{
 		"Uid": "1999999001\t1999999001\t1999999001\t1999999001", "Gid": "1999999001\t1999999001\t1999999001\t1999999001",
 		"CapInh": "0000000000000000", "CapPrm": "0000000000000000", "CapEff": "0000000000000000",
