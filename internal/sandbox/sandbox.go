@@ -662,7 +662,9 @@ func (s *Sandbox) closeAgent() {
 // explain turns an error from the agent link into one that says why the
 // VM went away, quoting the end of its console.
 func (s *Sandbox) explain(err error) error {
-	if err == nil || !errors.Is(err, agentclient.ErrDisconnected) {
+	// A stream cut by the VM's end fails as disconnected, or as cancelled
+	// when the context of the VM's lifetime it runs under ended first.
+	if err == nil || !errors.Is(err, agentclient.ErrDisconnected) && !errors.Is(err, context.Canceled) {
 		return err
 	}
 	select {

@@ -804,21 +804,6 @@ func (s *Service) Exec(ctx context.Context, p Principal, sbxID string, req apiv1
 	s.m.following(-1)
 	if err != nil {
 		s.m.commandEnded("lost")
-		// A stream cut by its VM's death can end a moment before the
-		// VM is seen to have exited.
-		select {
-		case <-box.Machine().Done():
-		case <-time.After(time.Second):
-		}
-		if box.Machine().Exited() {
-			// Whichever noticed first, the stream or the VM's watch,
-			// the cause is the VM's end.
-			msg := "the sandbox VM exited while the command ran"
-			if failure := box.Failure(); failure != nil {
-				msg += ": " + failure.Error()
-			}
-			return apiv1.ExecResult{}, fmt.Errorf("%s: %w", msg, errdefs.ErrUnavailable)
-		}
 		return apiv1.ExecResult{}, err
 	}
 	s.m.commandEnded("exited")
