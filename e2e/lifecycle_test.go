@@ -86,7 +86,7 @@ func TestLifecycleTransitions(t *testing.T) {
 	s.conflict(t, "POST", p+"/commands", "paused", exec)
 	s.conflict(t, "GET", p+"/fs/stat?path=/", "paused", nil)
 
-	s.lifecycle(t, sb.ID, "wake")
+	checkTimings(t, s.lifecycle(t, sb.ID, "wake"), "resume vm and refresh guest")
 	if got := s.state(t, sb.ID).State; got != "running" {
 		t.Fatalf("after wake from paused: %s", got)
 	}
@@ -104,7 +104,8 @@ func TestLifecycleTransitions(t *testing.T) {
 	}
 	s.conflict(t, "POST", p+"/exec", "suspended", exec)
 
-	s.lifecycle(t, sb.ID, "wake")
+	wake := s.lifecycle(t, sb.ID, "wake")
+	checkTimings(t, wake, "wait for a start slot", "start vm", "restore state", "resume vm", "connect to agent", "refresh guest", "reattach commands")
 	var res apiv1.ExecResult
 	s.must(t, 200, "POST", p+"/exec", s.key, apiv1.CommandRequest{Cmd: "echo back"}, &res)
 	if res.Stdout != "back\n" {
@@ -193,7 +194,8 @@ func TestClockAfterSuspend(t *testing.T) {
 	sb := s.createSandbox(t, s.key, apiv1.CreateSandbox{Template: "base"}) // its date prints nanoseconds
 	s.lifecycle(t, sb.ID, "suspend")
 	time.Sleep(8 * time.Second)
-	s.lifecycle(t, sb.ID, "wake")
+	wake := s.lifecycle(t, sb.ID, "wake")
+	checkTimings(t, wake, "wait for a start slot", "start vm", "restore state", "resume vm", "connect to agent", "refresh guest", "reattach commands")
 	var res apiv1.ExecResult
 	before := time.Now()
 	s.must(t, 200, "POST", "/v1/sandboxes/"+sb.ID+"/exec", s.key, apiv1.CommandRequest{Cmd: "date +%s.%N"}, &res)

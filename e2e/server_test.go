@@ -317,9 +317,11 @@ func (s *server) createSandbox(t *testing.T, key string, req apiv1.CreateSandbox
 	}
 	var res apiv1.SandboxOperation
 	s.must(t, 202, "POST", "/v1/sandboxes", key, req, &res)
-	if op := s.waitOp(t, key, res.Operation.ID); op.Status != apiv1.OpSucceeded {
+	op := s.waitOp(t, key, res.Operation.ID)
+	if op.Status != apiv1.OpSucceeded {
 		t.Fatalf("create failed: %+v", op.Error)
 	}
+	checkTimings(t, op, "admit and record", "wait for a start slot", "create sandbox directory", "create disk", "connect to agent", "register sandbox")
 	t.Cleanup(func() { s.deleteSandbox(t, key, res.Sandbox.ID) })
 	var sb apiv1.Sandbox
 	s.must(t, 200, "GET", "/v1/sandboxes/"+res.Sandbox.ID, key, nil, &sb)
@@ -524,4 +526,31 @@ func (s *server) openEvents(t *testing.T, id string) (*http.Response, *sseReader
 		t.Fatalf("events of %s: status %d", id, resp.StatusCode)
 	}
 	return resp, newSSEReader(resp.Body)
+}
+
+// checkTimings checks that a finished create or wake recorded its steps,
+// among them want, each a duration that is not negative, and that they add
+// up to the operation's duration (its timestamps are in milliseconds).
+func checkTimings(t *testing.T, op apiv1.Operation, want ...string) {
+	t.Helper()
+	if op.FinishedAt == nil || len(op.Timings) == 0 {
+		t.Fatalf("operation %s (%s) finished at %v with timings %v", op.ID, op.Kind, op.FinishedAt, op.Timings)
+	}
+	for _, name := range want {
+		if _, ok := op.Timings.Get(name); !ok {
+			t.Errorf("operation %s (%s) has no step %q: %v", op.ID, op.Kind, name, op.Timings)
+		}
+	}
+	for _, st := range op.Timings {
+		if st.MS < 0 {
+			t.Errorf("operation %s: step %q took %.2f ms", op.ID, st.Name, st.MS)
+		}
+	}
+	took := op.FinishedAt.Sub(op.CreatedAt)
+	sum := op.Timings.Total()
+	b, _ := json.Marshal(op.Timings)
+	t.Logf("%s %s took %s: %s", op.Kind, op.ID, took, b)
+	if diff := (took - sum).Abs(); diff > 10*time.Millisecond+took/20 {
+		t.Errorf("operation %s (%s): its steps add up to %s, but it took %s: %v", op.ID, op.Kind, sum, took, op.Timings)
+	}
 }

@@ -18,6 +18,7 @@ func TestAgentDependencies(t *testing.T) {
 		"github.com/airlockhq/airlock/cmd/airlock-agent":   true,
 		"github.com/airlockhq/airlock/internal/agent":      true,
 		"github.com/airlockhq/airlock/internal/agentproto": true,
+		"github.com/airlockhq/airlock/internal/timings":    true,
 		"github.com/hashicorp/yamux":                       true,
 		"github.com/creack/pty":                            true,
 		"golang.org/x/sys/unix":                            true,

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/airlockhq/airlock/internal/agentproto"
+	"github.com/airlockhq/airlock/internal/timings"
 )
 
 // newRoot is where the sandbox's disk is mounted before the agent switches
@@ -73,6 +74,8 @@ func rootDevice(dev string) string {
 // systemInit sets the clock, entropy and hostname, mounts the root disk,
 // grows its filesystem to the disk's size, and switches into it.
 func systemInit(req *agentproto.InitRequest, res *agentproto.InitResult) error {
+	clock := timings.Start()
+	defer func() { res.Timings = clock.T }()
 	if req.TimeUnixNano > 0 {
 		ts := unix.NsecToTimespec(req.TimeUnixNano)
 		if err := unix.ClockSettime(unix.CLOCK_REALTIME, &ts); err != nil {
@@ -91,6 +94,7 @@ func systemInit(req *agentproto.InitRequest, res *agentproto.InitResult) error {
 	if unix.Uname(&uts) == nil {
 		res.Kernel = unix.ByteSliceToString(uts.Release[:])
 	}
+	clock.Lap("clock, entropy, hostname")
 	dev := rootDevice(req.RootDevice)
 	if err := os.MkdirAll(newRoot, 0o755); err != nil {
 		return err
@@ -98,11 +102,13 @@ func systemInit(req *agentproto.InitRequest, res *agentproto.InitResult) error {
 	if err := unix.Mount(dev, newRoot, "ext4", unix.MS_NOATIME, ""); err != nil {
 		return fmt.Errorf("mount root disk %s: %w", dev, err)
 	}
+	clock.Lap("mount root disk")
 	size, err := growFS(dev, newRoot)
 	if err != nil {
 		return fmt.Errorf("grow root filesystem: %w", err)
 	}
 	res.DiskBytes = size
+	clock.Lap("grow root filesystem")
 	// Switch root: the initramfs cannot be pivoted away, so move the new
 	// root over / and chroot into it.
 	if err := os.Chdir(newRoot); err != nil {
@@ -148,16 +154,19 @@ func systemInit(req *agentproto.InitRequest, res *agentproto.InitResult) error {
 	if err := os.Symlink("pts/ptmx", "/dev/ptmx"); err != nil {
 		return fmt.Errorf("link /dev/ptmx: %w", err)
 	}
+	clock.Lap("switch root, mounts")
 	// The sandbox's own files are conveniences: an image that cannot take
 	// one (its /etc is not a directory, say) still runs commands.
 	if err := writeHostname("/", req.Hostname); err != nil {
 		res.Warnings = append(res.Warnings, err.Error())
 	}
+	clock.Lap("hostname files")
 	warnings, err := setupNetwork(req.Network)
 	res.Warnings = append(res.Warnings, warnings...)
 	if err != nil {
 		return fmt.Errorf("network: %w", err)
 	}
+	clock.Lap("network")
 	return nil
 }
 

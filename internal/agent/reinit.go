@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/airlockhq/airlock/internal/agentproto"
+	"github.com/airlockhq/airlock/internal/timings"
 )
 
 // identity is what makes a guest one sandbox rather than another, as init
@@ -77,6 +78,8 @@ func (a *Agent) handleReinit(st net.Conn, req *agentproto.ReinitRequest) {
 // entropy, hostname and disk are errors; the files are warnings, as at
 // init.
 func systemReinit(req *agentproto.ReinitRequest, prev identity, res *agentproto.InitResult) error {
+	clock := timings.Start()
+	defer func() { res.Timings = clock.T }()
 	if err := refresh(&agentproto.RefreshRequest{TimeUnixNano: req.TimeUnixNano, Entropy: req.Entropy}); err != nil {
 		return err
 	}
@@ -88,11 +91,13 @@ func systemReinit(req *agentproto.ReinitRequest, prev identity, res *agentproto.
 			res.Warnings = append(res.Warnings, err.Error())
 		}
 	}
+	clock.Lap("clock, entropy, hostname")
 	if len(req.CACert) > 0 {
 		if err := replaceCA("/", prev.caCert, req.CACert); err != nil {
 			res.Warnings = append(res.Warnings, fmt.Sprintf("put the gateway's CA in the trust store: %v", err))
 		}
 	}
+	clock.Lap("gateway CA")
 	var uts unix.Utsname
 	if unix.Uname(&uts) == nil {
 		res.Kernel = unix.ByteSliceToString(uts.Release[:])
@@ -101,11 +106,13 @@ func systemReinit(req *agentproto.ReinitRequest, prev identity, res *agentproto.
 	if err := waitDiskSize(dev, req.DiskBytes, diskResizeWait); err != nil {
 		return err
 	}
+	clock.Lap("wait for disk size")
 	size, err := growFS(dev, "/")
 	if err != nil {
 		return fmt.Errorf("grow root filesystem: %w", err)
 	}
 	res.DiskBytes = size
+	clock.Lap("grow root filesystem")
 	return nil
 }
 

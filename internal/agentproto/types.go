@@ -5,6 +5,8 @@ import (
 	"path"
 	"strings"
 	"time"
+
+	"github.com/airlockhq/airlock/internal/timings"
 )
 
 // Operations a Request may name.
@@ -241,6 +243,9 @@ type InitResult struct {
 	// Warnings are what init could not do and went on without: files of
 	// the sandbox it could not write, optional mounts it could not make.
 	Warnings []string `json:"warnings,omitempty"`
+	// Timings break down how long the guest's own part of an init or a
+	// reinit took, in the order its parts ran.
+	Timings timings.Timings `json:"timings,omitempty"`
 }
 
 // PTY asks for a terminal of the given size.

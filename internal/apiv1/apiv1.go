@@ -6,6 +6,8 @@ package apiv1
 import (
 	"encoding/json"
 	"time"
+
+	"github.com/airlockhq/airlock/internal/timings"
 )
 
 // Error codes, each with one HTTP status.
@@ -69,6 +71,11 @@ type Operation struct {
 	Error      *Status    `json:"error"`
 	CreatedAt  time.Time  `json:"created_at"`
 	FinishedAt *time.Time `json:"finished_at"`
+	// Timings break a create or a wake down into its steps, in the order
+	// they ran, in milliseconds; together they add up to about the time
+	// from CreatedAt to FinishedAt. Absent for other kinds, and while the
+	// operation runs.
+	Timings timings.Timings `json:"timings,omitempty"`
 }
 
 // Done reports whether the operation has finished.

@@ -104,7 +104,7 @@ func (r *Runtime) clone(ctx context.Context, spec Spec, tpl template.Template) (
 		}
 		return nil
 	}, nil})
-	if err := runSteps(ctx, steps); err != nil {
+	if err := runSteps(ctx, steps, &sb.Timings); err != nil {
 		if snapErr != nil && ctx.Err() == nil {
 			r.breakSnapshot(held, snapErr)
 			if held.snap.Warm {
@@ -115,6 +115,8 @@ func (r *Runtime) clone(ctx context.Context, spec Spec, tpl template.Template) (
 		}
 		return nil, err
 	}
+	sb.Timings.Split("init guest", sb.Init.Timings)
+	sb.Timings.Split("reinit guest", sb.Init.Timings)
 	go sb.watch()
 	sb.log.Debug("sandbox cloned from template snapshot", "snapshot", held.snap.Dir, "warm", sb.Warm, "pid", sb.vm.PID())
 	return sb, nil

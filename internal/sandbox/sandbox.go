@@ -72,6 +72,7 @@ import (
 	"github.com/airlockhq/airlock/internal/guest"
 	"github.com/airlockhq/airlock/internal/ids"
 	"github.com/airlockhq/airlock/internal/template"
+	"github.com/airlockhq/airlock/internal/timings"
 	"github.com/airlockhq/airlock/internal/vm"
 )
 
@@ -340,6 +341,10 @@ type Sandbox struct {
 	// with the clone, running, and its start command never ran in the
 	// sandbox. Create, Wake and Adopt set it.
 	Warm bool
+	// Timings break down how long Create or Wake took, step by step, in
+	// the order the steps ran; a part of the guest's init is "init guest:
+	// <part>". Empty after Adopt.
+	Timings timings.Timings
 
 	log *slog.Logger
 	vm  *vm.Machine
@@ -398,11 +403,17 @@ type step struct {
 	undo func()
 }
 
-// runSteps runs steps in order; on a failure it undoes the completed ones in
-// reverse and returns the failure.
-func runSteps(ctx context.Context, steps []step) error {
+// runSteps runs steps in order, recording each one's duration in t when t
+// is not nil; on a failure it undoes the completed ones in reverse and
+// returns the failure.
+func runSteps(ctx context.Context, steps []step, t *timings.Timings) error {
 	for i, s := range steps {
-		if err := s.do(ctx); err != nil {
+		began := time.Now()
+		err := s.do(ctx)
+		if t != nil {
+			t.Add(s.name, time.Since(began))
+		}
+		if err != nil {
 			for j := i - 1; j >= 0; j-- {
 				if steps[j].undo != nil {
 					steps[j].undo()
@@ -431,7 +442,9 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
+	var failed timings.Timings // a clone that failed before the boot
 	if !r.cfg.ColdBoot && !spec.ColdBoot {
+		began := time.Now()
 		sb, err := r.clone(ctx, spec, tpl)
 		if err == nil {
 			return r.started(ctx, sb, spec)
@@ -440,11 +453,13 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (*Sandbox, error) {
 			return nil, fmt.Errorf("create sandbox: %w", err)
 		}
 		r.log.Warn("cloning the template snapshot failed: booting the sandbox instead", "sandbox", spec.ID, "err", err)
+		failed.Add("failed clone", time.Since(began))
 	}
 	sb, err := r.boot(ctx, spec, tpl)
 	if err != nil {
 		return nil, fmt.Errorf("create sandbox: %w", err)
 	}
+	sb.Timings = append(failed, sb.Timings...)
 	return r.started(ctx, sb, spec)
 }
 
@@ -455,7 +470,12 @@ func (r *Runtime) started(ctx context.Context, sb *Sandbox, spec Spec) (*Sandbox
 	if spec.NoStart || sb.Warm {
 		return sb, nil
 	}
-	if err := r.startTemplate(ctx, sb, r.startTimeout()); err != nil {
+	began := time.Now()
+	err := r.startTemplate(ctx, sb, r.startTimeout())
+	if tpl := sb.Template; tpl.StartCmd != "" || tpl.ReadyPort != 0 {
+		sb.Timings.Add("start template's server", time.Since(began))
+	}
+	if err != nil {
 		if derr := sb.Destroy(context.WithoutCancel(ctx)); derr != nil {
 			r.log.Warn("destroying a sandbox whose start command failed", "sandbox", sb.ID, "err", derr)
 		}
@@ -502,9 +522,10 @@ func (r *Runtime) boot(ctx context.Context, spec Spec, tpl template.Template) (*
 		}, func() { sb.agent.Close() }},
 		initStep(sb),
 	}
-	if err := runSteps(ctx, steps); err != nil {
+	if err := runSteps(ctx, steps, &sb.Timings); err != nil {
 		return nil, err
 	}
+	sb.Timings.Split("init guest", sb.Init.Timings)
 	go sb.watch()
 	return sb, nil
 }

@@ -653,7 +653,7 @@ func (r *Runtime) buildSnapshot(ctx context.Context, key snapshotKey, tpl templa
 			return r.replaceSnapshot(key, build, final)
 		}, nil},
 	)
-	if err := runSteps(ctx, steps); err != nil {
+	if err := runSteps(ctx, steps, nil); err != nil {
 		return rec, err
 	}
 	return rec, nil

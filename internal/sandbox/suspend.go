@@ -17,6 +17,7 @@ import (
 	"github.com/airlockhq/airlock/internal/atomicfile"
 	"github.com/airlockhq/airlock/internal/cgroup"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/timings"
 	"github.com/airlockhq/airlock/internal/vm"
 )
 
@@ -373,7 +374,8 @@ func (r *Runtime) Wake(ctx context.Context, id string) (*Sandbox, error) {
 			return sb.refresh(ctx)
 		}, nil},
 	}
-	if err := runSteps(ctx, steps); err != nil {
+	var took timings.Timings
+	if err := runSteps(ctx, steps, &took); err != nil {
 		switch {
 		case lock == nil:
 		case SuspendedState(dir):
@@ -390,6 +392,7 @@ func (r *Runtime) Wake(ctx context.Context, id string) (*Sandbox, error) {
 			sb.Template = t
 		}
 	}
+	sb.Timings = took
 	go sb.watch()
 	sb.log.Info("sandbox woken", "pid", m.PID())
 	return sb, nil

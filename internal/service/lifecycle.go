@@ -10,6 +10,7 @@ import (
 	"github.com/airlockhq/airlock/internal/ids"
 	"github.com/airlockhq/airlock/internal/sandbox"
 	"github.com/airlockhq/airlock/internal/store"
+	"github.com/airlockhq/airlock/internal/timings"
 )
 
 // The sandbox state machine. Each lifecycle request is allowed from some
@@ -265,14 +266,21 @@ func (s *Service) Wake(ctx context.Context, p Principal, id string) (apiv1.Sandb
 	}
 	go func() {
 		start := time.Now()
+		clock := timings.StartAt(op.CreatedAt)
+		clock.Lap("admit and record")
 		op.Status = apiv1.OpRunning
 		s.st.UpdateOperation(context.Background(), op)
+		clock.Lap("record running")
 		from := sb.State
 		var err error
 		if from == apiv1.StateWaking {
-			err = s.wakeSuspended(sb)
+			err = s.wakeSuspended(sb, clock)
 		} else {
 			err = s.resumeVM(sb.ID)
+			clock.Lap("resume vm and refresh guest")
+		}
+		if err == nil {
+			op.Timings = clock.T
 		}
 		switch {
 		case err == nil:
@@ -324,8 +332,8 @@ func (s *Service) resumeVM(id string) error {
 }
 
 // wakeSuspended restores a suspended sandbox's VM and re-attaches to the
-// commands that were running in it.
-func (s *Service) wakeSuspended(sb store.Sandbox) error {
+// commands that were running in it, recording its steps on clock.
+func (s *Service) wakeSuspended(sb store.Sandbox, clock *timings.Clock) error {
 	lv := s.getLive(sb.ID)
 	if lv == nil {
 		return fmt.Errorf("sandbox %s is not known to this server: %w", sb.ID, errdefs.ErrConflict)
@@ -336,14 +344,17 @@ func (s *Service) wakeSuspended(sb store.Sandbox) error {
 		return fmt.Errorf("the server is shutting down: %w", errdefs.ErrUnavailable)
 	}
 	defer func() { <-s.slots }()
+	clock.Lap("wait for a start slot")
 	ctx, cancel := context.WithTimeout(s.ctx, 5*time.Minute)
 	defer cancel()
 	box, err := s.rt.Wake(ctx, sb.ID)
 	if err != nil {
 		return err
 	}
+	clock.LapSteps("wake: other", box.Timings)
 	lv.setBox(box)
 	lv.resumeCommands()
+	clock.Lap("reattach commands")
 	return nil
 }
 

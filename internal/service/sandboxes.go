@@ -14,6 +14,7 @@ import (
 	"github.com/airlockhq/airlock/internal/ids"
 	"github.com/airlockhq/airlock/internal/sandbox"
 	"github.com/airlockhq/airlock/internal/store"
+	"github.com/airlockhq/airlock/internal/timings"
 )
 
 var idPattern = regexp.MustCompile(`^[a-z]+[a-z0-9]{1,60}$`)
@@ -161,6 +162,10 @@ func (s *Service) runCreate(ctx context.Context, c *creation, sb store.Sandbox, 
 	defer c.cancel()
 	start := time.Now()
 	log := s.log.With("sandbox", sb.ID, "operation", op.ID)
+	// From when the create was asked for, so that the steps add up to the
+	// operation's duration.
+	clock := timings.StartAt(op.CreatedAt)
+	clock.Lap("admit and record")
 
 	err := func() error {
 		select {
@@ -169,25 +174,32 @@ func (s *Service) runCreate(ctx context.Context, c *creation, sb store.Sandbox, 
 			return ctx.Err()
 		}
 		defer func() { <-s.slots }()
+		clock.Lap("wait for a start slot")
 		op.Status = apiv1.OpRunning
 		if err := s.st.UpdateOperation(s.ctx, op); err != nil {
 			return err
 		}
+		clock.Lap("record running")
 		spec.ID, spec.Env, spec.Detach = sb.ID, sb.Env, true
 		box, err := s.rt.Create(ctx, spec)
 		if err != nil {
 			return err
 		}
+		clock.LapSteps("create: other", box.Timings)
 		lv := s.adoptLive(box, sb)
 		s.mu.Lock()
 		s.live[sb.ID] = lv
 		delete(s.creating, sb.ID)
 		s.mu.Unlock()
+		clock.Lap("register sandbox")
 		return nil
 	}()
 
 	now := s.now()
 	op.FinishedAt = &now
+	if err == nil {
+		op.Timings = clock.T
+	}
 	if err != nil {
 		s.mu.Lock()
 		delete(s.creating, sb.ID)
@@ -525,7 +537,7 @@ func (s *Service) sandboxView(sb store.Sandbox) apiv1.Sandbox {
 
 func opView(op store.Operation) apiv1.Operation {
 	v := apiv1.Operation{ID: op.ID, Kind: op.Kind, TargetID: op.TargetID, Status: op.Status,
-		CreatedAt: op.CreatedAt, FinishedAt: op.FinishedAt}
+		CreatedAt: op.CreatedAt, FinishedAt: op.FinishedAt, Timings: op.Timings}
 	if op.Error != nil {
 		v.Error = &apiv1.Status{Code: op.Error.Code, Message: op.Error.Message}
 	}

@@ -149,6 +149,11 @@ CREATE TABLE builds (
 CREATE INDEX builds_ref ON builds (name, tag, seq);
 CREATE INDEX builds_status ON builds (status, seq);
 `},
+	{6, "add operations.timings", `
+-- JSON object of step names to milliseconds, in the order the steps ran
+-- (internal/timings); NULL when the operation recorded none.
+ALTER TABLE operations ADD COLUMN timings TEXT;
+`},
 }
 
 // schemaVersion reads the version of the schema from PRAGMA user_version.

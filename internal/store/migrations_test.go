@@ -8,8 +8,11 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	sqlite3 "modernc.org/sqlite/lib"
+
+	"github.com/airlockhq/airlock/internal/timings"
 )
 
 // migrationTest checks one migration.
@@ -29,6 +32,7 @@ var migrationTests = []migrationTest{
 	{version: 3, before: fillSchema1, after: checkSchema3},
 	{version: 4, before: fillKeys3, after: checkSchema4},
 	{version: 5, before: fillKeys3, after: checkSchema5},
+	{version: 6, before: fillOperations5, after: checkSchema6},
 }
 
 // checkSchema5: earlier rows stay; builds are typed, their IDs unique, and
@@ -62,6 +66,46 @@ func checkSchema5(t *testing.T, db *sql.DB) {
 	rows.Close()
 	if !strings.Contains(plan, "builds_ref") {
 		t.Errorf("the lookup of a tag's newest build does not use its index:\n%s", plan)
+	}
+}
+
+// fillOperations5 writes a finished operation in the version 5 shape.
+func fillOperations5(t *testing.T, db *sql.DB) {
+	if _, err := db.Exec("INSERT INTO operations (id, kind, target_id, owner, status, created_at, finished_at)" +
+		" VALUES ('op1', 'create', 'sbx1', 'key1', 'succeeded', 1, 2)"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkSchema6: an operation from before has no timings and still reads;
+// a new one keeps its steps in order.
+func checkSchema6(t *testing.T, db *sql.DB) {
+	s := &Store{db: db}
+	old, err := s.GetOperation(context.Background(), "op1")
+	if err != nil || old.Status != "succeeded" || old.Timings != nil {
+		t.Fatalf("the operation from before: %+v, %v", old, err)
+	}
+	op := Operation{ID: "op2", Kind: "create", TargetID: "sbx2", Owner: "key1", Status: "running",
+		Timings: timings.Timings{{Name: "start vm", MS: 40.5}, {Name: "connect to agent", MS: 2}}}
+	if err := s.InsertOperation(context.Background(), op); err != nil {
+		t.Fatal(err)
+	}
+	op.Timings.Add("init guest", 3*time.Millisecond)
+	if err := s.UpdateOperation(context.Background(), op); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.GetOperation(context.Background(), "op2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Timings) != 3 || got.Timings[0] != op.Timings[0] || got.Timings[2].Name != "init guest" || got.Timings[2].MS != 3 {
+		t.Fatalf("timings read back %+v, want %+v", got.Timings, op.Timings)
+	}
+	if _, err := db.Exec("UPDATE operations SET timings = 'not json' WHERE id = 'op2'"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GetOperation(context.Background(), "op2"); err == nil {
+		t.Error("an operation with unreadable timings read without an error")
 	}
 }
 

@@ -3,10 +3,12 @@ package store
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"time"
 
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/timings"
 )
 
 // Operation is one asynchronous lifecycle change and its outcome.
@@ -27,9 +29,12 @@ type Operation struct {
 	CreatedAt time.Time
 	// FinishedAt is when it succeeded or failed; nil until then.
 	FinishedAt *time.Time
+	// Timings break down how long the work took, step by step; empty
+	// when the operation records none (only creates and wakes do).
+	Timings timings.Timings
 }
 
-const operationColumns = "id, kind, target_id, owner, status, error, created_at, finished_at"
+const operationColumns = "id, kind, target_id, owner, status, error, created_at, finished_at, timings"
 
 // InsertOperation stores op. An operation with the same ID is a conflict.
 func (s *Store) InsertOperation(ctx context.Context, op Operation) error {
@@ -48,8 +53,8 @@ func insertOperation(ctx context.Context, q queryer, op Operation) error {
 	if err != nil {
 		return fmt.Errorf("insert operation %s: %w", op.ID, err)
 	}
-	_, err = q.ExecContext(ctx, "INSERT INTO operations ("+operationColumns+") VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-		op.ID, op.Kind, op.TargetID, op.Owner, op.Status, opErr, nanos(op.CreatedAt), nullNanos(op.FinishedAt))
+	_, err = q.ExecContext(ctx, "INSERT INTO operations ("+operationColumns+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+		op.ID, op.Kind, op.TargetID, op.Owner, op.Status, opErr, nanos(op.CreatedAt), nullNanos(op.FinishedAt), timingsJSON(op.Timings))
 	if isUniqueViolation(err) {
 		return fmt.Errorf("insert operation %s: the ID is taken: %w", op.ID, errdefs.ErrConflict)
 	}
@@ -72,9 +77,9 @@ func upsertOperation(ctx context.Context, q queryer, op Operation) error {
 	if err != nil {
 		return fmt.Errorf("upsert operation %s: %w", op.ID, err)
 	}
-	_, err = q.ExecContext(ctx, "INSERT INTO operations ("+operationColumns+") VALUES (?, ?, ?, ?, ?, ?, ?, ?)"+
-		" ON CONFLICT (id) DO UPDATE SET status = excluded.status, error = excluded.error, finished_at = excluded.finished_at",
-		op.ID, op.Kind, op.TargetID, op.Owner, op.Status, opErr, nanos(op.CreatedAt), nullNanos(op.FinishedAt))
+	_, err = q.ExecContext(ctx, "INSERT INTO operations ("+operationColumns+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"+
+		" ON CONFLICT (id) DO UPDATE SET status = excluded.status, error = excluded.error, finished_at = excluded.finished_at, timings = excluded.timings",
+		op.ID, op.Kind, op.TargetID, op.Owner, op.Status, opErr, nanos(op.CreatedAt), nullNanos(op.FinishedAt), timingsJSON(op.Timings))
 	if err != nil {
 		return fmt.Errorf("upsert operation %s: %w", op.ID, classify(err))
 	}
@@ -86,15 +91,16 @@ func (s *Store) GetOperation(ctx context.Context, id string) (Operation, error) 
 	return getByID(ctx, s.db, "operation", "operations", operationColumns, id, scanOperation)
 }
 
-// UpdateOperation records op's status, error and finish time. Its kind,
-// target, owner and creation time are fixed when it is inserted.
+// UpdateOperation records op's status, error, finish time and timings.
+// Its kind, target, owner and creation time are fixed when it is
+// inserted.
 func (s *Store) UpdateOperation(ctx context.Context, op Operation) error {
 	opErr, err := errorJSON(op.Error)
 	if err != nil {
 		return fmt.Errorf("update operation %s: %w", op.ID, err)
 	}
-	res, err := s.db.ExecContext(ctx, "UPDATE operations SET status = ?, error = ?, finished_at = ? WHERE id = ?",
-		op.Status, opErr, nullNanos(op.FinishedAt), op.ID)
+	res, err := s.db.ExecContext(ctx, "UPDATE operations SET status = ?, error = ?, finished_at = ?, timings = ? WHERE id = ?",
+		op.Status, opErr, nullNanos(op.FinishedAt), timingsJSON(op.Timings), op.ID)
 	if err != nil {
 		return fmt.Errorf("update operation %s: %w", op.ID, classify(err))
 	}
@@ -138,14 +144,32 @@ func scanOperation(r scanner) (Operation, error) {
 	var opErr sql.NullString
 	var created int64
 	var finished sql.NullInt64
-	if err := r.Scan(&op.ID, &op.Kind, &op.TargetID, &op.Owner, &op.Status, &opErr, &created, &finished); err != nil {
+	var steps sql.NullString
+	if err := r.Scan(&op.ID, &op.Kind, &op.TargetID, &op.Owner, &op.Status, &opErr, &created, &finished, &steps); err != nil {
 		return Operation{}, err
 	}
 	var err error
 	if op.Error, err = fromErrorJSON("error", opErr); err != nil {
 		return Operation{}, err
 	}
+	if steps.Valid {
+		if err := json.Unmarshal([]byte(steps.String), &op.Timings); err != nil {
+			return Operation{}, fmt.Errorf("operation %s: timings: %w", op.ID, err)
+		}
+	}
 	op.CreatedAt = fromNanos(created)
 	op.FinishedAt = fromNullNanos(finished)
 	return op, nil
+}
+
+// timingsJSON is t as stored: NULL when there are no steps.
+func timingsJSON(t timings.Timings) any {
+	if len(t) == 0 {
+		return nil
+	}
+	b, err := json.Marshal(t)
+	if err != nil {
+		return nil // a float that cannot be written; not worth failing the operation
+	}
+	return string(b)
 }
