@@ -1,5 +1,7 @@
 // Command airlock-agent is PID 1 inside every sandbox VM. It is built
-// static and placed in the initramfs by `airlock setup`.
+// static and placed in the initramfs by `airlock setup`. Run by a process
+// in the guest as `/proc/1/exe probe ...`, it measures the guest's floors
+// for the bench (agent.Probe) instead; it refuses to run otherwise.
 package main
 
 import (
@@ -10,6 +12,7 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/internal/agent"
+	"github.com/airlockhq/airlock/internal/agentproto"
 )
 
 func main() {
@@ -23,8 +26,12 @@ func main() {
 }
 
 func run(log *slog.Logger) error {
-	system := os.Getpid() == 1
-	if !system {
+	if os.Getpid() != 1 {
+		// A process in the guest runs this binary again (as
+		// agentproto.ProbeExe) to measure the guest's own floors.
+		if len(os.Args) > 1 && os.Args[1] == agentproto.ProbeCommand {
+			return agent.Probe(os.Args[2:], os.Stdout)
+		}
 		return fmt.Errorf("must run as PID 1 inside a sandbox VM")
 	}
 	if err := agent.Boot(); err != nil {

@@ -3,7 +3,9 @@
 // virtio-serial port, and then serves requests: init (mount the sandbox's
 // disk and switch into it), reinit (make a guest restored from a warm
 // template snapshot the sandbox it is a clone of), exec, file operations,
-// and freezing the root filesystem while the host copies the disk.
+// and freezing the root filesystem while the host copies the disk. Run
+// again by a process in the guest, its binary is the bench's probe
+// instead (Probe).
 package agent
 
 import (

@@ -304,7 +304,7 @@ func (r *runner) apiCreate(ctx context.Context) (Result, error) {
 	n := r.cfg.APIRuns
 	a, b, err := r.retryingPairs(ctx, ScenarioAPICreate, n,
 		"api", func(ctx context.Context) (time.Duration, error) { return r.apiFirstOutput(ctx, s, r.cfg.Template) },
-		"runtime", func(ctx context.Context) (time.Duration, error) { return r.runtimeFirstOutput(ctx, s.rt, false) })
+		"runtime", func(ctx context.Context) (time.Duration, error) { return r.runtimeFirstOutput(ctx, s.rt, false, nil) })
 	if err != nil {
 		return Result{}, err
 	}
@@ -372,11 +372,12 @@ func (r *runner) apiFirstOutput(ctx context.Context, s *apiServer, tpl string) (
 }
 
 // runtimeFirstOutput times rt.Create and an Exec in the new sandbox up to
-// the first byte of its stdout. The command's exit (status 0) and the
-// sandbox's destruction follow, untimed. With wantClone, a sandbox that
-// Create booted rather than cloned from its template snapshot fails the
-// sample.
-func (r *runner) runtimeFirstOutput(ctx context.Context, rt *sandbox.Runtime, wantClone bool) (_ time.Duration, err error) {
+// the first byte of its stdout. The command's exit (status 0), then, if
+// not nil, then's work in the sandbox, and the sandbox's destruction
+// follow, untimed. With wantClone, a sandbox that Create booted rather
+// than cloned from its template snapshot fails the sample, as does a
+// failure of then.
+func (r *runner) runtimeFirstOutput(ctx context.Context, rt *sandbox.Runtime, wantClone bool, then func(context.Context, *sandbox.Sandbox) error) (_ time.Duration, err error) {
 	ctx, cancel := context.WithTimeout(ctx, r.firstOutputTimeout())
 	defer cancel()
 	start := time.Now()
@@ -416,6 +417,11 @@ func (r *runner) runtimeFirstOutput(ctx context.Context, rt *sandbox.Runtime, wa
 	}
 	if wantClone && sb.Snapshot == "" {
 		return 0, fmt.Errorf("sandbox %s was booted, not cloned from its template snapshot (see the log)", sb.ID)
+	}
+	if then != nil {
+		if err := then(ctx, sb); err != nil {
+			return 0, err
+		}
 	}
 	return d, nil
 }

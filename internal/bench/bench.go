@@ -14,7 +14,10 @@
 // builds (cold and cached) against booting a sandbox and running the same
 // commands, and a create from an image-built template against one from a
 // built-in template, and the jail (create to first output, exec round
-// trip) against the same with the jail off.
+// trip) against the same with the jail off. Exec round trips, stdout
+// throughput and a create to first output are also measured against
+// floors in the same VM: the same work inside the guest, timed there by
+// the agent's probe mode, or on a virtio-serial port without airlock.
 // Absolute timings vary from host to host (and from minute to minute under
 // software emulation); the ratios to the baselines are what compare across
 // runs.
@@ -279,8 +282,8 @@ type runner struct {
 // Run runs the selected scenarios one after another and reports them. Every
 // sandbox and VM it starts is gone when it returns, also when it fails or
 // ctx ends. It stops at the first scenario that fails; a scenario that
-// reports its failure (concurrent_create) is then the last result of rep,
-// with its Error set.
+// reports its failure (concurrent_create, or stdout_throughput when its
+// floors fail) is then the last result of rep, with its Error set.
 func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	if err := cfg.Validate(); err != nil {
 		return Report{}, err

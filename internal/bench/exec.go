@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os/exec"
@@ -14,6 +15,7 @@ import (
 	"github.com/airlockhq/airlock/internal/agentclient"
 	"github.com/airlockhq/airlock/internal/agentproto"
 	"github.com/airlockhq/airlock/internal/sandbox"
+	"github.com/airlockhq/airlock/internal/vm"
 )
 
 // execTimeout bounds one exec of the exec_rtt scenario.
@@ -24,7 +26,8 @@ const execTimeout = 30 * time.Second
 const execWarmup = 5
 
 // execRTT measures the round trip of running `true` in a running sandbox
-// against a fork/exec of /bin/true on the host.
+// against a fork/exec of /bin/true on the host, and against the same
+// fork/exec inside the guest (variant guest_spawn).
 func (r *runner) execRTT(ctx context.Context) (Result, error) {
 	sb, err := r.sandbox(ctx)
 	if err != nil {
@@ -45,28 +48,49 @@ func (r *runner) execRTT(ctx context.Context) (Result, error) {
 	if _, _, err := timePairs(ctx, execWarmup, guest, host, nil); err != nil {
 		return Result{}, fmt.Errorf("warm up: %w", err)
 	}
+	// The in-guest floor runs in blocks between blocks of the pairs, so
+	// that drift hits it too; each block is one probe process in the
+	// guest, whose first runs are untimed.
 	n := r.cfg.ExecRuns
-	every := max(1, n/10)
-	air, base, err := timePairs(ctx, n, guest, host, func(i int, _, _ time.Duration) {
-		if i%every == 0 || i == n {
-			r.progressf("exec_rtt %d/%d", i, n)
+	block := max(1, n/execBlocks)
+	var air, base, floor []time.Duration
+	for len(air) < n {
+		k := min(block, n-len(air))
+		a, b, err := timePairs(ctx, k, guest, host, nil)
+		if err != nil {
+			return Result{}, err
 		}
-	})
-	if err != nil {
-		return Result{}, err
+		f, err := guestSpawns(ctx, sb, guestTrue, k)
+		if err != nil {
+			return Result{}, fmt.Errorf("in-guest floor: %w", err)
+		}
+		air, base, floor = append(air, a...), append(base, b...), append(floor, f...)
+		r.progressf("exec_rtt %d/%d", len(air), n)
 	}
-	a, b := summarize(air), summarize(base)
+	a, b, f := summarize(air), summarize(base), summarize(floor)
 	return Result{
 		Name:     ScenarioExecRTT,
 		Unit:     "ms",
 		Airlock:  a,
 		Baseline: b,
 		Ratio:    ratio(a.P50, b.P50),
+		Variants: []Variant{{Name: "guest_spawn", Measurement: a, Ratio: ratio(a.P50, f.P50), Baseline: &f}},
 		Notes: fmt.Sprintf("airlock: exec of argv [true] in one running %s sandbox until its exit status arrived; "+
 			"baseline: fork/exec and wait of /bin/true on the host via os/exec; %d runs each after %d untimed, "+
-			"alternating; ratio of p50s", r.tpl.Ref(), n, execWarmup),
+			"alternating; ratio of p50s; variant guest_spawn: the same execs against the floor in the same VM, "+
+			"%s run inside the guest by the agent's binary in its probe mode (%s spawn), started as the "+
+			"agent's exec starts a command (os.StartProcess, stdin /dev/null, pipes for stdout and stderr read "+
+			"to their end, a process group of its own) and waited for, timed inside the guest: %d runs in "+
+			"blocks of %d between the blocks of airlock and host runs, one probe process a block, each after "+
+			"%d untimed runs; ratio of p50s, target at most 1.5 (the difference, %.3f ms, is the host's exec "+
+			"request, the agent's work and the link)",
+			r.tpl.Ref(), n, execWarmup, guestTrue, agentproto.ProbeExe, n, block, execWarmup, a.P50-f.P50),
 	}, nil
 }
+
+// execBlocks is how many blocks exec_rtt's runs are split into, with a
+// block of the in-guest floor after each.
+const execBlocks = 10
 
 // streamArgv is the command whose stdout stdout_throughput streams: size
 // bytes of zeros in 64 KiB writes. Not `head -c`: busybox head copies in
@@ -84,7 +108,10 @@ func streamTimeout(mib int) time.Duration {
 }
 
 // stdoutThroughput measures streaming stdout from a sandbox to the host
-// against the same command's stdout on the host through a pipe.
+// against the same command's stdout on the host through a pipe, and, in
+// a sandbox booted with an auxiliary port, against the same bytes on that
+// port and through a pipe inside the guest (variants transport and
+// guest_pipe).
 func (r *runner) stdoutThroughput(ctx context.Context) (Result, error) {
 	sb, err := r.sandbox(ctx)
 	if err != nil {
@@ -111,7 +138,7 @@ func (r *runner) stdoutThroughput(ctx context.Context) (Result, error) {
 		return Result{}, fmt.Errorf("baseline: %w", err)
 	}
 	r.progressf("stdout_throughput: host %d MiB in %.2f s (%.1f MiB/s, median of %d)", r.cfg.ThroughputMiB, b.Seconds, b.MiBPerS, b.Runs)
-	return Result{
+	res := Result{
 		Name:     ScenarioThroughput,
 		Unit:     "MiB/s",
 		Airlock:  a,
@@ -120,7 +147,83 @@ func (r *runner) stdoutThroughput(ctx context.Context) (Result, error) {
 		Notes: fmt.Sprintf("`%s` in a running %s sandbox, stdout streamed to the host into a byte counter; "+
 			"baseline: the same command on the host via os/exec into the same counter, median of %d runs; "+
 			"byte counts verified; ratio of MiB/s", strings.Join(argv, " "), r.tpl.Ref(), streamBaselineRuns),
-	}, nil
+	}
+	vs, notes, err := r.stdoutFloors(ctx, size, timeout)
+	res.Variants = vs
+	res.Notes += notes
+	if err != nil {
+		return res, fmt.Errorf("floors: %w", err)
+	}
+	return res, nil
+}
+
+// floorRuns is how many runs each side of stdout_throughput's floors
+// makes, alternating; the median run by time counts.
+const floorRuns = 3
+
+// stdoutFloors measures stdout_throughput's floors in a sandbox of their
+// own, booted from scratch with an auxiliary port (a clone has its
+// snapshot's devices, which lack it), and destroyed after: the same
+// stdout streamed to the host, against the same bytes written by the
+// same dd straight to the auxiliary port and counted on the host (the
+// transport's ceiling), and against dd through a pipe inside the guest,
+// timed there. It returns the variants and the notes to add.
+func (r *runner) stdoutFloors(ctx context.Context, size int64, timeout time.Duration) (_ []Variant, _ string, err error) {
+	r.progressf("stdout_throughput: booting a %s sandbox with an aux port", r.tpl.Ref())
+	sb, err := r.rt.Create(ctx, sandbox.Spec{Template: r.cfg.Template, ColdBoot: true, AuxPort: true})
+	if err != nil {
+		return nil, "", err
+	}
+	defer func() { err = errors.Join(err, destroy(sb)) }()
+	dev, err := auxDevice(ctx, sb)
+	if err != nil {
+		return nil, "", err
+	}
+	var stdout, aux, pipe []Measurement
+	sides := []func(context.Context) error{
+		func(ctx context.Context) error {
+			m, err := stream(ctx, 1, size, func(ctx context.Context, w io.Writer) error {
+				ctx, cancel := context.WithTimeout(ctx, timeout)
+				defer cancel()
+				return runInSandbox(ctx, sb, streamArgv(size), w)
+			})
+			stdout = append(stdout, m)
+			return err
+		},
+		func(ctx context.Context) error {
+			m, err := auxStream(ctx, sb, dev, size, timeout)
+			aux = append(aux, m)
+			return err
+		},
+		func(ctx context.Context) error {
+			m, err := guestPipe(ctx, sb, size, timeout)
+			pipe = append(pipe, m)
+			return err
+		},
+	}
+	for i := 1; i <= floorRuns; i++ {
+		for _, side := range sides {
+			if err := side(ctx); err != nil {
+				return nil, "", err
+			}
+		}
+		r.progressf("stdout_throughput floors %d/%d: stdout %.1f MiB/s, aux port %.1f MiB/s, in-guest pipe %.1f MiB/s",
+			i, floorRuns, stdout[i-1].MiBPerS, aux[i-1].MiBPerS, pipe[i-1].MiBPerS)
+	}
+	s, x, p := medianRun(stdout), medianRun(aux), medianRun(pipe)
+	vs := []Variant{
+		{Name: "transport", Measurement: s, Ratio: ratio(s.MiBPerS, x.MiBPerS), Baseline: &x},
+		{Name: "guest_pipe", Measurement: s, Ratio: ratio(s.MiBPerS, p.MiBPerS), Baseline: &p},
+	}
+	notes := fmt.Sprintf("; variants transport and guest_pipe, in another %s sandbox booted from scratch with an "+
+		"auxiliary virtio-serial port (%s, on the agent's bus): the same stdout stream to the host against "+
+		"the transport's ceiling, the same dd writing to the port's device (of=%s) and its bytes counted on "+
+		"the host from the port's socket, timed as the stdout side is, from the exec request to the exit "+
+		"status and the last byte (target: stdout at least 0.7 of it, and at least 100 MiB/s if it allows), "+
+		"and against dd through a pipe inside the guest, read by the agent's binary in its probe mode (%s "+
+		"pipe) and timed there; %d runs of each, alternating, the median by time counting; byte counts "+
+		"verified; ratios of MiB/s", r.tpl.Ref(), vm.AuxPortName, dev, agentproto.ProbeExe, floorRuns)
+	return vs, notes, nil
 }
 
 // streamBaselineRuns is how many times the host side of stdout_throughput

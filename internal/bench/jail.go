@@ -25,8 +25,8 @@ func (r *runner) jailCost(ctx context.Context) (Result, error) {
 		return Result{}, fmt.Errorf("template snapshot: %w", err)
 	}
 	n := r.cfg.SnapshotRuns
-	on := func(ctx context.Context) (time.Duration, error) { return r.runtimeFirstOutput(ctx, r.rt, true) }
-	bare := func(ctx context.Context) (time.Duration, error) { return r.runtimeFirstOutput(ctx, off, true) }
+	on := func(ctx context.Context) (time.Duration, error) { return r.runtimeFirstOutput(ctx, r.rt, true, nil) }
+	bare := func(ctx context.Context) (time.Duration, error) { return r.runtimeFirstOutput(ctx, off, true, nil) }
 	createOn, createOff, err := r.retryingPairs(ctx, ScenarioJail, n, "jailed", on, "unjailed", bare)
 	if err != nil {
 		return Result{}, err

@@ -58,8 +58,9 @@ type Result struct {
 	// throughputs (below 1: airlock is slower). Four significant digits.
 	Ratio float64 `json:"ratio"`
 	// Variants are further ways of doing airlock's side of the work, or
-	// parts of it, measured in the same rounds as it and the baseline.
-	// Absent when there are none.
+	// parts of it, or airlock's side against a floor of its own,
+	// measured in the same run as it and the baseline. Absent when there
+	// are none.
 	Variants []Variant `json:"variants,omitempty"`
 	// Notes says what exactly was measured.
 	Notes string `json:"notes"`
@@ -70,9 +71,11 @@ type Result struct {
 }
 
 // Variant is another way of doing airlock's side of a Result, or one
-// phase of it: its measurement's fields, beside its name and its ratio,
-// computed as Result.Ratio is, to its own baseline when it has one (the
-// matching phase of the Result's baseline) and else to the Result's.
+// phase of it, or that side against a floor: its measurement's fields,
+// beside its name and its ratio, computed as Result.Ratio is, to its own
+// baseline when it has one (the matching phase of the Result's baseline,
+// or the floor: the least the same work costs in the same VM, as an
+// in-guest fork/exec for exec_rtt) and else to the Result's.
 type Variant struct {
 	Name string `json:"name"`
 	Measurement
@@ -131,12 +134,20 @@ type figure struct {
 }
 
 // figures lists the statistics the table shows for r: its own, then a p50
-// and p99 row for each variant, and what its runs wrote if they wrote
-// files.
+// and p99 row for each variant (a MiB/s row for a throughput's), and
+// what its runs wrote if they wrote files.
 func figures(r Result) []figure {
 	a, b := r.Airlock, r.Baseline
 	if r.Unit == "MiB/s" {
-		return []figure{{r.Unit, a.MiBPerS, b.MiBPerS, true, r.Ratio}}
+		out := []figure{{r.Unit, a.MiBPerS, b.MiBPerS, true, r.Ratio}}
+		for _, v := range r.Variants {
+			vb := b
+			if v.Baseline != nil {
+				vb = *v.Baseline
+			}
+			out = append(out, figure{v.Name + " " + r.Unit, v.MiBPerS, vb.MiBPerS, true, v.Ratio})
+		}
+		return out
 	}
 	u := " " + r.Unit
 	p50 := figure{"p50" + u, a.P50, b.P50, true, r.Ratio}

@@ -278,3 +278,60 @@ func TestAlignTable(t *testing.T) {
 		})
 	}
 }
+
+// The floors: variants whose airlock side is the headline's (or, for a
+// throughput, another run of it) against floors of their own, in
+// throughput rows too.
+func TestWriteTableFloors(t *testing.T) {
+	exec := Measurement{Runs: 200, Min: 9.5, P50: 12.345, P99: 20.001, Max: 25, Mean: 12.5}
+	spawn := Measurement{Runs: 200, Min: 5, P50: 6.5, P99: 9, Max: 10, Mean: 6.6}
+	stdout := Measurement{Runs: 3, Bytes: 200 << 20, Seconds: 7, MiBPerS: 28.57}
+	aux := Measurement{Runs: 3, Bytes: 200 << 20, Seconds: 2, MiBPerS: 100}
+	pipe := Measurement{Runs: 3, Bytes: 200 << 20, Seconds: 0.5, MiBPerS: 400}
+	rep := Report{
+		Version:   ReportVersion,
+		StartedAt: time.Date(2026, 11, 29, 19, 40, 0, 0, time.UTC),
+		Host:      Host{CPUs: 2, Accel: "tcg", Kernel: "6.1.0-test"},
+		Results: []Result{
+			{
+				Name: ScenarioExecRTT, Unit: "ms", Airlock: exec,
+				Baseline: Measurement{Runs: 200, Min: 0.5, P50: 0.801, P99: 1.2, Max: 2, Mean: 0.85},
+				Ratio:    15.41,
+				Variants: []Variant{{Name: "guest_spawn", Measurement: exec, Ratio: 1.899, Baseline: &spawn}},
+				Notes:    "exec notes",
+			},
+			{
+				Name: ScenarioThroughput, Unit: "MiB/s",
+				Airlock:  Measurement{Runs: 1, Bytes: 200 << 20, Seconds: 6.5, MiBPerS: 30.77},
+				Baseline: Measurement{Runs: 5, Bytes: 200 << 20, Seconds: 0.08, MiBPerS: 2500},
+				Ratio:    0.01231,
+				Variants: []Variant{
+					{Name: "transport", Measurement: stdout, Ratio: 0.2857, Baseline: &aux},
+					{Name: "guest_pipe", Measurement: stdout, Ratio: 0.07143, Baseline: &pipe},
+				},
+				Notes: "throughput notes",
+			},
+		},
+	}
+	var buf bytes.Buffer
+	if err := WriteTable(&buf, rep); err != nil {
+		t.Fatal(err)
+	}
+	want := `airlock bench  2026-11-29T19:40:00Z  host: 2 CPUs, accel tcg, kernel 6.1.0-test
+
+SCENARIO           FIGURE              AIRLOCK  BASELINE     RATIO
+exec_rtt           p50 ms               12.345     0.801    15.41x
+                   p99 ms               20.001     1.200
+                   guest_spawn p50 ms   12.345     6.500    1.899x
+                   guest_spawn p99 ms   20.001     9.000
+stdout_throughput  MiB/s                30.770    2500.0  0.01231x
+                   transport MiB/s      28.570     100.0   0.2857x
+                   guest_pipe MiB/s     28.570     400.0  0.07143x
+
+exec_rtt: exec notes
+stdout_throughput: throughput notes
+`
+	if got := buf.String(); got != want {
+		t.Errorf("table:\n%s\nwant:\n%s", got, want)
+	}
+}

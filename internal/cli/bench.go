@@ -26,11 +26,16 @@ the ratios compare across runs):
   snapshot_create_to_first_output
                               sandbox create (a clone of the template snapshot) to
                               the first stdout of echo hi vs a bare QEMU restoring
-                              the same snapshot until it runs
+                              the same snapshot until it runs; floor: that restore
+                              plus a fork/exec timed inside the guest
   jail_cost                   the same create to first output, and exec round
                               trips, with the jail on vs with it off
-  exec_rtt                    exec round trip of true vs fork/exec of /bin/true
-  stdout_throughput           N MiB of dd if=/dev/zero on stdout vs the same on the host
+  exec_rtt                    exec round trip of true vs fork/exec of /bin/true;
+                              floor: the same fork/exec timed inside the guest
+  stdout_throughput           N MiB of dd if=/dev/zero on stdout vs the same on the
+                              host; floors, in a VM with an auxiliary port: the
+                              same dd written straight to that port, and through
+                              a pipe inside the guest
   net_tcp_throughput          100 MiB sent from a sandbox through its gateway to a
                               server on the host vs a host process sending the same
   net_connect_latency         TCP connect and first byte through the gateway vs the
@@ -74,6 +79,8 @@ The e2b_ scenarios serve E2B's API beside it and run E2B's SDK (npm e2b)
 under node, timed inside node; they need node and the SDK installed in
 --e2b-sdk DIR's node_modules (default e2e/e2bsdk, from the source tree:
 cd e2e/e2bsdk && npm ci), and fail saying so without them.
+A floor is the same work in the same VM without airlock, reported as a
+variant of its scenario with a baseline of its own.
 A scenario that fails after measuring (a concurrent create that failed) is
 in the report, with its error, and the command then fails.
 

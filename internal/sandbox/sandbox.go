@@ -253,6 +253,9 @@ type Spec struct {
 	// NoStart skips the template's start command (a template build's
 	// sandbox runs steps, not the template's server).
 	NoStart bool `json:"no_start,omitempty"`
+	// AuxPort gives the VM vm.Config.AuxPort, for the bench. It needs
+	// ColdBoot: a clone has its template snapshot's devices.
+	AuxPort bool `json:"aux_port,omitempty"`
 }
 
 // Limits bound what one sandbox may ask for, to protect the host.
@@ -319,6 +322,9 @@ func (r *Runtime) Resolve(spec Spec) (Spec, template.Template, error) {
 	}
 	if spec.DiskMiB < minDisk || spec.DiskMiB > l.MaxDiskMiB {
 		errs = append(errs, fmt.Sprintf("disk %d MiB is out of bounds: template %s needs %d to %d", spec.DiskMiB, tpl.Ref(), minDisk, l.MaxDiskMiB))
+	}
+	if spec.AuxPort && !spec.ColdBoot && !r.cfg.ColdBoot {
+		errs = append(errs, "an aux port needs a cold boot")
 	}
 	if len(errs) > 0 {
 		return spec, tpl, fmt.Errorf("%s: %w", strings.Join(errs, "; "), errdefs.ErrInvalid)
@@ -492,7 +498,7 @@ func (r *Runtime) boot(ctx context.Context, spec Spec, tpl template.Template) (*
 	cfg := vm.Config{
 		Kernel: r.cfg.Dir.Kernel(), Initramfs: r.cfg.Dir.Initramfs(), Accel: r.accel, CPU: r.cpu,
 		VCPUs: spec.VCPUs, MemoryMiB: spec.MemoryMiB, Disk: overlay, Dir: sb.Dir, Detach: spec.Detach,
-		NetMAC: gateway.GuestMAC,
+		NetMAC: gateway.GuestMAC, AuxPort: spec.AuxPort,
 	}
 	if r.accel == vm.AccelTCG {
 		cfg.TSCKHz = vm.HostTSCKHz()

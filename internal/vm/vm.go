@@ -48,12 +48,19 @@ const (
 	QMPSocketName   = "qmp.sock"
 	// NetSocketName is the network device's stream socket, which QEMU
 	// serves and the sandbox's gateway connects to.
-	NetSocketName  = "net.sock"
+	NetSocketName = "net.sock"
+	// AuxSocketName is the auxiliary port's socket (Config.AuxPort).
+	AuxSocketName  = "aux.sock"
 	ConsoleLogName = "console.log"
 	QEMULogName    = "qemu.log"
 	// PIDFileName holds QEMU's process ID, in decimal.
 	PIDFileName = "qemu.pid"
 )
+
+// AuxPortName is the name of the auxiliary virtio-serial port
+// (Config.AuxPort), by which the guest finds it in
+// /sys/class/virtio-ports/*/name.
+const AuxPortName = "airlock.aux"
 
 // rootDrive is the QEMU drive ID of the root disk.
 const rootDrive = "root"
@@ -114,6 +121,13 @@ type Config struct {
 	// (QEMU serves it; one peer at a time, and a new one may connect when
 	// the last has gone). Empty means no NIC.
 	NetMAC string `json:"net_mac,omitempty"`
+	// AuxPort gives the VM a second virtio-serial port, AuxPortName, on
+	// the agent's bus, whose other end is the stream socket AuxSocketName
+	// in Dir (QEMU serves it, one peer at a time): a byte stream from the
+	// guest to the host with nothing of airlock on it, for the bench to
+	// measure the transport by. It changes the device set, so a VM
+	// restored from a state saved without it must not have it.
+	AuxPort bool `json:"aux_port,omitempty"`
 	// Jail, when set, runs QEMU confined (see Jail); nil runs it as this
 	// process's user with nothing taken away.
 	Jail *Jail `json:"jail,omitempty"`
@@ -207,6 +221,10 @@ const (
 	fdNet
 	fdMemory
 	fdSync // the jail stage's go-ahead; closed before QEMU runs
+	// fdAux is the auxiliary port's socket (Config.AuxPort); after the
+	// others, so that their numbers, and the recorded VMs' command
+	// lines, stay as they were.
+	fdAux
 	fdCount
 )
 
@@ -270,11 +288,23 @@ func Args(cfg Config) []string {
 			"-device", "virtio-blk-device,drive="+rootDrive,
 		)
 	}
+	// Port 0 of the bus is kept for a console, so the agent's port is 1
+	// and the auxiliary port 2.
+	ports := 2
+	if cfg.AuxPort {
+		ports = 3
+	}
 	args = append(args,
-		"-device", "virtio-serial-device,max_ports=2",
+		"-device", fmt.Sprintf("virtio-serial-device,max_ports=%d", ports),
 		"-chardev", fmt.Sprintf("socket,id=agent,fd=%d,server=on,wait=off", fdAgent),
 		"-device", "virtserialport,chardev=agent,name=airlock.agent",
 	)
+	if cfg.AuxPort {
+		args = append(args,
+			"-chardev", fmt.Sprintf("socket,id=aux,fd=%d,server=on,wait=off", fdAux),
+			"-device", "virtserialport,chardev=aux,name="+AuxPortName,
+		)
+	}
 	if cfg.NetMAC != "" {
 		args = append(args,
 			"-netdev", fmt.Sprintf("stream,id=%s,server=on,addr.type=fd,addr.str=%d", netDev, fdNet),
@@ -347,6 +377,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Machine, error) 
 	socks := map[int]string{fdQMP: QMPSocketName, fdAgent: AgentSocketName, fdConsole: ConsoleSocketName}
 	if cfg.NetMAC != "" {
 		socks[fdNet] = NetSocketName
+	}
+	if cfg.AuxPort {
+		socks[fdAux] = AuxSocketName
 	}
 	for fd, name := range socks {
 		if files[fd], err = listenFile(filepath.Join(cfg.Dir, name)); err != nil {
@@ -455,7 +488,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Machine, error) 
 }
 
 // socketNames are the sockets Start makes in a VM's directory.
-var socketNames = []string{AgentSocketName, QMPSocketName, NetSocketName, ConsoleSocketName}
+var socketNames = []string{AgentSocketName, QMPSocketName, NetSocketName, ConsoleSocketName, AuxSocketName}
 
 // listenFile makes a listening unix socket at path, private to this
 // process's user, and returns it as a file to pass to QEMU. The socket
@@ -522,6 +555,11 @@ func (m *Machine) AgentSocket() string { return filepath.Join(m.cfg.Dir, AgentSo
 // NetSocket is the unix socket of the VM's network device (when its
 // configuration has NetMAC).
 func (m *Machine) NetSocket() string { return filepath.Join(m.cfg.Dir, NetSocketName) }
+
+// AuxSocket is the unix socket of the VM's auxiliary port (when its
+// configuration has AuxPort): what the guest writes to that port can be
+// read from it.
+func (m *Machine) AuxSocket() string { return filepath.Join(m.cfg.Dir, AuxSocketName) }
 
 // Done is closed once QEMU has exited.
 func (m *Machine) Done() <-chan struct{} { return m.done }

@@ -88,8 +88,17 @@ func TestArgsMemoryAndIncoming(t *testing.T) {
 		{
 			name:    "plain",
 			modify:  func(*Config) {},
-			want:    []string{"-m 256", "socket,id=console,fd=5,server=on,wait=off"},
-			notWant: []string{"memory-backend", "-incoming", " -S ", "netdev", "-sandbox"},
+			want:    []string{"-m 256", "socket,id=console,fd=5,server=on,wait=off", "virtio-serial-device,max_ports=2 "},
+			notWant: []string{"memory-backend", "-incoming", " -S ", "netdev", "-sandbox", "aux"},
+		},
+		{
+			name:   "aux port",
+			modify: func(c *Config) { c.AuxPort = true },
+			want: []string{
+				"-device virtio-serial-device,max_ports=3 ",
+				"-device virtserialport,chardev=agent,name=airlock.agent",
+				"-chardev socket,id=aux,fd=9,server=on,wait=off -device virtserialport,chardev=aux,name=airlock.aux ",
+			},
 		},
 		{
 			name:   "network device",
@@ -172,7 +181,7 @@ func TestArgsMemoryAndIncoming(t *testing.T) {
 func TestArgsStable(t *testing.T) {
 	c := validConfig()
 	c.Disk, c.MemoryFile, c.TSCKHz, c.Detach, c.KernelArgs = "/d/disk.qcow2", "/t/mem", 2000000, true, "quiet"
-	c.NetMAC = "5a:94:ef:e4:0c:ee"
+	c.NetMAC, c.AuxPort = "5a:94:ef:e4:0c:ee", true
 	b, err := json.Marshal(c)
 	if err != nil {
 		t.Fatal(err)
