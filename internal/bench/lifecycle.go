@@ -288,7 +288,7 @@ func (r *runner) newBare(ctx context.Context, cfg vm.Config, withDisk bool, disk
 	cfg.Dir, cfg.Disk, cfg.Detach, cfg.Incoming = dir, "", false, false
 	if withDisk {
 		cfg.Disk = filepath.Join(dir, "disk.qcow2")
-		if err := createOverlay(ctx, r.tpl.Image, cfg.Disk, diskMiB); err != nil {
+		if err := createOverlay(ctx, r.tpl.Image, "raw", cfg.Disk, diskMiB); err != nil {
 			return nil, err
 		}
 	}
@@ -337,6 +337,13 @@ func (r *runner) startBareClone(ctx context.Context, snap sandbox.TemplateSnapsh
 			err = errors.Join(err, b.close())
 		}
 	}()
+	if snap.Warm {
+		// The guest of a warm snapshot has its disk layer mounted: the
+		// disk is an overlay of that, as a sandbox's is.
+		if err := createOverlay(ctx, snap.Disk, "qcow2", b.cfg.Disk, 0); err != nil {
+			return nil, err
+		}
+	}
 	if err := b.restore(ctx, snap.StateFile, true); err != nil {
 		return nil, err
 	}
@@ -407,8 +414,8 @@ func (b *bareVM) close() error {
 // createOverlay makes a qcow2 disk of sizeMiB (0: the image's size) at
 // path backed by the read-only template image base, as a sandbox's disk
 // is made.
-func createOverlay(ctx context.Context, base, path string, sizeMiB int) error {
-	args := []string{"create", "-q", "-f", "qcow2", "-b", base, "-F", "raw", path}
+func createOverlay(ctx context.Context, base, format, path string, sizeMiB int) error {
+	args := []string{"create", "-q", "-f", "qcow2", "-b", base, "-F", format, path}
 	if sizeMiB > 0 {
 		args = append(args, fmt.Sprintf("%dM", sizeMiB))
 	}

@@ -158,7 +158,7 @@ func TestCreateOverlay(t *testing.T) {
 		t.Fatal(err)
 	}
 	disk := filepath.Join(dir, "disk.qcow2")
-	if err := createOverlay(context.Background(), base, disk, 4); err != nil {
+	if err := createOverlay(context.Background(), base, "raw", disk, 4); err != nil {
 		t.Fatal(err)
 	}
 	out, err := exec.Command("qemu-img", "info", "--output=json", disk).Output()
@@ -176,7 +176,7 @@ func TestCreateOverlay(t *testing.T) {
 	if info.Format != "qcow2" || info.VirtualSize != 4<<20 || info.Backing != base {
 		t.Errorf("overlay %+v, want qcow2 of 4 MiB over %s", info, base)
 	}
-	if err := createOverlay(context.Background(), filepath.Join(dir, "missing"), filepath.Join(dir, "x.qcow2"), 4); err == nil {
+	if err := createOverlay(context.Background(), filepath.Join(dir, "missing"), "raw", filepath.Join(dir, "x.qcow2"), 4); err == nil {
 		t.Error("an overlay over a missing image was made")
 	}
 }

@@ -50,11 +50,19 @@ are refused with 429 resource_exhausted, before anything is recorded.
 /metrics carries gauges per running sandbox (CPU, memory, disk, labelled
 by sandbox ID and template) while at most --metrics-per-sandbox run.
 
+--warm 2:base keeps two clones of base restored, their agent session up,
+waiting: a create of base with the template's vCPUs and memory takes one
+and only gives it the sandbox's identity (clock, fresh entropy, hostname,
+gateway CA and policy, environment, disk size), and the pool makes
+another. Members are running VMs: they count against --max-sandboxes and
+end with the server. See docs/bench.md for what they save.
+
   airlock serve
   airlock serve --listen 0.0.0.0:7700 --max-sandboxes 64
   airlock serve --min-free-disk 10GiB --metrics-per-sandbox 0
   airlock serve --default-egress allow --dns-upstream 127.0.0.1:5353
   airlock serve --e2b-listen 127.0.0.1:3000
+  airlock serve --warm 4:base --warm 1:code-interpreter
 
 Each sandbox's QEMU runs jailed (docs/hardening.md): as a user of its own
 from --jail-uids, in a mount namespace that holds only its files, with no
@@ -80,6 +88,8 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	minFreeDisk := sizeFlag{n: 2 << 30}
 	fs.Var(&minFreeDisk, "min-free-disk", "free `size` (like 512MiB or 2GiB) to keep on the data directory's filesystem: creates, wakes, builds and saves are refused below it; 0: no check")
 	jailOpts := addJailFlags(fs)
+	var warm warmFlag
+	fs.Var(&warm, "warm", "keep `N[:TEMPLATE]` clones of a template (default base) restored and ready, so that a create that fits one only gives it its identity; repeat or comma-separate for more templates")
 	perSandbox := fs.Int("metrics-per-sandbox", 100, "most running sandboxes that get their own series on /metrics; with more running, none do; 0: none")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -183,13 +193,13 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 		MaxSandboxes: *maxSandboxes, MaxStarts: *maxStarts, MaxQueuedStarts: *maxQueued,
 		DefaultEgress: *defaultEgress, Secrets: box, TokenKey: tokenKey,
 		TrustedRegistries: trustedRegistries, MaxBuilds: *maxBuilds, MaxContextBytes: *maxContext << 20,
-		MinFreeDiskBytes: minFreeDisk.n,
+		MinFreeDiskBytes: minFreeDisk.n, Warm: warm,
 	})
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
 	defer svc.Close()
-	reg.MustRegister(service.NewSandboxCollector(svc, service.SandboxCollectorConfig{Limit: *perSandbox}))
+	reg.MustRegister(service.NewSandboxCollector(svc, service.SandboxCollectorConfig{Limit: *perSandbox}), service.NewPoolCollector(svc))
 
 	keyPath := env.Dir.AdminKey()
 	if key, err := svc.EnsureAdminKey(ctx, keyPath); err != nil {
@@ -268,4 +278,35 @@ func purgeIdempotent(ctx context.Context, st *store.Store, log interface{ Warn(s
 		case <-t.C:
 		}
 	}
+}
+
+// warmFlag collects --warm's pools: each N[:TEMPLATE], repeated or
+// comma-separated.
+type warmFlag []sandbox.PoolSpec
+
+func (f *warmFlag) String() string {
+	if f == nil {
+		return ""
+	}
+	var parts []string
+	for _, p := range *f {
+		parts = append(parts, fmt.Sprintf("%d:%s", p.Size, p.Template))
+	}
+	return strings.Join(parts, ",")
+}
+
+func (f *warmFlag) Set(v string) error {
+	for _, part := range strings.Split(v, ",") {
+		p, err := sandbox.ParsePoolSpec(strings.TrimSpace(part))
+		if err != nil {
+			return err
+		}
+		for _, q := range *f {
+			if q.Template == p.Template {
+				return fmt.Errorf("template %s has a warm pool already", p.Template)
+			}
+		}
+		*f = append(*f, p)
+	}
+	return nil
 }

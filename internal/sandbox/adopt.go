@@ -181,10 +181,15 @@ func (s *Sandbox) connect(ctx context.Context) error {
 // to adopt): its QEMU is killed if it still runs, and its directory is
 // removed. A sandbox that is already gone is not an error; one that
 // another live process (or a Sandbox in this one) owns is
-// errdefs.ErrConflict.
+// errdefs.ErrConflict. A warm pool member that Claim took for id, and no
+// create used, is destroyed.
 func (r *Runtime) Remove(ctx context.Context, id string) error {
 	if !ValidID(id) {
 		return invalidID(id)
+	}
+	if sb, _ := r.takeClaimed(id); sb != nil {
+		// A warm pool member a create took and never used.
+		return sb.Destroy(ctx)
 	}
 	dir := r.cfg.Dir.Sandbox(id)
 	lock, err := lockOwner(dir)

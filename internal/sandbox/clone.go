@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sync"
 
@@ -22,14 +23,23 @@ import (
 // that QEMU could not restore, or whose server is not ready in the clone,
 // is marked broken, so that its next use makes it again.
 func (r *Runtime) clone(ctx context.Context, spec Spec, tpl template.Template) (*Sandbox, error) {
+	return r.cloneVM(ctx, spec, tpl, false)
+}
+
+// cloneVM is clone; with pooled, it stops once the agent session is up,
+// for a warm pool's member (pool.go): the disk is not grown and the guest
+// not given its identity, which finishPooled does when a create takes it.
+func (r *Runtime) cloneVM(ctx context.Context, spec Spec, tpl template.Template, pooled bool) (*Sandbox, error) {
 	sb := newSandbox(spec.ID, r.cfg.Dir.Sandbox(spec.ID), spec, r.log)
 	sb.Template = tpl
 	overlay := filepath.Join(sb.Dir, diskName)
 	var held heldSnapshot
 	release := func() {}
 	var cfg vm.Config
-	var layer string  // the warm snapshot's disk layer
-	var snapErr error // what is wrong with the snapshot, if anything
+	var layer string // the warm snapshot's disk layer
+	// What is wrong with the snapshot, if anything: QEMU could not restore
+	// it, or the server it came with is not ready.
+	var snapErr, serverErr error
 	steps := []step{
 		{"take template snapshot", func(ctx context.Context) error {
 			var err error
@@ -75,39 +85,36 @@ func (r *Runtime) clone(ctx context.Context, spec Spec, tpl template.Template) (
 			return err
 		}, nil},
 		linkStep(sb),
-		{"grow disk", func(ctx context.Context) error {
-			// The guest learns the new size from a virtio configuration
-			// change, handled once it runs; "check disk" confirms it.
-			return sb.vm.ResizeDisk(ctx, int64(spec.DiskMiB)<<20)
-		}, nil},
-		{"resume vm", func(ctx context.Context) error {
+	}
+	if !pooled {
+		steps = append(steps, growStep(sb))
+	}
+	steps = append(steps,
+		step{"resume vm", func(ctx context.Context) error {
 			return sb.vm.Resume(ctx)
 		}, nil},
-		{"connect to agent", func(ctx context.Context) error {
+		step{"connect to agent", func(ctx context.Context) error {
 			c, err := ConnectAgent(ctx, sb.vm, wakeAgentTimeout)
 			sb.agent = c
 			return err
 		}, func() { sb.agent.Close() }},
-	}
-	if startsWarm(spec, tpl) {
-		steps = append(steps, reinitStep(sb), step{"check template's server", func(ctx context.Context) error {
-			err := r.checkServer(ctx, sb)
-			snapErr = err
-			return err
+	)
+	if pooled {
+		steps = append(steps, step{"mark pool member", func(context.Context) error {
+			return os.WriteFile(filepath.Join(sb.Dir, poolMarkName), nil, 0o600)
 		}, nil})
+	} else if startsWarm(spec, tpl) {
+		steps = append(steps, r.identitySteps(sb, &serverErr)...)
 	} else {
-		steps = append(steps, initStep(sb))
+		steps = append(steps, initStep(sb), checkDiskStep(sb))
 	}
-	steps = append(steps, step{"check disk", func(context.Context) error {
-		if want := int64(spec.DiskMiB) << 20; sb.Init.DiskBytes != want {
-			return fmt.Errorf("the guest found a root disk of %d bytes, not %d", sb.Init.DiskBytes, want)
-		}
-		return nil
-	}, nil})
 	if err := runSteps(ctx, steps, &sb.Timings); err != nil {
+		if serverErr != nil {
+			snapErr = serverErr
+		}
 		if snapErr != nil && ctx.Err() == nil {
 			r.breakSnapshot(held, snapErr)
-			if held.snap.Warm {
+			if serverErr != nil {
 				// Made again now, it would likely fail the same way:
 				// creates boot for a while instead.
 				r.buildFailed(held.key, snapErr)
@@ -117,7 +124,45 @@ func (r *Runtime) clone(ctx context.Context, spec Spec, tpl template.Template) (
 	}
 	sb.Timings.Split("init guest", sb.Init.Timings)
 	sb.Timings.Split("reinit guest", sb.Init.Timings)
+	if pooled {
+		return sb, nil // watched once a create takes it
+	}
 	go sb.watch()
 	sb.log.Debug("sandbox cloned from template snapshot", "snapshot", held.snap.Dir, "warm", sb.Warm, "pid", sb.vm.PID())
 	return sb, nil
+}
+
+// growStep grows the disk of a clone, restored at the snapshot's size, to
+// the sandbox's. The guest learns the new size from a virtio
+// configuration change, handled once it runs; checkDiskStep confirms it.
+func growStep(sb *Sandbox) step {
+	return step{"grow disk", func(ctx context.Context) error {
+		return sb.vm.ResizeDisk(ctx, int64(sb.Spec.DiskMiB)<<20)
+	}, nil}
+}
+
+// identitySteps make a running clone of a warm snapshot the sandbox sb:
+// reinit, one check of the template's server (whose failure is the
+// snapshot's, recorded in serverErr), and the disk's size.
+func (r *Runtime) identitySteps(sb *Sandbox, serverErr *error) []step {
+	return []step{
+		reinitStep(sb),
+		{"check template's server", func(ctx context.Context) error {
+			err := r.checkServer(ctx, sb)
+			*serverErr = err
+			return err
+		}, nil},
+		checkDiskStep(sb),
+	}
+}
+
+// checkDiskStep checks that the guest found its root disk at the
+// sandbox's size.
+func checkDiskStep(sb *Sandbox) step {
+	return step{"check disk", func(context.Context) error {
+		if want := int64(sb.Spec.DiskMiB) << 20; sb.Init.DiskBytes != want {
+			return fmt.Errorf("the guest found a root disk of %d bytes, not %d", sb.Init.DiskBytes, want)
+		}
+		return nil
+	}, nil}
 }

@@ -115,11 +115,13 @@ type Runtime struct {
 
 	built atomic.Int64 // template snapshots this runtime made
 
-	mu sync.Mutex // guards failedBuilds
+	mu sync.Mutex // guards failedBuilds and pools
 	// failedBuilds holds, per template snapshot, when and how this
 	// runtime last failed to make it; another try waits for
 	// snapshotRetryAfter, and creates boot meanwhile.
 	failedBuilds map[snapshotKey]failedBuild
+	// pools are the warm pools (StartPools).
+	pools []*pool
 }
 
 // New checks that the host is set up and returns a runtime. With Accel
@@ -154,6 +156,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		r.cg = h
 	}
 	Sweep(cfg.Dir, cfg.Log)
+	r.removePoolLeftovers(ctx)
 	if r.cg != nil {
 		r.sweepCgroups()
 	}
@@ -437,12 +440,21 @@ func runSteps(ctx context.Context, steps []step, t *timings.Timings) error {
 // (the snapshot cannot be made or restored) is logged as a warning and
 // the sandbox booted instead. On failure nothing of it is left behind. A
 // Spec.ID that is not ValidID is errdefs.ErrInvalid; one whose directory
-// exists is errdefs.ErrConflict.
+// exists is errdefs.ErrConflict, unless it is a warm pool member that
+// Claim took: the sandbox is then made of it (finishPooled).
 func (r *Runtime) Create(ctx context.Context, spec Spec) (*Sandbox, error) {
 	if spec.ID == "" {
 		spec.ID = NewID()
 	} else if !ValidID(spec.ID) {
 		return nil, invalidID(spec.ID)
+	}
+	if sb, _ := r.takeClaimed(spec.ID); sb != nil {
+		spec, _, err := r.Resolve(spec)
+		if err != nil {
+			sb.Destroy(context.WithoutCancel(ctx))
+			return nil, err
+		}
+		return r.finishPooled(ctx, sb, spec)
 	}
 	spec, tpl, err := r.Resolve(spec)
 	if err != nil {

@@ -21,9 +21,18 @@ import (
 const testDigest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 
 func TestSnapshotKey(t *testing.T) {
-	k, err := newSnapshotKey(template.Template{Name: "t", Tag: "latest", Digest: testDigest}, Spec{VCPUs: 2, MemoryMiB: 512})
+	// A cold snapshot's: a server without a readiness check starts in
+	// each clone.
+	k, err := newSnapshotKey(template.Template{Name: "t", Tag: "latest", Digest: testDigest, StartCmd: "serve"}, Spec{VCPUs: 2, MemoryMiB: 512})
 	if err != nil {
 		t.Fatal(err)
+	}
+	w, err := newSnapshotKey(template.Template{Name: "t", Tag: "latest", Digest: testDigest}, Spec{VCPUs: 2, MemoryMiB: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.warm == "" || w.name() != k.name()+"-w"+w.warm {
+		t.Errorf("the snapshot of a template without a server is %q, not warm", w.name())
 	}
 	if got, want := k.name(), strings.TrimPrefix(testDigest, "sha256:")+"-2c-512m"; got != want {
 		t.Errorf("name %q, want %q", got, want)

@@ -81,7 +81,7 @@ func TestTemplateSnapshotVM(t *testing.T) {
 			defer wg.Done()
 			spec := Spec{Template: "tiny"}
 			if i == 1 {
-				spec.DiskMiB = 100 // grown from the snapshot's disk
+				spec.DiskMiB = 400 // grown from the snapshot's disk (256 MiB)
 			}
 			clones[i], errs[i] = rt.Create(ctx, spec)
 		}()
@@ -172,11 +172,11 @@ func TestTemplateSnapshotVM(t *testing.T) {
 	})
 
 	t.Run("clones have their own disks", func(t *testing.T) {
-		if got, want := b.Init.DiskBytes, int64(100)<<20; got != want {
+		if got, want := b.Init.DiskBytes, int64(400)<<20; got != want {
 			t.Errorf("the guest's disk is %d bytes, want %d", got, want)
 		}
-		if got := shell(ctx, t, b, "cat /sys/block/vda/size"); got != strconv.Itoa(100<<11) {
-			t.Errorf("the guest's disk has %s sectors, want %d", got, 100<<11)
+		if got := shell(ctx, t, b, "cat /sys/block/vda/size"); got != strconv.Itoa(400<<11) {
+			t.Errorf("the guest's disk has %s sectors, want %d", got, 400<<11)
 		}
 		shell(ctx, t, a, "echo a > /only-in-a && sync")
 		if got := shell(ctx, t, b, "cat /only-in-a 2>/dev/null || echo absent"); got != "absent" {

@@ -53,10 +53,18 @@ const warmDiskHeadroomMiB = 256
 // too soon would have a good snapshot made again.
 const warmCheckTimeout = 30 * time.Second
 
-// warmTemplate reports whether tpl can have a warm snapshot: it has a
-// start command and a way to tell when it is ready.
+// warmTemplate reports whether tpl can have a warm snapshot: it has no
+// server to start, or a way to tell when its server is ready. A template
+// with a start command and no readiness check cannot: its clones start
+// their server themselves, from the cold snapshot.
 func warmTemplate(tpl template.Template) bool {
-	return tpl.StartCmd != "" && (tpl.ReadyCmd != "" || tpl.ReadyPort != 0)
+	return !hasServer(tpl) || tpl.ReadyCmd != "" || tpl.ReadyPort != 0
+}
+
+// hasServer reports whether a sandbox of tpl starts a server: it has a
+// start command, or a readiness check that waits for one.
+func hasServer(tpl template.Template) bool {
+	return tpl.StartCmd != "" || tpl.ReadyCmd != "" || tpl.ReadyPort != 0
 }
 
 // minDiskMiB is the least disk a sandbox of tpl can have: its image.
@@ -73,13 +81,19 @@ func warmDiskMiB(tpl template.Template) int {
 }
 
 // startsWarm reports whether a sandbox of the resolved spec is a clone of
-// its template's warm snapshot: the template can have one, and the
-// sandbox would start its server as the snapshot's was started. One that
-// skips the start command (Spec.NoStart), whose server must see its own
-// environment (Spec.Env), or whose disk is smaller than the snapshot's
-// is a clone of the cold snapshot, and starts its server itself.
+// its template's warm snapshot: the template can have one, its disk is
+// no smaller than the snapshot's, and, for a template with a server, the
+// sandbox would start it as the snapshot's was started. One that skips
+// the start command (Spec.NoStart) or whose server must see its own
+// environment (Spec.Env) is a clone of the cold snapshot and starts its
+// server itself. A template without a server has nothing started: the
+// environment is the default of the sandbox's commands, which reinit
+// sets.
 func startsWarm(spec Spec, tpl template.Template) bool {
-	return warmTemplate(tpl) && !spec.NoStart && len(spec.Env) == 0 && spec.DiskMiB >= warmDiskMiB(tpl)
+	if !warmTemplate(tpl) || spec.DiskMiB < warmDiskMiB(tpl) {
+		return false
+	}
+	return !hasServer(tpl) || !spec.NoStart && len(spec.Env) == 0
 }
 
 // warmStartID identifies what a warm snapshot of tpl depends on beyond its

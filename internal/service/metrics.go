@@ -407,3 +407,29 @@ func (c *SandboxCollector) measureAll(ctx context.Context, rows []store.Sandbox)
 	}
 	return out
 }
+
+// PoolCollector writes the warm pools' gauges (airlock serve --warm).
+type PoolCollector struct {
+	s           *Service
+	ready, size *prometheus.Desc
+}
+
+// NewPoolCollector returns the collector of s's warm pools.
+func NewPoolCollector(s *Service) *PoolCollector {
+	labels := []string{"template"}
+	return &PoolCollector{s: s,
+		ready: prometheus.NewDesc("airlock_warm_pool_ready", "Clones the template's warm pool holds ready for a create.", labels, nil),
+		size:  prometheus.NewDesc("airlock_warm_pool_size", "Clones the template's warm pool keeps (airlock serve --warm).", labels, nil),
+	}
+}
+
+// Describe sends the pools' descriptors.
+func (c *PoolCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.ready; ch <- c.size }
+
+// Collect writes each pool's size and members ready.
+func (c *PoolCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, p := range c.s.rt.Pools() {
+		ch <- prometheus.MustNewConstMetric(c.ready, prometheus.GaugeValue, float64(p.Ready), p.Template)
+		ch <- prometheus.MustNewConstMetric(c.size, prometheus.GaugeValue, float64(p.Size), p.Template)
+	}
+}

@@ -102,9 +102,23 @@ func (s *Service) CreateSandbox(ctx context.Context, p Principal, req apiv1.Crea
 	}
 	spec.Template = tpl.Digest
 
+	// A warm pool member that fits gives the sandbox its ID; one taken
+	// and not used is given back on every way out below.
+	want := spec
+	want.Env, want.Detach = req.Env, true // as runCreate creates it
+	id, pooled := s.rt.Claim(want)
+	if !pooled {
+		id = ids.New("sbx")
+	}
+	keep := false
+	defer func() {
+		if pooled && !keep {
+			s.rt.Unclaim(id)
+		}
+	}()
 	now := s.now()
 	sb := store.Sandbox{
-		ID: ids.New("sbx"), Owner: p.KeyID, State: apiv1.StateCreating,
+		ID: id, Owner: p.KeyID, State: apiv1.StateCreating,
 		TemplateRef: tpl.Ref(), TemplateDigest: tpl.Digest,
 		VCPUs: spec.VCPUs, MemoryMiB: spec.MemoryMiB, DiskMiB: spec.DiskMiB,
 		TimeoutS: timeout, OnTimeout: req.OnTimeout,
@@ -149,6 +163,7 @@ func (s *Service) CreateSandbox(ctx context.Context, p Principal, req apiv1.Crea
 		s.work.Done()
 		return apiv1.SandboxOperation{}, fmt.Errorf("record sandbox: %w", err)
 	}
+	keep = true
 	s.countState("", sb.State)
 	s.m.opStarted(op.Kind)
 	go s.runCreate(cctx, c, sb, op, spec)

@@ -89,6 +89,12 @@ type Config struct {
 	// that shares its templates directory with a server that owns it
 	// (the bench's), whose sandboxes it cannot see.
 	NoReclaim bool
+	// Warm are the warm pools to keep (sandbox.Runtime.StartPools): each
+	// holds its number of clones of a template ready, so that a create
+	// that fits one runs only the sandbox's own part. Members count
+	// against MaxSandboxes: the pool makes no member while the host is at
+	// its cap.
+	Warm []sandbox.PoolSpec
 }
 
 // Validate checks the configuration and fills in defaults.
@@ -209,9 +215,29 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("recover sandboxes: %w", err)
 	}
 	s.m.setStates(s.stateCounts())
+	if err := s.rt.StartPools(s.ctx, s.cfg.Warm, s.poolRoom); err != nil {
+		cancel()
+		s.releaseAll()
+		return nil, err
+	}
 	s.work.Add(1)
 	go s.reconcile()
 	return s, nil
+}
+
+// poolRoom says whether a warm pool may start one more member: the host
+// is below its cap on VMs, counting the pools' members, and its disk has
+// the room a create would ask for.
+func (s *Service) poolRoom() bool {
+	members := 0
+	for _, p := range s.rt.Pools() {
+		members += p.Ready
+	}
+	s.mu.Lock()
+	n := s.vmCount()
+	closed := s.closed
+	s.mu.Unlock()
+	return !closed && n+members < s.cfg.MaxSandboxes && s.checkFreeDisk(s.cfg.Dir.Sandboxes()) == nil
 }
 
 // Close stops lifecycle work, waiting up to the shutdown grace for
@@ -233,6 +259,10 @@ func (s *Service) Close() {
 		s.log.Warn("lifecycle work still in flight at shutdown; the next start finishes or fails it")
 	}
 	s.cancel()
+	// Pool members are no sandbox's: they end with the server.
+	pctx, pcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	s.rt.StopPools(pctx)
+	pcancel()
 	s.releaseAll()
 	<-done
 }
