@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 	"github.com/airlockhq/airlock/internal/service"
 	"github.com/airlockhq/airlock/internal/store"
 	"github.com/airlockhq/airlock/internal/template"
+	"github.com/airlockhq/airlock/internal/timings"
 )
 
 // firstOutputArgv is the command whose first stdout byte ends a sample of
@@ -249,20 +251,27 @@ func (s *apiServer) removeLeftovers() error {
 // waits, by long polls, for its create operation. The sandbox is in s.live
 // from the moment the server named it, also when its create then fails.
 func (s *apiServer) createSandbox(ctx context.Context, tpl string) (string, error) {
+	id, _, err := s.createSandboxTimed(ctx, tpl)
+	return id, err
+}
+
+// createSandboxTimed is createSandbox that also returns the steps of the
+// create, as its operation reports them.
+func (s *apiServer) createSandboxTimed(ctx context.Context, tpl string) (string, timings.Timings, error) {
 	created, err := s.client.CreateSandbox(ctx, apiv1.CreateSandbox{Template: tpl})
 	if err != nil {
-		return "", fmt.Errorf("create a sandbox over the API: %w", err)
+		return "", nil, fmt.Errorf("create a sandbox over the API: %w", err)
 	}
 	id := created.Sandbox.ID
 	s.live[id] = true
 	op, err := s.client.WaitOperation(ctx, created.Operation.ID)
 	if err != nil {
-		return id, fmt.Errorf("wait for the create of sandbox %s: %w", id, err)
+		return id, nil, fmt.Errorf("wait for the create of sandbox %s: %w", id, err)
 	}
 	if op.Status != apiv1.OpSucceeded {
-		return id, fmt.Errorf("create sandbox %s: %s", id, opFailure(op))
+		return id, nil, fmt.Errorf("create sandbox %s: %s", id, opFailure(op))
 	}
-	return id, nil
+	return id, op.Timings, nil
 }
 
 // deleteSandbox deletes sandbox id through the API and waits for the
@@ -302,9 +311,14 @@ func (r *runner) apiCreate(ctx context.Context) (Result, error) {
 		return Result{}, err
 	}
 	n := r.cfg.APIRuns
+	var stepsA, stepsB []timings.Timings
 	a, b, err := r.retryingPairs(ctx, ScenarioAPICreate, n,
-		"api", func(ctx context.Context) (time.Duration, error) { return r.apiFirstOutput(ctx, s, r.cfg.Template) },
-		"runtime", func(ctx context.Context) (time.Duration, error) { return r.runtimeFirstOutput(ctx, s.rt, false, nil) })
+		"api", func(ctx context.Context) (time.Duration, error) {
+			return r.apiFirstOutputSteps(ctx, s, r.cfg.Template, &stepsA)
+		},
+		"runtime", func(ctx context.Context) (time.Duration, error) {
+			return r.runtimeFirstOutput(ctx, s.rt, false, nil, &stepsB)
+		})
 	if err != nil {
 		return Result{}, err
 	}
@@ -318,12 +332,15 @@ func (r *runner) apiCreate(ctx context.Context) (Result, error) {
 	if failA+failB > 0 {
 		notes += fmt.Sprintf("; %d API and %d baseline samples failed and were retried", failA, failB)
 	}
+	notes += "; timings: p50 per step of the create operation's timings (airlock) and of the runtime's " +
+		"(baseline), and first exec: from the create's end (the operation's, or Create's return) to the first output"
 	return Result{
 		Name:     ScenarioAPICreate,
 		Unit:     "ms",
 		Airlock:  a,
 		Baseline: b,
 		Ratio:    ratio(a.P50, b.P50),
+		Timings:  stepTimings(stepsA, stepsB),
 		Notes:    notes,
 	}, nil
 }
@@ -337,11 +354,19 @@ func (r *runner) firstOutputTimeout() time.Duration {
 // apiFirstOutput times, over the API, a create of a sandbox of template
 // tpl to the first stdout event of a command session in it. The command's
 // exit (status 0) and the sandbox's delete follow, untimed.
-func (r *runner) apiFirstOutput(ctx context.Context, s *apiServer, tpl string) (_ time.Duration, err error) {
+func (r *runner) apiFirstOutput(ctx context.Context, s *apiServer, tpl string) (time.Duration, error) {
+	return r.apiFirstOutputSteps(ctx, s, tpl, nil)
+}
+
+// apiFirstOutputSteps is apiFirstOutput that, if steps is not nil, adds
+// to it for a sample that succeeds the create operation's timings and a
+// "first exec" step, from the operation's end to the first stdout event.
+func (r *runner) apiFirstOutputSteps(ctx context.Context, s *apiServer, tpl string, steps *[]timings.Timings) (_ time.Duration, err error) {
 	ctx, cancel := context.WithTimeout(ctx, r.firstOutputTimeout())
 	defer cancel()
 	start := time.Now()
-	id, err := s.createSandbox(ctx, tpl)
+	id, opSteps, err := s.createSandboxTimed(ctx, tpl)
+	created := time.Now()
 	if id != "" {
 		defer func() {
 			if derr := s.deleteSandbox(id); derr != nil {
@@ -364,9 +389,14 @@ func (r *runner) apiFirstOutput(ctx context.Context, s *apiServer, tpl string) (
 	if err := untilStdout(st); err != nil {
 		return 0, fmt.Errorf("command %s: %w", sess.ID, err)
 	}
-	d := time.Since(start)
+	d, firstExec := time.Since(start), time.Since(created)
 	if err := untilExit(st); err != nil {
 		return 0, fmt.Errorf("command %s: %w", sess.ID, err)
+	}
+	if steps != nil {
+		t := slices.Clone(opSteps)
+		t.Add(stepFirstExec, firstExec)
+		*steps = append(*steps, t)
 	}
 	return d, nil
 }
@@ -377,14 +407,26 @@ func (r *runner) apiFirstOutput(ctx context.Context, s *apiServer, tpl string) (
 // follow, untimed. With wantClone, a sandbox that Create booted rather
 // than cloned from its template snapshot fails the sample, as does a
 // failure of then.
-func (r *runner) runtimeFirstOutput(ctx context.Context, rt *sandbox.Runtime, wantClone bool, then func(context.Context, *sandbox.Sandbox) error) (_ time.Duration, err error) {
+func (r *runner) runtimeFirstOutput(ctx context.Context, rt *sandbox.Runtime, wantClone bool, then func(context.Context, *sandbox.Sandbox) error, steps *[]timings.Timings) (time.Duration, error) {
+	return r.firstOutput(ctx, func(ctx context.Context) (*sandbox.Sandbox, error) {
+		return rt.Create(ctx, sandbox.Spec{Template: r.cfg.Template})
+	}, wantClone, then, steps)
+}
+
+// firstOutput is runtimeFirstOutput with the create its own: it times
+// create and an Exec in the sandbox it returns up to the first byte of
+// its stdout, and destroys the sandbox. If steps is not nil, a sample
+// that succeeds adds to it the sandbox's Timings and a "first exec" step,
+// from create's return to that first byte.
+func (r *runner) firstOutput(ctx context.Context, create func(context.Context) (*sandbox.Sandbox, error), wantClone bool, then func(context.Context, *sandbox.Sandbox) error, steps *[]timings.Timings) (_ time.Duration, err error) {
 	ctx, cancel := context.WithTimeout(ctx, r.firstOutputTimeout())
 	defer cancel()
 	start := time.Now()
-	sb, err := rt.Create(ctx, sandbox.Spec{Template: r.cfg.Template})
+	sb, err := create(ctx)
 	if err != nil {
 		return 0, err
 	}
+	created := time.Now()
 	defer func() {
 		if derr := destroy(sb); derr != nil {
 			err = errors.Join(err, derr)
@@ -402,7 +444,7 @@ func (r *runner) runtimeFirstOutput(ctx context.Context, rt *sandbox.Runtime, wa
 	case <-ctx.Done():
 		return 0, fmt.Errorf("wait for the output of %s in the sandbox: %w", firstOutputArgv[0], ctx.Err())
 	}
-	d := time.Since(start)
+	d, firstExec := time.Since(start), time.Since(created)
 	exit, err := sb.Wait(p)
 	if err != nil {
 		return 0, fmt.Errorf("wait for %s in the sandbox: %w", firstOutputArgv[0], err)
@@ -423,8 +465,17 @@ func (r *runner) runtimeFirstOutput(ctx context.Context, rt *sandbox.Runtime, wa
 			return 0, err
 		}
 	}
+	if steps != nil {
+		t := slices.Clone(sb.Timings)
+		t.Add(stepFirstExec, firstExec)
+		*steps = append(*steps, t)
+	}
 	return d, nil
 }
+
+// stepFirstExec names the step from a create's end to the first output
+// byte of the command run in the sandbox, in Result.Timings.
+const stepFirstExec = "first exec"
 
 // firstWrite is a writer that closes seen at the first write of a byte or
 // more, and drops what it is given.

@@ -5,7 +5,8 @@
 // round trip) against the same work through the runtime in-process, the
 // lifecycle (pause and resume, suspend and wake) against the same QEMU
 // operations on a bare VM, a create from the template snapshot to first
-// output against a bare QEMU restoring the same snapshot, and the fleet
+// output against a bare QEMU restoring the same snapshot, a create from a
+// warm pool member to first output against a plain create, and the fleet
 // (memory per idle sandbox, concurrent creates) against one bare VM or
 // one create alone, and the network (TCP throughput, connect latency and
 // DNS latency through a sandbox's gateway) against the same program on the
@@ -53,6 +54,7 @@ const (
 	ScenarioIdlePSS    = "idle_pss"
 	ScenarioConcurrent = "concurrent_create"
 	ScenarioSnapshot   = "snapshot_create_to_first_output"
+	ScenarioWarmPool   = "warm_pool_create_to_first_output"
 
 	ScenarioNetThroughput = "net_tcp_throughput"
 	ScenarioNetConnect    = "net_connect_latency"
@@ -69,7 +71,7 @@ const (
 
 // Scenarios lists every scenario in the order Run runs them.
 func Scenarios() []string {
-	return []string{ScenarioBoot, ScenarioSnapshot, ScenarioJail, ScenarioExecRTT, ScenarioThroughput,
+	return []string{ScenarioBoot, ScenarioSnapshot, ScenarioWarmPool, ScenarioJail, ScenarioExecRTT, ScenarioThroughput,
 		ScenarioNetThroughput, ScenarioNetConnect, ScenarioNetDNS, ScenarioPause,
 		ScenarioSuspend, ScenarioIdlePSS, ScenarioConcurrent, ScenarioTemplateBuild, ScenarioImageCreate,
 		ScenarioE2BCreate, ScenarioE2BExecRTT, ScenarioAPICreate, ScenarioAPIExecRTT}
@@ -141,7 +143,8 @@ type Config struct {
 	// two sets) and concurrent_create creates at once. Default 20.
 	Sandboxes int
 	// SnapshotRuns is how many samples each side of
-	// snapshot_create_to_first_output takes. Default 5.
+	// snapshot_create_to_first_output, warm_pool_create_to_first_output
+	// and jail_cost takes. Default 5.
 	SnapshotRuns int
 	// TemplateBuildRuns is how many samples template_build takes of each
 	// of its sides: a cold build, the same build cached, and the baseline.
@@ -316,6 +319,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	}{
 		{ScenarioBoot, r.boot},
 		{ScenarioSnapshot, r.snapshotCreate},
+		{ScenarioWarmPool, r.warmPoolCreate},
 		{ScenarioJail, r.jailCost},
 		{ScenarioExecRTT, r.execRTT},
 		{ScenarioThroughput, r.stdoutThroughput},

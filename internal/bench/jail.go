@@ -25,8 +25,12 @@ func (r *runner) jailCost(ctx context.Context) (Result, error) {
 		return Result{}, fmt.Errorf("template snapshot: %w", err)
 	}
 	n := r.cfg.SnapshotRuns
-	on := func(ctx context.Context) (time.Duration, error) { return r.runtimeFirstOutput(ctx, r.rt, true, nil) }
-	bare := func(ctx context.Context) (time.Duration, error) { return r.runtimeFirstOutput(ctx, off, true, nil) }
+	on := func(ctx context.Context) (time.Duration, error) {
+		return r.runtimeFirstOutput(ctx, r.rt, true, nil, nil)
+	}
+	bare := func(ctx context.Context) (time.Duration, error) {
+		return r.runtimeFirstOutput(ctx, off, true, nil, nil)
+	}
 	createOn, createOff, err := r.retryingPairs(ctx, ScenarioJail, n, "jailed", on, "unjailed", bare)
 	if err != nil {
 		return Result{}, err

@@ -4,9 +4,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/airlockhq/airlock/internal/timings"
 )
 
 // ReportVersion is the version of the report's JSON schema. It changes only
@@ -20,11 +23,12 @@ const ReportVersion = 1
 //	 "host": {"cpus": 2, "accel": "kvm|tcg", "kernel": "uname -r"},
 //	 "results": [{"name": "boot", "unit": "ms",
 //	              "airlock": {...}, "baseline": {...},
-//	              "ratio": 1.8, "variants": [...], "notes": "...",
-//	              "error": "..."}]}
+//	              "ratio": 1.8, "variants": [...],
+//	              "timings": {"airlock": {"step": 12.5, ...}, "baseline": {...}},
+//	              "notes": "...", "error": "..."}]}
 //
-// See Measurement for what "airlock" and "baseline" hold, and Variant for
-// the optional "variants".
+// See Measurement for what "airlock" and "baseline" hold, Variant for
+// the optional "variants" and StepTimings for the optional "timings".
 type Report struct {
 	Version   int       `json:"version"`
 	StartedAt time.Time `json:"started_at"`
@@ -62,6 +66,10 @@ type Result struct {
 	// measured in the same run as it and the baseline. Absent when there
 	// are none.
 	Variants []Variant `json:"variants,omitempty"`
+	// Timings break the samples of a create scenario down by step, on
+	// the sides whose creates report their steps. Absent when no side
+	// does.
+	Timings *StepTimings `json:"timings,omitempty"`
 	// Notes says what exactly was measured.
 	Notes string `json:"notes"`
 	// Error, when set, says why the scenario failed; the figures are then
@@ -85,6 +93,20 @@ type Variant struct {
 	Baseline *Measurement `json:"baseline,omitempty"`
 }
 
+// StepTimings is, for each side of a Result, the p50 across its samples
+// of each step's milliseconds (stepP50s), in the order the steps ran: the
+// steps of the sandbox's create (sandbox.Sandbox.Timings, or the create
+// operation's timings over the API), then "first exec", from the
+// create's end to the first output byte. A side whose creates report no
+// steps (a bare QEMU) is absent. Filled by
+// snapshot_create_to_first_output (airlock), warm_pool_create_to_first_output
+// (both) and api_create_to_first_output (both: the operation's and the
+// runtime's).
+type StepTimings struct {
+	Airlock  timings.Timings `json:"airlock,omitempty"`
+	Baseline timings.Timings `json:"baseline,omitempty"`
+}
+
 // Measurement is one side of a Result. Timing scenarios (unit "ms") fill
 // runs, min, p50, p99, max and mean, in milliseconds with microsecond
 // precision; size scenarios (unit "MiB") fill the same fields in MiB with
@@ -95,7 +117,8 @@ type Variant struct {
 // suspend_wake_512) add bytes: the largest file one run wrote. The
 // scenarios that boot a sandbox per run (boot,
 // api_create_to_first_output, snapshot_create_to_first_output,
-// template_build, image_template_create_to_first_output) add failures
+// warm_pool_create_to_first_output, template_build,
+// image_template_create_to_first_output) add failures
 // when runs failed and were retried; concurrent_create adds the creates
 // that failed, which fail the scenario.
 type Measurement struct {
@@ -180,8 +203,36 @@ func figures(r Result) []figure {
 	return out
 }
 
+// stepRows lists the table rows of r's step timings, one per step (the
+// airlock side's in order, then those only the baseline has), with a
+// blank cell on a side that lacks the step.
+func stepRows(r Result) [][]string {
+	if r.Timings == nil {
+		return nil
+	}
+	var names []string
+	for _, t := range []timings.Timings{r.Timings.Airlock, r.Timings.Baseline} {
+		for _, s := range t {
+			if !slices.Contains(names, s.Name) {
+				names = append(names, s.Name)
+			}
+		}
+	}
+	cell := func(t timings.Timings, name string) string {
+		if v, ok := t.Get(name); ok {
+			return formatFigure(v)
+		}
+		return ""
+	}
+	rows := make([][]string, 0, len(names))
+	for _, n := range names {
+		rows = append(rows, []string{"", "  " + n + " p50 ms", cell(r.Timings.Airlock, n), cell(r.Timings.Baseline, n), ""})
+	}
+	return rows
+}
+
 // WriteTable writes rep as an aligned table for people, with the notes
-// below it.
+// below it. A result's step timings follow its figures, a row per step.
 func WriteTable(w io.Writer, rep Report) error {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "airlock bench  %s  host: %d CPUs, accel %s, kernel %s\n\n",
@@ -198,6 +249,7 @@ func WriteTable(w io.Writer, rep Report) error {
 			}
 			rows = append(rows, []string{name, f.label, formatFigure(f.airlock), formatFigure(f.baseline), ratioCell})
 		}
+		rows = append(rows, stepRows(r)...)
 	}
 	sb.WriteString(alignTable(rows, []bool{false, false, true, true, true}))
 	if len(rep.Results) > 0 {

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/airlockhq/airlock/internal/timings"
 )
 
 func sampleReport() Report {
@@ -333,5 +335,103 @@ stdout_throughput: throughput notes
 `
 	if got := buf.String(); got != want {
 		t.Errorf("table:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+func TestStepP50s(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		samples []timings.Timings
+		want    timings.Timings
+	}{
+		{"no samples", nil, nil},
+		{"one sample", []timings.Timings{{{Name: "a", MS: 1.5}, {Name: "b", MS: 2}}},
+			timings.Timings{{Name: "a", MS: 1.5}, {Name: "b", MS: 2}}},
+		{"nearest rank, in order", []timings.Timings{
+			{{Name: "a", MS: 5}, {Name: "b", MS: 30}},
+			{{Name: "a", MS: 1}, {Name: "b", MS: 10}},
+			{{Name: "a", MS: 3}, {Name: "b", MS: 20}},
+			{{Name: "a", MS: 2}, {Name: "b", MS: 40}},
+		}, timings.Timings{{Name: "a", MS: 2}, {Name: "b", MS: 20}}},
+		{"a step only some samples have", []timings.Timings{
+			{{Name: "a", MS: 1}, {Name: "first exec", MS: 7}},
+			{{Name: "failed clone", MS: 100}, {Name: "a", MS: 3}, {Name: "first exec", MS: 9}},
+			{{Name: "a", MS: 2}, {Name: "first exec", MS: 8}},
+		}, timings.Timings{{Name: "a", MS: 2}, {Name: "first exec", MS: 8}, {Name: "failed clone", MS: 100}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := stepP50s(tc.samples); !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("stepP50s = %v, want %v", got, tc.want)
+			}
+		})
+	}
+	if got := stepTimings(nil, nil); got != nil {
+		t.Errorf("stepTimings of no samples = %+v, want nil", got)
+	}
+}
+
+// Step timings: a row per step under the scenario's figures, a blank cell
+// on the side without the step; kept in the JSON, in order.
+func TestWriteTableTimings(t *testing.T) {
+	rep := Report{
+		Version:   ReportVersion,
+		StartedAt: time.Date(2026, 11, 29, 19, 40, 0, 0, time.UTC),
+		Host:      Host{CPUs: 2, Accel: "tcg", Kernel: "6.1.0-test"},
+		Results: []Result{
+			{
+				Name: ScenarioWarmPool, Unit: "ms",
+				Airlock:  Measurement{Runs: 5, Min: 90, P50: 100, P99: 120, Max: 120, Mean: 101},
+				Baseline: Measurement{Runs: 5, Min: 500, P50: 600, P99: 700, Max: 700, Mean: 610},
+				Ratio:    0.1667,
+				Timings: &StepTimings{
+					Airlock:  timings.Timings{{Name: "take warm pool member", MS: 1.25}, {Name: "first exec", MS: 40}},
+					Baseline: timings.Timings{{Name: "start vm", MS: 300}, {Name: "first exec", MS: 41.5}},
+				},
+				Notes: "pool notes",
+			},
+		},
+	}
+	var buf bytes.Buffer
+	if err := WriteTable(&buf, rep); err != nil {
+		t.Fatal(err)
+	}
+	want := `airlock bench  2026-11-29T19:40:00Z  host: 2 CPUs, accel tcg, kernel 6.1.0-test
+
+SCENARIO                          FIGURE                          AIRLOCK  BASELINE    RATIO
+warm_pool_create_to_first_output  p50 ms                            100.0     600.0  0.1667x
+                                  p99 ms                            120.0     700.0
+                                  max ms                            120.0     700.0
+                                    take warm pool member p50 ms    1.250
+                                    first exec p50 ms              40.000    41.500
+                                    start vm p50 ms                           300.0
+
+warm_pool_create_to_first_output: pool notes
+`
+	if got := buf.String(); got != want {
+		t.Errorf("table:\n%s\nwant:\n%s", got, want)
+	}
+
+	buf.Reset()
+	if err := WriteJSON(&buf, rep); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), `"timings": {
+        "airlock": {
+          "take warm pool member": 1.25,
+          "first exec": 40
+        },
+        "baseline": {
+          "start vm": 300,
+          "first exec": 41.5
+        }
+      }`) {
+		t.Errorf("JSON lacks the timings, in order:\n%s", buf.String())
+	}
+	var back Report
+	if err := json.Unmarshal(buf.Bytes(), &back); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(back, rep) {
+		t.Errorf("round trip changed the report:\n got %+v\nwant %+v", back, rep)
 	}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/airlockhq/airlock/internal/agentproto"
 	"github.com/airlockhq/airlock/internal/sandbox"
+	"github.com/airlockhq/airlock/internal/timings"
 )
 
 // snapshotCreate measures a sandbox create, a clone of the template's
@@ -33,8 +34,9 @@ func (r *runner) snapshotCreate(ctx context.Context) (Result, error) {
 		spawns = append(spawns, ds...)
 		return nil
 	}
+	var steps []timings.Timings
 	clone := func(ctx context.Context) (time.Duration, error) {
-		return r.runtimeFirstOutput(ctx, r.rt, true, spawnFloor)
+		return r.runtimeFirstOutput(ctx, r.rt, true, spawnFloor, &steps)
 	}
 	restore := func(ctx context.Context) (_ time.Duration, err error) {
 		ctx, cancel := context.WithTimeout(ctx, r.cfg.BootTimeout)
@@ -71,6 +73,8 @@ func (r *runner) snapshotCreate(ctx context.Context) (Result, error) {
 		"the guest, %d runs after %d untimed in each sandbox the airlock side created, after its sample, "+
 		"untimed; ratio of p50s, target at most 3",
 		b.P50, s.P50, guestTrue, agentproto.ProbeExe, snapshotSpawnRuns, execWarmup)
+	notes += "; timings: p50 per step of the airlock side's Create (sandbox.Sandbox.Timings), and first exec: " +
+		"from Create's return to the first output byte"
 	return Result{
 		Name:     ScenarioSnapshot,
 		Unit:     "ms",
@@ -78,6 +82,7 @@ func (r *runner) snapshotCreate(ctx context.Context) (Result, error) {
 		Baseline: b,
 		Ratio:    ratio(a.P50, b.P50),
 		Variants: []Variant{{Name: "restore_plus_exec", Measurement: a, Ratio: ratio(a.P50, floor.P50), Baseline: &floor}},
+		Timings:  stepTimings(steps, nil),
 		Notes:    notes,
 	}, nil
 }

@@ -5,6 +5,8 @@ import (
 	"math"
 	"slices"
 	"time"
+
+	"github.com/airlockhq/airlock/internal/timings"
 )
 
 // percentile returns the p-th percentile (0 < p <= 100) of sorted, which
@@ -102,4 +104,40 @@ func roundSig(x float64, digits int) float64 {
 	}
 	mag := int(math.Floor(math.Log10(math.Abs(x))))
 	return roundTo(x, digits-1-mag)
+}
+
+// stepP50s is the p50 (nearest-rank) of each step across samples, the
+// steps in the order they first appear. A step only some samples have
+// (a failed clone before a boot, say) is the p50 of those that have it.
+// No samples is no steps.
+func stepP50s(samples []timings.Timings) timings.Timings {
+	var out timings.Timings
+	var names []string
+	for _, t := range samples {
+		for _, s := range t {
+			if !slices.Contains(names, s.Name) {
+				names = append(names, s.Name)
+			}
+		}
+	}
+	for _, n := range names {
+		var vs []float64
+		for _, t := range samples {
+			if v, ok := t.Get(n); ok {
+				vs = append(vs, v)
+			}
+		}
+		slices.Sort(vs)
+		out = append(out, timings.Step{Name: n, MS: roundTo(percentile(vs, 50), 3)})
+	}
+	return out
+}
+
+// stepTimings is the Result.Timings of a scenario whose sides recorded
+// the steps of their samples; nil when neither did.
+func stepTimings(airlock, baseline []timings.Timings) *StepTimings {
+	if len(airlock) == 0 && len(baseline) == 0 {
+		return nil
+	}
+	return &StepTimings{Airlock: stepP50s(airlock), Baseline: stepP50s(baseline)}
 }

@@ -28,6 +28,11 @@ the ratios compare across runs):
                               the first stdout of echo hi vs a bare QEMU restoring
                               the same snapshot until it runs; floor: that restore
                               plus a fork/exec timed inside the guest
+  warm_pool_create_to_first_output
+                              sandbox create from a warm pool member (a pool of 1,
+                              refilled between samples, untimed) to the first
+                              stdout of echo hi vs a plain create (a clone) to the
+                              same
   jail_cost                   the same create to first output, and exec round
                               trips, with the jail on vs with it off
   exec_rtt                    exec round trip of true vs fork/exec of /bin/true;
@@ -81,6 +86,10 @@ under node, timed inside node; they need node and the SDK installed in
 cd e2e/e2bsdk && npm ci), and fail saying so without them.
 A floor is the same work in the same VM without airlock, reported as a
 variant of its scenario with a baseline of its own.
+The create scenarios snapshot_create_to_first_output,
+warm_pool_create_to_first_output and api_create_to_first_output also
+report the p50 of each step of their creates, and of the first exec, as
+"timings", shown under their figures.
 A scenario that fails after measuring (a concurrent create that failed) is
 in the report, with its error, and the command then fails.
 
@@ -106,7 +115,7 @@ func runBench(ctx context.Context, env *Env, args []string) error {
 	pauseRuns := fs.Int("pause-runs", bench.DefaultPauseRuns, "rounds of pause and resume per side in the pause_resume scenario")
 	suspendRuns := fs.Int("suspend-runs", bench.DefaultSuspendRuns, "rounds of suspend and wake per side in the suspend_wake_512 scenario")
 	sandboxes := fs.Int("sandboxes", bench.DefaultSandboxes, "sandboxes at once in the idle_pss and concurrent_create scenarios")
-	snapshotRuns := fs.Int("snapshot-runs", bench.DefaultSnapshotRuns, "samples per side in the snapshot_create_to_first_output and jail_cost scenarios")
+	snapshotRuns := fs.Int("snapshot-runs", bench.DefaultSnapshotRuns, "samples per side in the snapshot_create_to_first_output, warm_pool_create_to_first_output and jail_cost scenarios")
 	buildRuns := fs.Int("build-runs", bench.DefaultTemplateBuildRuns, "builds per side (cold, cached, baseline) in the template_build scenario")
 	e2bSDK := fs.String("e2b-sdk", bench.DefaultE2BSDK, "`dir` whose node_modules holds E2B's JS SDK (npm e2b), for the e2b_ scenarios")
 	only := fs.String("only", "", "comma-separated `scenarios` to run (default: all): "+strings.Join(bench.Scenarios(), ", "))
