@@ -58,7 +58,7 @@ func (a *Agent) handleReinit(st net.Conn, req *agentproto.ReinitRequest) {
 			return
 		}
 	}
-	next := identity{hostname: prev.hostname, caCert: prev.caCert, rootDevice: prev.rootDevice}
+	next := identity{hostname: prev.hostname, caCert: prev.caCert, rootDevice: prev.rootDevice, placeholder: req.Placeholder}
 	if req.Hostname != "" {
 		next.hostname = req.Hostname
 	}

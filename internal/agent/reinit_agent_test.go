@@ -60,6 +60,13 @@ func TestReinit(t *testing.T) {
 	if pong, err := c2.Ping(ctx); err != nil || !pong.Placeholder {
 		t.Fatalf("a refused reinit ended the placeholder: %+v, %v", pong, err)
 	}
+	// A warm pool's warm-up: a reinit that keeps the placeholder.
+	if _, err := c2.Reinit(ctx, agentproto.ReinitRequest{TimeUnixNano: time.Now().UnixNano(), Entropy: []byte("warm"), Placeholder: true}); err != nil {
+		t.Fatal(err)
+	}
+	if pong, err := c2.Ping(ctx); err != nil || !pong.Placeholder {
+		t.Fatalf("a reinit that keeps the placeholder ended it: %+v, %v", pong, err)
+	}
 	if _, err := c2.Reinit(ctx, req); err != nil {
 		t.Fatal(err)
 	}

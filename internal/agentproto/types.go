@@ -153,6 +153,10 @@ type ReinitRequest struct {
 	// sees the disk that large, then grows the root filesystem to fill
 	// it. 0 grows it to whatever size the disk has.
 	DiskBytes int64 `json:"disk_bytes,omitempty"`
+	// Placeholder keeps the identity a placeholder (as
+	// InitRequest.Placeholder): a warm pool's member runs a reinit to warm
+	// its VM up before any sandbox's identity is given to it.
+	Placeholder bool `json:"placeholder,omitempty"`
 }
 
 // maxHostname is the longest hostname the kernel takes (HOST_NAME_MAX).

@@ -102,7 +102,7 @@ func (r *Runtime) cloneVM(ctx context.Context, spec Spec, tpl template.Template,
 	if pooled {
 		steps = append(steps, step{"mark pool member", func(context.Context) error {
 			return os.WriteFile(filepath.Join(sb.Dir, poolMarkName), nil, 0o600)
-		}, nil})
+		}, nil}, warmUpStep(sb))
 	} else if startsWarm(spec, tpl) {
 		steps = append(steps, r.identitySteps(sb, &serverErr)...)
 	} else {
