@@ -32,13 +32,10 @@ const poolStep = "take warm pool member"
 // sample. The pool (of one) is stopped when the scenario ends, also when
 // it fails.
 func (r *runner) warmPoolCreate(ctx context.Context) (Result, error) {
-	spec, tpl, err := r.rt.Resolve(sandbox.Spec{Template: r.cfg.Template, Detach: true})
+	spec, _, err := r.rt.Resolve(sandbox.Spec{Template: r.cfg.Template, Detach: true})
 	if err != nil {
 		return Result{}, err
 	}
-	// Claim matches a member by its template's name:tag or digest, not
-	// by the ref as given ("tiny").
-	spec.Template = tpl.Ref()
 	start := time.Now()
 	if _, err := r.rt.TemplateSnapshot(ctx, spec); err != nil {
 		return Result{}, fmt.Errorf("template snapshot: %w", err)
