@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -30,7 +31,12 @@ const (
 //
 //	spawn N PATH  agentproto.SpawnProbe of N runs of the program at PATH
 //	pipe BYTES    agentproto.PipeProbe of BYTES through a pipe from dd
+//	pattern BYTES BYTES of agentproto.ProbePatternArgv's pattern, itself
+//	              the output rather than a result
 func Probe(args []string, out io.Writer) error {
+	if len(args) > 0 && args[0] == "pattern" {
+		return probePattern(args[1:], out)
+	}
 	res, err := probe(args)
 	if err != nil {
 		return err
@@ -217,4 +223,28 @@ type countWriter struct{ n int64 }
 func (c *countWriter) Write(p []byte) (int, error) {
 	c.n += int64(len(p))
 	return len(p), nil
+}
+
+// probePattern writes the pattern of agentproto.ProbePatternArgv: args is
+// its size in bytes, a multiple of 8.
+func probePattern(args []string, out io.Writer) error {
+	if len(args) != 1 {
+		return errors.New("usage: probe pattern BYTES")
+	}
+	n, err := strconv.ParseInt(args[0], 10, 64)
+	if err != nil || n < 0 || n > maxProbeBytes || n%8 != 0 {
+		return fmt.Errorf("pattern: bytes %q is not a multiple of 8 up to %d", args[0], int64(maxProbeBytes))
+	}
+	buf := make([]byte, 64<<10)
+	for off := int64(0); off < n; {
+		k := min(int64(len(buf)), n-off)
+		for i := int64(0); i < k; i += 8 {
+			binary.BigEndian.PutUint64(buf[i:], uint64(off+i))
+		}
+		if _, err := out.Write(buf[:k]); err != nil {
+			return err
+		}
+		off += k
+	}
+	return nil
 }

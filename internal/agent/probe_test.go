@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"os/exec"
 	"strconv"
@@ -152,4 +153,25 @@ func lookTool(t *testing.T, name string) string {
 		testenv.Lacking(t, "%s is not installed: %v", name, err)
 	}
 	return p
+}
+
+func TestProbePattern(t *testing.T) {
+	var out bytes.Buffer
+	if err := Probe([]string{"pattern", "200000"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	b := out.Bytes()
+	if len(b) != 200000 {
+		t.Fatalf("%d bytes, want 200000", len(b))
+	}
+	for off := 0; off < len(b); off += 8 {
+		if got := binary.BigEndian.Uint64(b[off:]); got != uint64(off) {
+			t.Fatalf("word at %d is %d", off, got)
+		}
+	}
+	for _, bad := range [][]string{{"pattern"}, {"pattern", "7"}, {"pattern", "-8"}, {"pattern", "x"}, {"pattern", "8", "8"}} {
+		if err := Probe(bad, &out); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
+	}
 }

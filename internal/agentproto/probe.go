@@ -46,3 +46,11 @@ func ProbeSpawnArgv(runs int, path string) []string {
 func ProbePipeArgv(bytes int64) []string {
 	return []string{ProbeExe, ProbeCommand, "pipe", strconv.FormatInt(bytes, 10)}
 }
+
+// ProbePatternArgv is the argv that writes a pattern of bytes bytes (a
+// multiple of 8) to stdout: each 8-byte word is its own offset in the
+// stream, big-endian, so a reader can tell a byte lost, repeated or out
+// of order.
+func ProbePatternArgv(bytes int64) []string {
+	return []string{ProbeExe, ProbeCommand, "pattern", strconv.FormatInt(bytes, 10)}
+}

@@ -56,7 +56,7 @@ func (r *runner) snapshotCreate(ctx context.Context) (Result, error) {
 	failA, failB := a.Failures, b.Failures
 	notes := fmt.Sprintf("airlock: sandbox.Runtime.Create of template %s, a clone of its snapshot (directory, disk "+
 		"overlay, QEMU start, restore of the snapshot's device state with its RAM mapped private from the memory "+
-		"file, disk grown, agent session, guest init), then Exec of argv %v until its first stdout byte; baseline: "+
+		"file, disk grown, agent session, guest init or, from a warm snapshot, reinit), then Exec of argv %v until its first stdout byte; baseline: "+
 		"a bare QEMU restoring the same snapshot (its configuration, a directory and disk overlay of its own, the "+
 		"memory file mapped private, restore, cont) until query-status says running, with no agent session, init "+
 		"or exec; %d samples each, alternating, each VM removed after its sample, untimed; the snapshot made "+
