@@ -105,3 +105,24 @@ func TestWarmPool(t *testing.T) {
 		t.Errorf("after the restart: %q", out.stdout)
 	}
 }
+
+// TestWarmPoolYieldsRoom: members count against --max-sandboxes, and a
+// create the pool does not serve destroys the member it needs the room
+// of; the pool makes none while the host is at its cap.
+func TestWarmPoolYieldsRoom(t *testing.T) {
+	s := newServer(t, "--warm", "1:tiny", "--max-sandboxes", "2")
+	s.waitPoolReady(t, 1)
+	s.createSandbox(t, s.key, apiv1.CreateSandbox{Template: "tiny", MemoryMiB: 384})
+	if m := poolMembers(t, s); len(m) != 1 {
+		t.Fatalf("with one sandbox of two the pool members are %v, want 1", m)
+	}
+	s.createSandbox(t, s.key, apiv1.CreateSandbox{Template: "tiny", MemoryMiB: 384})
+	s.waitPoolReady(t, 0)
+	time.Sleep(6 * time.Second) // past the fill loop's tick: it makes no member at the cap
+	if m := poolMembers(t, s); len(m) != 0 {
+		t.Errorf("at the cap the pool members are %v, want none", m)
+	}
+	if status, body := s.call(t, "POST", "/v1/sandboxes", s.key, apiv1.CreateSandbox{Template: "tiny"}); status != 429 {
+		t.Errorf("a third create at a cap of 2: %d %s", status, body)
+	}
+}

@@ -54,8 +54,8 @@ by sandbox ID and template) while at most --metrics-per-sandbox run.
 waiting: a create of base with the template's vCPUs and memory takes one
 and only gives it the sandbox's identity (clock, fresh entropy, hostname,
 gateway CA and policy, environment, disk size), and the pool makes
-another. Members are running VMs: they count against --max-sandboxes and
-end with the server. See docs/bench.md for what they save.
+another. Members are running VMs: they count against --max-sandboxes (a
+create that needs a member's room destroys it) and end with the server. See docs/bench.md for what they save.
 
   airlock serve
   airlock serve --listen 0.0.0.0:7700 --max-sandboxes 64

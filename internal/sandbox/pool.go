@@ -183,6 +183,29 @@ func (r *Runtime) Claim(spec Spec) (string, bool) {
 	return "", false
 }
 
+// ShedPoolMember destroys one ready member of a pool, to make room on the
+// host for a sandbox the pools do not serve, and reports whether there
+// was one. The pool makes it again once the host has room.
+func (r *Runtime) ShedPoolMember(ctx context.Context) bool {
+	r.mu.Lock()
+	pools := r.pools
+	r.mu.Unlock()
+	for _, p := range pools {
+		p.mu.Lock()
+		var sb *Sandbox
+		if n := len(p.ready); n > 0 {
+			sb = p.ready[n-1]
+			p.ready = p.ready[:n-1]
+		}
+		p.mu.Unlock()
+		if sb != nil {
+			p.destroy(ctx, sb, "the host needs its room")
+			return true
+		}
+	}
+	return false
+}
+
 // Unclaim gives back a member Claim took and no create used: it is
 // destroyed (its ID has been seen), and the pool makes another.
 func (r *Runtime) Unclaim(id string) {

@@ -195,6 +195,7 @@ func (s *Service) runCreate(ctx context.Context, c *creation, sb store.Sandbox, 
 			return err
 		}
 		clock.Lap("record running")
+		s.makeRoom(ctx)
 		spec.ID, spec.Env, spec.Detach = sb.ID, sb.Env, true
 		box, err := s.rt.Create(ctx, spec)
 		if err != nil {
@@ -251,6 +252,24 @@ func (s *Service) runCreate(ctx context.Context, c *creation, sb store.Sandbox, 
 	}
 	s.m.opFinished(op.Kind, op.Status, time.Since(start))
 	log.Info("sandbox created", "ms", time.Since(start).Milliseconds())
+}
+
+// makeRoom destroys warm pool members while the sandboxes holding a VM
+// and the members together are over the host's cap: a member never takes
+// the place of a sandbox someone asked for.
+func (s *Service) makeRoom(ctx context.Context) {
+	for {
+		members := 0
+		for _, p := range s.rt.Pools() {
+			members += p.Ready
+		}
+		s.mu.Lock()
+		n := s.vmCount()
+		s.mu.Unlock()
+		if members == 0 || n+members <= s.cfg.MaxSandboxes || !s.rt.ShedPoolMember(ctx) {
+			return
+		}
+	}
 }
 
 // errorStatus turns an internal error into what an operation reports.

@@ -93,7 +93,8 @@ type Config struct {
 	// holds its number of clones of a template ready, so that a create
 	// that fits one runs only the sandbox's own part. Members count
 	// against MaxSandboxes: the pool makes no member while the host is at
-	// its cap.
+	// its cap, and a create that would put the host over it destroys
+	// members first (a member never takes a sandbox's place).
 	Warm []sandbox.PoolSpec
 }
 
