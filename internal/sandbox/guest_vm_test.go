@@ -61,7 +61,10 @@ func agentRuntime(t *testing.T, ctx context.Context) *Runtime {
 	if b, err := os.ReadFile(host.AccelVerdict()); err == nil {
 		os.WriteFile(dd.AccelVerdict(), b, 0o644)
 	}
-	rt, err := New(ctx, Config{Dir: dd, Log: testLog(t), ColdBoot: true})
+	// The boot timeout is the default's threefold: make test runs these
+	// beside other packages' tests under -race on two CPUs, and a 2-vCPU
+	// template VM's emulated boot was seen to pass the minute there.
+	rt, err := New(ctx, Config{Dir: dd, Log: testLog(t), ColdBoot: true, BootTimeout: 3 * time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
