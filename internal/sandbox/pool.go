@@ -18,9 +18,9 @@ import (
 
 // A warm pool keeps clones of one template's warm snapshot ready, each
 // past its restore and agent session: QEMU runs, the guest runs, the
-// session is open, but the guest has no identity yet (it is still the
-// template VM's placeholder: hostname, CA, entropy, clock) and the disk
-// is at the snapshot's size. A create that a member fits takes it under
+// session is open, but the guest has no identity yet (the template VM's
+// placeholder hostname and CA; its clock and entropy are set again when a
+// create takes it) and the disk is at the snapshot's size. A create that a member fits takes it under
 // the member's ID (Claim, then Create with that ID), and what is left to
 // do is the sandbox's part: its policy on the gateway, the disk grown,
 // reinit (clock, fresh entropy, hostname, the gateway's CA, environment)
