@@ -99,19 +99,9 @@ func checkGone(t *testing.T, dir string, pid int) {
 	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("sandbox directory %s left behind (%v)", dir, err)
 	}
-	if pid > 0 && processAlive(pid) {
+	if pid > 0 && testenv.ProcessAlive(pid) {
 		t.Errorf("QEMU process %d left running", pid)
 	}
-}
-
-func processAlive(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	// A zombie is dead; field 3 is the state.
-	f := strings.Fields(string(b))
-	return len(f) > 2 && f[2] != "Z"
 }
 
 type result struct {
@@ -341,7 +331,7 @@ func TestCLIKeep(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 		os.RemoveAll(dir)
 	}()
-	if !processAlive(pid) {
+	if !testenv.ProcessAlive(pid) {
 		t.Fatalf("kept VM %d is not running", pid)
 	}
 	// The kept sandbox still answers, with what the command left in it.
@@ -715,7 +705,7 @@ func TestCLIKilledTakesVMAlong(t *testing.T) {
 	cmd.Process.Kill()
 	cmd.Wait()
 	deadline := time.Now().Add(10 * time.Second)
-	for processAlive(vms[0]) {
+	for testenv.ProcessAlive(vms[0]) {
 		if time.Now().After(deadline) {
 			t.Fatalf("QEMU %d outlived the airlock process that ran it", vms[0])
 		}

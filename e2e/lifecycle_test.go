@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 // lifecycle asks for a pause, suspend or wake and waits for its operation,
@@ -96,7 +97,7 @@ func TestLifecycleTransitions(t *testing.T) {
 	if got := s.state(t, sb.ID).State; got != "suspended" {
 		t.Fatalf("after suspend: %s", got)
 	}
-	if pid == 0 || processAlive(pid) {
+	if pid == 0 || testenv.ProcessAlive(pid) {
 		t.Errorf("QEMU %d still runs after suspend", pid)
 	}
 	for _, kind := range []string{"pause", "suspend"} {
@@ -297,7 +298,7 @@ func TestLeaseEndsWhileServerDown(t *testing.T) {
 	pid := qemuPID(t, s, sb.ID)
 	s.stop(syscall.SIGTERM)
 	time.Sleep(3 * time.Second)
-	if !processAlive(pid) {
+	if !testenv.ProcessAlive(pid) {
 		t.Fatal("the VM did not outlive the server")
 	}
 	if err := s.start(); err != nil {

@@ -33,6 +33,7 @@ import (
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/sandbox"
+	"github.com/airlockhq/airlock/internal/testenv"
 	"github.com/airlockhq/airlock/internal/vm"
 )
 
@@ -335,7 +336,7 @@ func qemusIn(home string) []string {
 		}
 		cwd, _ := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
 		joined := strings.Join(args, " ")
-		if (in(cwd) || in(joined)) && processAlive(pid) {
+		if (in(cwd) || in(joined)) && testenv.ProcessAlive(pid) {
 			out = append(out, fmt.Sprintf("%d %s", pid, truncateArgs(joined)))
 		}
 	}
@@ -615,7 +616,7 @@ func (s *server) cycle(req apiv1.CreateSandbox, name string) error {
 	if derr == nil {
 		if _, serr := os.Stat(dir); !errors.Is(serr, os.ErrNotExist) {
 			derr = fmt.Errorf("the directory of deleted sandbox %s is left (%v)", id, serr)
-		} else if pid > 0 && processAlive(pid) {
+		} else if pid > 0 && testenv.ProcessAlive(pid) {
 			derr = fmt.Errorf("the QEMU (pid %d) of deleted sandbox %s still runs", pid, id)
 		}
 	}
@@ -1275,7 +1276,7 @@ func TestReliabilityKillQEMU(t *testing.T) {
 			t.Errorf("after its VM was killed mid-exec: %s %+v", got.State, got.LastError)
 		}
 		s.conflict(t, "POST", "/v1/sandboxes/"+sb.ID+"/exec", "failed", apiv1.CommandRequest{Cmd: "true"})
-		if processAlive(pid) {
+		if testenv.ProcessAlive(pid) {
 			t.Errorf("QEMU %d survived SIGKILL", pid)
 		}
 		s.deleteSandbox(t, s.key, sb.ID)
@@ -1294,8 +1295,7 @@ func TestReliabilityKillQEMU(t *testing.T) {
 	})
 
 	t.Run("mid-wake", func(t *testing.T) {
-		for attempt := 1; ; attempt++ {
-			made++
+		id, op, n := s.cutThrice(t, "wake", func() (string, apiv1.Operation, bool) {
 			sb := s.createSandbox(t, s.key, apiv1.CreateSandbox{Template: "tiny"})
 			dir := datadir.Dir{Root: s.home}.Sandbox(sb.ID)
 			s.must(t, 204, "PUT", "/v1/sandboxes/"+sb.ID+"/files?path=/root/kept.txt", s.key, "kept", nil)
@@ -1307,37 +1307,49 @@ func TestReliabilityKillQEMU(t *testing.T) {
 				}
 				return 0
 			})
-			if !hit && attempt < 3 {
-				t.Logf("attempt %d: the wake finished before its QEMU was seen", attempt)
-				s.deleteSandbox(t, s.key, sb.ID)
-				continue
+			return sb.ID, op, hit
+		})
+		made += n
+		got := s.waitState(t, id, 30*time.Second, apiv1.StateSuspended, apiv1.StateFailed)
+		if s.checkCut(t, id, op, got) == apiv1.StateSuspended {
+			// What was written before the suspend is still there.
+			if out, err := s.execOK(id, "cat /root/kept.txt", time.Minute); err != nil || out != "kept" {
+				t.Errorf("the file written before the suspend, after the second wake: %q %v", out, err)
 			}
-			if !hit {
-				t.Fatal("three wakes finished before their QEMU was seen")
-			}
-			got := s.waitState(t, sb.ID, 30*time.Second, apiv1.StateSuspended, apiv1.StateFailed)
-			if s.checkCut(t, sb.ID, op, got) == apiv1.StateSuspended {
-				// What was written before the suspend is still there.
-				if out, err := s.execOK(sb.ID, "cat /root/kept.txt", time.Minute); err != nil || out != "kept" {
-					t.Errorf("the file written before the suspend, after the second wake: %q %v", out, err)
-				}
-			}
-			s.deleteSandbox(t, s.key, sb.ID)
-			return
 		}
+		s.deleteSandbox(t, s.key, id)
 	})
 	s.checkNoLeaks(t, base, made)
+}
+
+// cutThrice runs try, which makes a sandbox and cuts one of its lifecycle
+// calls (what) short with cutShort, until a try hits: a call that finished
+// before it could be cut is tried again with a new sandbox (the old one
+// deleted), up to three times. It returns the sandbox and operation that
+// were cut, and how many sandboxes it made.
+func (s *server) cutThrice(t *testing.T, what string, try func() (string, apiv1.Operation, bool)) (string, apiv1.Operation, int) {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		id, op, hit := try()
+		if hit {
+			return id, op, attempt
+		}
+		if attempt == 3 {
+			t.Fatalf("three %ss finished before they could be cut", what)
+		}
+		t.Logf("attempt %d: the %s finished before it could be cut", attempt, what)
+		s.deleteSandbox(t, s.key, id)
+	}
 }
 
 // killMidSuspend suspends a sandbox after running prep in it and kills its
 // QEMU once cut says the suspend is where it should be cut (given the
 // sandbox's directory and the time since the suspend was asked for), then
-// checks the sandbox against its files and deletes it. A suspend that
-// finished before it could be cut is tried again, up to three times. It
-// returns how many sandboxes it made.
+// checks the sandbox against its files and deletes it, trying again as
+// cutThrice does. It returns how many sandboxes it made.
 func (s *server) killMidSuspend(t *testing.T, prep string, cut func(dir string, since time.Duration) bool) int {
 	t.Helper()
-	for attempt := 1; ; attempt++ {
+	id, op, n := s.cutThrice(t, "suspend", func() (string, apiv1.Operation, bool) {
 		sb := s.createSandbox(t, s.key, apiv1.CreateSandbox{Template: "tiny"})
 		dir := datadir.Dir{Root: s.home}.Sandbox(sb.ID)
 		if _, err := s.execOK(sb.ID, prep, time.Minute); err != nil {
@@ -1354,19 +1366,12 @@ func (s *server) killMidSuspend(t *testing.T, prep string, cut func(dir string, 
 			}
 			return 0
 		})
-		if !hit && attempt < 3 {
-			t.Logf("attempt %d: the suspend finished before it could be cut", attempt)
-			s.deleteSandbox(t, s.key, sb.ID)
-			continue
-		}
-		if !hit {
-			t.Fatal("three suspends finished before they could be cut")
-		}
-		got := s.waitState(t, sb.ID, 30*time.Second, apiv1.StateSuspended, apiv1.StateFailed)
-		s.checkCut(t, sb.ID, op, got)
-		s.deleteSandbox(t, s.key, sb.ID)
-		return attempt
-	}
+		return sb.ID, op, hit
+	})
+	got := s.waitState(t, id, 30*time.Second, apiv1.StateSuspended, apiv1.StateFailed)
+	s.checkCut(t, id, op, got)
+	s.deleteSandbox(t, s.key, id)
+	return n
 }
 
 // checkCut checks a sandbox whose QEMU was killed during op against its
@@ -1463,7 +1468,7 @@ func TestReliabilityKillServer(t *testing.T) {
 	// What the crash left, before the next start looks at it.
 	crashed := map[string]any{"test": "kill_server", "suspend_was_saving": saving,
 		"create_had_vm":   fileExists(filepath.Join(dir.Sandbox(cr.Sandbox.ID), "qemu.pid")),
-		"delete_dir_left": fileExists(dir.Sandbox(del.ID)), "delete_vm_alive": processAlive(delPID),
+		"delete_dir_left": fileExists(dir.Sandbox(del.ID)), "delete_vm_alive": testenv.ProcessAlive(delPID),
 		"suspend_state_saved": sandbox.SuspendedState(dir.Sandbox(susp.ID))}
 	if err := s.start(); err != nil {
 		t.Fatalf("restart after SIGKILL: %v", err)

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 // server is a real `airlock serve` process with a data directory of its
@@ -210,10 +211,10 @@ func (s *server) stop(sig syscall.Signal) {
 	}
 	cmd.Process.Signal(sig)
 	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) && processAlive(cmd.Process.Pid) {
+	for time.Now().Before(deadline) && testenv.ProcessAlive(cmd.Process.Pid) {
 		time.Sleep(20 * time.Millisecond)
 	}
-	if processAlive(cmd.Process.Pid) {
+	if testenv.ProcessAlive(cmd.Process.Pid) {
 		cmd.Process.Kill()
 	}
 }

@@ -2,12 +2,12 @@ package sandbox
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
+
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 // waitPool waits until the runtime's one pool has want members ready.
@@ -172,7 +172,7 @@ func TestWarmPoolVM(t *testing.T) {
 			if _, err := os.Stat(m.Dir); !os.IsNotExist(err) {
 				t.Errorf("the member %s left by the dead runtime is still there: %v", m.ID, err)
 			}
-			if processAlive(pids[i]) {
+			if testenv.ProcessAlive(pids[i]) {
 				t.Errorf("the QEMU %d of a member left behind still runs", pids[i])
 			}
 		}
@@ -197,14 +197,4 @@ func TestWarmPoolVM(t *testing.T) {
 			t.Errorf("hostname %q, want %s", got, sc.ID)
 		}
 	})
-}
-
-// processAlive reports whether process pid runs (a zombie does not).
-func processAlive(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	f := strings.Fields(string(b))
-	return len(f) > 2 && f[2] != "Z"
 }

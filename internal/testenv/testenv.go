@@ -37,3 +37,17 @@ func ProcStatus(t testing.TB, pid int) map[string]string {
 	}
 	return fields
 }
+
+// ProcessAlive reports whether process pid runs: it exists and is not a
+// zombie.
+func ProcessAlive(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	// The state is the field after the command, which is in parentheses
+	// and may hold spaces.
+	i := strings.LastIndexByte(string(b), ')')
+	f := strings.Fields(string(b[i+1:]))
+	return i >= 0 && len(f) > 0 && f[0] != "Z"
+}
