@@ -165,16 +165,16 @@ func mapValues(m map[string]*Sandbox) []*Sandbox {
 // member fits when the spec asks for another template, size or boot, or
 // for what the member's template VM did not do the same way (startsWarm).
 func (r *Runtime) Claim(spec Spec) (string, bool) {
-	if spec.ID != "" || spec.ColdBoot || spec.AuxPort || r.cfg.ColdBoot {
+	r.mu.Lock()
+	pools := r.pools
+	r.mu.Unlock()
+	if len(pools) == 0 || spec.ID != "" || spec.ColdBoot || spec.AuxPort || r.cfg.ColdBoot {
 		return "", false
 	}
 	tpl, err := r.templates.Resolve(spec.Template)
 	if err != nil {
 		return "", false
 	}
-	r.mu.Lock()
-	pools := r.pools
-	r.mu.Unlock()
 	for _, p := range pools {
 		if id, ok := p.claim(spec, tpl.Digest); ok {
 			return id, true

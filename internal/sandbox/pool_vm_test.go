@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/airlockhq/airlock/internal/gateway/policy"
 	"github.com/airlockhq/airlock/internal/testenv"
 )
 
@@ -84,6 +85,7 @@ func TestWarmPoolVM(t *testing.T) {
 	}
 	sa := spec
 	sa.Env = map[string]string{"WHO": "a"}
+	sa.Network = &policy.Policy{Egress: "allow"} // members start denying all egress
 	a := create(t, sa)
 	sb := spec
 	sb.DiskMiB = 400
@@ -117,8 +119,11 @@ func TestWarmPoolVM(t *testing.T) {
 		if err != nil || rec.Spec.Env["WHO"] != "a" || rec.Spec.ID != a.ID {
 			t.Errorf("a's record: %+v, %v", rec.Spec, err)
 		}
-		if g := a.Gateway(); g == nil || g.Policy().Egress != "deny" {
-			t.Errorf("a's gateway policy is not the spec's")
+		if g := a.Gateway(); g == nil || g.Policy().Egress != "allow" {
+			t.Errorf("a's gateway does not have the spec's policy (egress allow)")
+		}
+		if g := b.Gateway(); g == nil || g.Policy().Egress != "deny" {
+			t.Errorf("b's gateway does not deny egress, as a spec without a policy asks")
 		}
 	})
 
