@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -44,8 +45,8 @@ type PoolSpec struct {
 // "base"), as `airlock serve --warm` takes it.
 func ParsePoolSpec(s string) (PoolSpec, error) {
 	n, tpl, _ := strings.Cut(s, ":")
-	var size int
-	if _, err := fmt.Sscanf(n, "%d", &size); err != nil || fmt.Sprint(size) != n || size < 0 || size > maxPoolSize {
+	size, err := strconv.Atoi(n)
+	if err != nil || strconv.Itoa(size) != n || size < 0 || size > maxPoolSize {
 		return PoolSpec{}, fmt.Errorf("warm pool %q: want N or N:TEMPLATE with N from 0 to %d: %w", s, maxPoolSize, errdefs.ErrInvalid)
 	}
 	if tpl == "" {

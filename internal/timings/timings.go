@@ -24,7 +24,10 @@ type Timings []Step
 // Add records that step name took d. A name already recorded gains d, so
 // that a step run twice is one entry with its total.
 func (t *Timings) Add(name string, d time.Duration) {
-	ms := float64(d) / float64(time.Millisecond)
+	t.addMS(name, float64(d)/float64(time.Millisecond))
+}
+
+func (t *Timings) addMS(name string, ms float64) {
 	for i := range *t {
 		if (*t)[i].Name == name {
 			(*t)[i].MS += ms
@@ -34,11 +37,10 @@ func (t *Timings) Add(name string, d time.Duration) {
 	*t = append(*t, Step{Name: name, MS: ms})
 }
 
-// Append records the steps of u after those of t, each name prefixed with
-// prefix (which may be empty).
-func (t *Timings) Append(prefix string, u Timings) {
+// Append records the steps of u after those of t, as Add does.
+func (t *Timings) Append(u Timings) {
 	for _, s := range u {
-		t.Add(prefix+s.Name, time.Duration(s.MS*float64(time.Millisecond)))
+		t.addMS(s.Name, s.MS)
 	}
 }
 
@@ -87,7 +89,7 @@ func (c *Clock) Lap(name string) {
 // step rest.
 func (c *Clock) LapSteps(rest string, steps Timings) {
 	now := time.Now()
-	c.T.Append("", steps)
+	c.T.Append(steps)
 	if d := now.Sub(c.last) - steps.Total(); d > 0 {
 		c.T.Add(rest, d)
 	}
