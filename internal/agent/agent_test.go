@@ -356,6 +356,84 @@ func TestFiles(t *testing.T) {
 	}
 }
 
+// TestReadFileLength: the size a read reports is the length of what it
+// sends, for a small file rewritten while it is read, for a file whose
+// stat says 0 (proc), and a large file that shrinks while it is read
+// fails the read rather than ending it short.
+func TestReadFileLength(t *testing.T) {
+	_, c := startAgent(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+
+	small := filepath.Join(dir, "counter")
+	os.WriteFile(small, []byte("0\n"), 0o644)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // what `echo $i > counter` in a loop does
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			os.WriteFile(small, []byte(strings.Repeat("7", i%4096)+"\n"), 0o644)
+		}
+	}()
+	for i := range 300 {
+		var got bytes.Buffer
+		st, err := c.ReadFile(ctx, small, &got)
+		if err != nil || st.SizeBytes != int64(got.Len()) {
+			close(stop)
+			wg.Wait()
+			t.Fatalf("read %d of a file being rewritten: stat says %d bytes, got %d (err %v)", i, st.SizeBytes, got.Len(), err)
+		}
+	}
+	close(stop)
+	wg.Wait()
+
+	var got bytes.Buffer
+	if st, err := c.ReadFile(ctx, "/proc/self/status", &got); err != nil || got.Len() == 0 || st.SizeBytes != int64(got.Len()) {
+		t.Errorf("read of /proc/self/status: stat says %d bytes, got %d (err %v)", st.SizeBytes, got.Len(), err)
+	}
+
+	large := filepath.Join(dir, "large")
+	if err := os.WriteFile(large, make([]byte, 16<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Cut to 4 MiB at the first bytes the host gets: the agent is then
+	// at most a stream window (1 MiB) ahead.
+	w := &onFirstWrite{do: func() { os.Truncate(large, 4<<20) }}
+	st, err := c.ReadFile(ctx, large, w)
+	if err == nil || !strings.Contains(err.Error(), "shrank") {
+		t.Errorf("read of a file cut from 16 to 4 MiB while read: stat %+v, %d bytes, err %v; want a shrank error", st, w.n, err)
+	}
+	// A large file read whole is its stat's size, even when it grows
+	// while it is read.
+	os.WriteFile(large, make([]byte, 2<<20+3), 0o644)
+	w = &onFirstWrite{do: func() {
+		f, _ := os.OpenFile(large, os.O_APPEND|os.O_WRONLY, 0)
+		f.Write(make([]byte, 1<<20))
+		f.Close()
+	}}
+	if st, err := c.ReadFile(ctx, large, w); err != nil || st.SizeBytes != 2<<20+3 || w.n != 2<<20+3 {
+		t.Errorf("read of a 2 MiB file that grew by 1 MiB: stat %+v, %d bytes, err %v; want 2 MiB+3 of both", st, w.n, err)
+	}
+}
+
+type onFirstWrite struct {
+	do   func()
+	once sync.Once
+	n    int
+}
+
+func (w *onFirstWrite) Write(p []byte) (int, error) {
+	w.once.Do(w.do)
+	w.n += len(p)
+	return len(p), nil
+}
+
 func TestFileErrors(t *testing.T) {
 	_, c := startAgent(t)
 	ctx := context.Background()

@@ -98,6 +98,16 @@ func toProtoError(err error) *agentproto.Error {
 	return &agentproto.Error{Code: code, Message: err.Error()}
 }
 
+// smallRead is the size up to which a regular file is read whole before
+// its stat is sent, so the size the host is told is the size of what it
+// gets even if the file is rewritten meanwhile.
+const smallRead = 1 << 20
+
+// readFile sends the stat of the opened file, then its content. A regular
+// file's content is exactly the size in that stat: one of up to smallRead
+// bytes is read first and its stat says what was read; a larger one is
+// cut at the size it had when opened, and one that shrinks while it is
+// read ends the transfer with an error, never with a short success.
 func readFile(st net.Conn, path string) error {
 	f, err := os.Open(path)
 	if err != nil {
@@ -112,12 +122,40 @@ func readFile(st net.Conn, path string) error {
 		return &agentproto.Error{Code: agentproto.CodeIsDir, Message: fmt.Sprintf("%s is a directory", path)}
 	}
 	s := toStat(path, fi, "")
+	var src io.Reader = f // what follows head
+	var head []byte
+	if fi.Mode().IsRegular() {
+		small := fi.Size() <= smallRead
+		if small {
+			if head, err = io.ReadAll(io.LimitReader(f, smallRead+1)); err != nil {
+				return err
+			}
+			small = len(head) <= smallRead // else it grew meanwhile
+		}
+		if small {
+			s.SizeBytes, src = int64(len(head)), eofReader{}
+		} else {
+			if fi, err = f.Stat(); err != nil { // the size it has now
+				return err
+			}
+			s.SizeBytes = fi.Size()
+			head = head[:min(int64(len(head)), s.SizeBytes)]
+			src = &exactReader{r: f, left: s.SizeBytes - int64(len(head)), path: path}
+		}
+	}
 	if err := reply(st, agentproto.Result{Stat: &s}); err != nil {
 		return nil // the host went away
 	}
+	for len(head) > 0 {
+		n := min(len(head), agentproto.ChunkSize)
+		if err := agentproto.WriteMsg(st, agentproto.MsgData, head[:n]); err != nil {
+			return nil
+		}
+		head = head[n:]
+	}
 	buf := make([]byte, agentproto.ChunkSize)
 	for {
-		n, rerr := f.Read(buf)
+		n, rerr := src.Read(buf)
 		if n > 0 {
 			if err := agentproto.WriteMsg(st, agentproto.MsgData, buf[:n]); err != nil {
 				return nil
@@ -131,6 +169,33 @@ func readFile(st net.Conn, path string) error {
 			return rerr
 		}
 	}
+}
+
+type eofReader struct{}
+
+func (eofReader) Read([]byte) (int, error) { return 0, io.EOF }
+
+// exactReader reads left bytes from r, no more, and fails if r ends
+// first.
+type exactReader struct {
+	r    io.Reader
+	left int64
+	path string
+}
+
+func (e *exactReader) Read(p []byte) (int, error) {
+	if e.left <= 0 {
+		return 0, io.EOF
+	}
+	n, err := e.r.Read(p[:min(int64(len(p)), e.left)])
+	e.left -= int64(n)
+	if err == io.EOF && e.left > 0 {
+		return n, fmt.Errorf("%s shrank while it was read: %d bytes short", e.path, e.left)
+	}
+	if e.left == 0 && err == nil {
+		err = io.EOF
+	}
+	return n, err
 }
 
 // dataReader reads the MsgData payloads of a stream until MsgEOF.

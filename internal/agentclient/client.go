@@ -199,6 +199,13 @@ func (e *Error) Error() string { return e.Message }
 // Unwrap returns the errdefs class of the error.
 func (e *Error) Unwrap() error { return e.class }
 
+// HasCode says whether err is, or wraps, a failure the agent reported with
+// code (agentproto.Code…).
+func HasCode(err error, code string) bool {
+	var ae *Error
+	return errors.As(err, &ae) && ae.Code == code
+}
+
 // Ping checks that the agent answers.
 func (c *Client) Ping(ctx context.Context) (agentproto.PongResult, error) {
 	res, err := c.call(ctx, agentproto.Request{Op: agentproto.OpPing})

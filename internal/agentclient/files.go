@@ -19,22 +19,35 @@ func jsonDecode(b []byte, v any) error {
 // ReadFile copies the file at path in the sandbox into w and returns its
 // stat.
 func (c *Client) ReadFile(ctx context.Context, path string, w io.Writer) (agentproto.Stat, error) {
+	st, copyTo, err := c.OpenRead(ctx, path)
+	if err != nil {
+		return agentproto.Stat{}, err
+	}
+	return st, copyTo(w)
+}
+
+// OpenRead opens the file at path in the sandbox and returns its stat,
+// taken from the open file, and copyTo, which copies its content into w
+// and ends the read. A regular file's content is exactly SizeBytes long,
+// or copyTo fails. copyTo must be called once.
+func (c *Client) OpenRead(ctx context.Context, path string) (agentproto.Stat, func(w io.Writer) error, error) {
 	st, done, err := c.open(ctx, agentproto.Request{Op: agentproto.OpRead, Path: path})
 	if err != nil {
-		return agentproto.Stat{}, err
+		return agentproto.Stat{}, nil, err
 	}
-	defer done()
 	res, err := c.result(ctx, st)
 	if err != nil {
-		return agentproto.Stat{}, err
-	}
-	if err := c.receive(ctx, st, w); err != nil {
-		return agentproto.Stat{}, err
+		done()
+		return agentproto.Stat{}, nil, err
 	}
 	if res.Stat == nil {
-		return agentproto.Stat{}, nil
+		done()
+		return agentproto.Stat{}, nil, fmt.Errorf("agent began a read without the file's stat")
 	}
-	return *res.Stat, nil
+	return *res.Stat, func(w io.Writer) error {
+		defer done()
+		return c.receive(ctx, st, w)
+	}, nil
 }
 
 // receive copies MsgData payloads into w until MsgEOF. An error result in

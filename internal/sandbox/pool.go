@@ -366,8 +366,7 @@ func warmUpStep(sb *Sandbox) step {
 			return sb.explain(err)
 		}
 		p, err := sb.Exec(ctx, agentproto.ExecRequest{Argv: []string{"/bin/sh", "-c", "true"}, TimeoutMS: 30_000}, agentclient.Stdio{})
-		var ae *agentclient.Error
-		if errors.As(err, &ae) && ae.Code == agentproto.CodeNotFound {
+		if agentclient.HasCode(err, agentproto.CodeNotFound) {
 			return nil // no shell in this image
 		}
 		if err != nil {

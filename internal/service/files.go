@@ -89,15 +89,17 @@ func (s *Service) OpenFile(ctx context.Context, p Principal, sbx, path string) (
 	if err != nil {
 		return apiv1.Stat{}, nil, err
 	}
-	st, err := agent.Stat(ctx, path)
+	// The stat comes from the read itself, so a response's length is
+	// the length of what follows even when the file is being rewritten.
+	st, copyTo, err := agent.OpenRead(ctx, path)
+	if agentclient.HasCode(err, agentproto.CodeIsDir) {
+		return apiv1.Stat{}, nil, fmt.Errorf("%s is a directory: use fs/list, or archive to download it: %w", path, errdefs.ErrInvalid)
+	}
 	if err != nil {
 		return apiv1.Stat{}, nil, err
 	}
-	if st.Type == "dir" {
-		return apiv1.Stat{}, nil, fmt.Errorf("%s is a directory: use fs/list, or archive to download it: %w", path, errdefs.ErrInvalid)
-	}
 	return statView(st), func(w io.Writer) error {
-		_, err := agent.ReadFile(ctx, path, w)
+		err := copyTo(w)
 		s.m.streamed(int(st.SizeBytes))
 		return err
 	}, nil
