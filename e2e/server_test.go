@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
-	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 // server is a real `airlock serve` process with a data directory of its
@@ -33,9 +32,10 @@ type server struct {
 	args []string
 	env  []string // added to the server's environment
 
-	mu  sync.Mutex // guards cmd
-	cmd *exec.Cmd
-	out safeBuffer // the server's output, across restarts
+	mu     sync.Mutex // guards cmd and exited
+	cmd    *exec.Cmd
+	exited chan struct{} // closed when cmd has been waited for
+	out    safeBuffer    // the server's output, across restarts
 }
 
 var (
@@ -168,6 +168,9 @@ func (s *server) start() error {
 	pr, pw := io.Pipe()
 	cmd.Stdout = pw
 	cmd.Stderr = &s.out
+	// Wait returns once the process is gone even if something it started
+	// still holds its output.
+	cmd.WaitDelay = 5 * time.Second
 	if err := cmd.Start(); err != nil {
 		return err
 	}
@@ -183,9 +186,10 @@ func (s *server) start() error {
 		}
 	}()
 	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait(); pw.Close() }()
+	reaped := make(chan struct{})
+	go func() { exited <- cmd.Wait(); close(reaped); pw.Close() }()
 	s.mu.Lock()
-	s.cmd = cmd
+	s.cmd, s.exited = cmd, reaped
 	s.mu.Unlock()
 	select {
 	case <-ready:
@@ -200,22 +204,24 @@ func (s *server) start() error {
 
 func (s *server) output() string { return s.out.String() }
 
-// stop ends the server with sig and waits for it.
+// stop ends the server with sig and waits until it has been reaped. A
+// zombie main thread is not enough: the other threads of a killed Go
+// process may still hold its files, the listener among them, and a
+// restart on the same address would find it in use.
 func (s *server) stop(sig syscall.Signal) {
 	s.mu.Lock()
-	cmd := s.cmd
+	cmd, exited := s.cmd, s.exited
 	s.cmd = nil
 	s.mu.Unlock()
 	if cmd == nil || cmd.Process == nil {
 		return
 	}
 	cmd.Process.Signal(sig)
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) && testenv.ProcessAlive(cmd.Process.Pid) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	if testenv.ProcessAlive(cmd.Process.Pid) {
+	select {
+	case <-exited:
+	case <-time.After(30 * time.Second):
 		cmd.Process.Kill()
+		<-exited
 	}
 }
 
