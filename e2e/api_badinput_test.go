@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 // TestAPIBadInput sends every route of the HTTP API the bad input a client
@@ -32,7 +33,18 @@ import (
 //
 // It boots two VMs: one for the admin key and one for a user key "a".
 func TestAPIBadInput(t *testing.T) {
-	fx := newBadFixture(t)
+	runBadInput(t, sharedServer(t))
+}
+
+// TestAPIBadInputPostgres runs the same table against a server whose store
+// is PostgreSQL: every answer must be the same.
+func TestAPIBadInputPostgres(t *testing.T) {
+	pg := testenv.SharedPostgres(t)
+	runBadInput(t, newServerEnv(t, []string{"AIRLOCK_STORE=" + pg.NewDatabase(t)}, "--ping-interval", "1s"))
+}
+
+func runBadInput(t *testing.T, s *server) {
+	fx := newBadFixture(t, s)
 	t.Run("health", fx.testHealth)
 	t.Run("auth", func(t *testing.T) { fx.runCases(t, fx.authCases()) })
 	t.Run("ids", func(t *testing.T) { fx.runCases(t, fx.idCases()) })
@@ -118,9 +130,8 @@ var badCodes = map[int]string{
 	429: apiv1.CodeResourceExhausted, 500: apiv1.CodeInternal, 503: apiv1.CodeUnavailable,
 }
 
-func newBadFixture(t *testing.T) *badFixture {
+func newBadFixture(t *testing.T, s *server) *badFixture {
 	t.Helper()
-	s := sharedServer(t)
 	fx := &badFixture{s: s, admin: s.key, sbxLive: true}
 	if parts := strings.Split(s.key, "_"); len(parts) == 3 {
 		fx.adminID = "key" + parts[1]

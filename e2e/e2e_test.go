@@ -52,6 +52,7 @@ func TestMain(m *testing.M) {
 	for _, f := range laterCleanups {
 		f()
 	}
+	testenv.StopSharedPostgres()
 	os.Exit(code)
 }
 

@@ -62,9 +62,7 @@ type Server struct {
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
 
-	idemMu sync.Mutex             // guards idemLocks
-	idem   map[string]*sync.Mutex // one in-flight request per idempotency key
-	once   sync.Once
+	once sync.Once
 }
 
 // Route is one served method and path, in the OpenAPI {param} form.
@@ -188,8 +186,7 @@ func New(cfg Config) *Server {
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 	}
-	s := &Server{cfg: cfg, svc: cfg.Service, log: cfg.Log, mux: http.NewServeMux(), done: make(chan struct{}),
-		idem: map[string]*sync.Mutex{}}
+	s := &Server{cfg: cfg, svc: cfg.Service, log: cfg.Log, mux: http.NewServeMux(), done: make(chan struct{})}
 	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "airlock_http_requests_total", Help: "HTTP requests by route and status.",
 	}, []string{"method", "route", "status"})

@@ -4,11 +4,9 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
-	"sync"
 	"time"
 
 	"github.com/airlockhq/airlock/internal/errdefs"
@@ -67,21 +65,14 @@ func (s *Server) idempotent(w *statusWriter, r *http.Request, rt route, p servic
 		sum = h[:]
 	}
 
-	// One request per key at a time, so a quick retry waits for the first.
-	lockKey := p.KeyID + "\x00" + key
-	s.idemMu.Lock()
-	mu, ok := s.idem[lockKey]
-	if !ok {
-		mu = new(sync.Mutex)
-		s.idem[lockKey] = mu
+	// The store gives the key to one request, on whichever server it
+	// arrives; one that arrives while that request runs waits for its
+	// answer.
+	prev, claimed, err := s.claimIdempotent(r.Context(), p.KeyID, key, sum)
+	if err != nil {
+		return err
 	}
-	s.idemMu.Unlock()
-	mu.Lock()
-	defer mu.Unlock()
-
-	prev, err := s.cfg.Store.GetIdempotent(r.Context(), p.KeyID, key)
-	switch {
-	case err == nil:
+	if !claimed {
 		if !bytes.Equal(prev.RequestHash, sum) {
 			return fmt.Errorf("Idempotency-Key %q was used for a different request: use a new key: %w", truncate(key, 40), errdefs.ErrConflict)
 		}
@@ -99,9 +90,20 @@ func (s *Server) idempotent(w *statusWriter, r *http.Request, rt route, p servic
 		w.WriteHeader(prev.Status)
 		w.Write(body)
 		return nil
-	case !errors.Is(err, errdefs.ErrNotFound):
-		return err
 	}
+	// Until an answer is recorded, the claim is given up on the way out, so
+	// that a retry runs the request again: after a failure a retry may not
+	// meet, or a panic.
+	recorded := false
+	defer func() {
+		if !recorded {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := s.cfg.Store.ReleaseIdempotent(ctx, p.KeyID, key, sum); err != nil {
+				s.log.Warn("release idempotency key", "err", err)
+			}
+		}
+	}()
 
 	rec := &recorder{statusWriter: w}
 	if err := rt.handle(rec, r, p); err != nil {
@@ -131,8 +133,36 @@ func (s *Server) idempotent(w *statusWriter, r *http.Request, rt route, p servic
 		KeyID: p.KeyID, Key: key, RequestHash: sum, Status: rec.status, Body: answer, CreatedAt: time.Now().UTC(),
 	}); err != nil {
 		s.log.Warn("remember idempotent answer", "err", err)
+		return nil
 	}
+	recorded = true
 	return nil
+}
+
+// IdempotencyWait bounds how long a request waits for another under the
+// same Idempotency-Key to be answered, before it is refused with 409.
+var IdempotencyWait = 30 * time.Second
+
+// claimIdempotent claims (keyID, key) for the request whose fingerprint is
+// sum, or returns the answer to replay. While another request holds the
+// key it polls, up to IdempotencyWait.
+func (s *Server) claimIdempotent(ctx context.Context, keyID, key string, sum []byte) (store.Idempotent, bool, error) {
+	deadline := time.Now().Add(IdempotencyWait)
+	for poll := 5 * time.Millisecond; ; poll = min(2*poll, 200*time.Millisecond) {
+		prev, claimed, err := s.cfg.Store.ClaimIdempotent(ctx, keyID, key, sum)
+		if err != nil || claimed || !prev.Pending() || !bytes.Equal(prev.RequestHash, sum) {
+			return prev, claimed, err
+		}
+		if time.Now().After(deadline) {
+			return prev, false, fmt.Errorf("a request with Idempotency-Key %q is still under way after %s: retry later: %w",
+				truncate(key, 40), IdempotencyWait, errdefs.ErrConflict)
+		}
+		select {
+		case <-ctx.Done():
+			return prev, false, ctx.Err()
+		case <-time.After(poll):
+		}
+	}
 }
 
 // maxRecorded bounds the answer kept for a replay.

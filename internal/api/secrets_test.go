@@ -28,7 +28,9 @@ import (
 // has a store and a secrets box but no VMs: enough for keys and secrets.
 type secretServer struct {
 	url         string
+	url2        string // a second API server on the same service and store, as a replica
 	svc         *service.Service
+	box         *secrets.Box
 	admin, user string // API keys
 	adminID     string
 	userID      string
@@ -90,7 +92,9 @@ func newSecretServer(t *testing.T) *secretServer {
 	}
 	srv := httptest.NewServer(New(Config{Service: svc, Store: st, Log: log, Secrets: box}))
 	t.Cleanup(srv.Close)
-	return &secretServer{url: srv.URL, svc: svc, admin: admin, user: user.Key, adminID: ap.KeyID, userID: user.ID, log: logs, st: st}
+	srv2 := httptest.NewServer(New(Config{Service: svc, Store: st, Log: log, Secrets: box}))
+	t.Cleanup(srv2.Close)
+	return &secretServer{url: srv.URL, url2: srv2.URL, box: box, svc: svc, admin: admin, user: user.Key, adminID: ap.KeyID, userID: user.ID, log: logs, st: st}
 }
 
 // answer is what a request got back.
@@ -347,6 +351,75 @@ func TestSecretsIdempotency(t *testing.T) {
 	}
 	if v, err := s.svc.SecretValue(context.Background(), s.userID, "openai"); err != nil || v != "v1" {
 		t.Errorf("value %q, %v after the refused retry, want v1", v, err)
+	}
+}
+
+// The same request sent at once to two API servers with one Idempotency-Key
+// runs once: the store gives the key to one request, and the others wait
+// for its answer and replay it. A key that stays claimed past
+// IdempotencyWait is refused with 409, and once released runs again.
+func TestIdempotentAcrossReplicas(t *testing.T) {
+	s := newSecretServer(t)
+	ctx := context.Background()
+	body := `{"name": "race", "role": "user"}`
+	const n = 12
+	answers := make([]answer, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			c := *s
+			if i%2 == 1 {
+				c.url = s.url2
+			}
+			answers[i] = c.do(t, "POST", "/v1/keys", s.admin, body, "Idempotency-Key", "race-1")
+		})
+	}
+	wg.Wait()
+	fresh := 0
+	for i, a := range answers {
+		if a.status != 201 || !bytes.Equal(a.body, answers[0].body) {
+			t.Fatalf("answer %d: %d %s, want 201 %s", i, a.status, a.body, answers[0].body)
+		}
+		if a.header.Get("Idempotent-Replayed") != "true" {
+			fresh++
+		}
+	}
+	if fresh != 1 {
+		t.Errorf("%d answers were not replays, want 1", fresh)
+	}
+	keys, err := s.st.ListKeys(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	made := 0
+	for _, k := range keys {
+		if k.Name == "race" {
+			made++
+		}
+	}
+	if made != 1 {
+		t.Fatalf("%d keys named race, want 1: the request ran more than once", made)
+	}
+
+	// A claim held elsewhere (its server still at work) makes a request wait,
+	// then refuses it; released, the key runs the request.
+	defer func(d time.Duration) { IdempotencyWait = d }(IdempotencyWait)
+	IdempotencyWait = 300 * time.Millisecond
+	body = `{"name": "held", "role": "user"}`
+	sum := s.box.MAC([]byte("POST\n/v1/keys\n" + body))
+	if _, claimed, err := s.st.ClaimIdempotent(ctx, s.adminID, "held-1", sum); err != nil || !claimed {
+		t.Fatalf("claim: %v, %v", claimed, err)
+	}
+	start := time.Now()
+	a := s.do(t, "POST", "/v1/keys", s.admin, body, "Idempotency-Key", "held-1")
+	if a.status != 409 || !strings.Contains(string(a.body), "still under way") || time.Since(start) < IdempotencyWait {
+		t.Fatalf("request under a held key: %d %s after %s, want 409 after %s", a.status, a.body, time.Since(start), IdempotencyWait)
+	}
+	if err := s.st.ReleaseIdempotent(ctx, s.adminID, "held-1", sum); err != nil {
+		t.Fatal(err)
+	}
+	if a := s.do(t, "POST", "/v1/keys", s.admin, body, "Idempotency-Key", "held-1"); a.status != 201 || a.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("after the release: %d %s (replayed %q)", a.status, a.body, a.header.Get("Idempotent-Replayed"))
 	}
 }
 

@@ -69,7 +69,7 @@ func (r *runner) apiServer(ctx context.Context) (*apiServer, error) {
 	if r.api != nil {
 		return r.api, nil
 	}
-	s, err := startAPIServer(ctx, r.cfg, nil)
+	s, err := startAPIServer(ctx, r.cfg, nil, "")
 	if err != nil {
 		return nil, fmt.Errorf("start an API server: %w", err)
 	}
@@ -89,7 +89,10 @@ func (r *runner) apiServer(ctx context.Context) (*apiServer, error) {
 // newHome), and the service reclaims what its builds leave; without, it
 // links the data directory's and reclaims nothing. On failure, what it
 // started is stopped again.
-func startAPIServer(ctx context.Context, cfg Config, templates []string) (_ *apiServer, err error) {
+//
+// With storeAddr (a postgres:// URL) its store is that PostgreSQL database
+// instead of a SQLite file in the temporary directory.
+func startAPIServer(ctx context.Context, cfg Config, templates []string, storeAddr string) (_ *apiServer, err error) {
 	s := &apiServer{live: map[string]bool{}}
 	defer func() {
 		if err != nil {
@@ -100,7 +103,12 @@ func startAPIServer(ctx context.Context, cfg Config, templates []string) (_ *api
 		return nil, err
 	}
 	dir := datadir.Dir{Root: s.home}
-	if s.st, err = store.Open(filepath.Join(s.home, "airlock.db")); err != nil {
+	if storeAddr != "" {
+		s.st, err = store.OpenPostgres(ctx, storeAddr)
+	} else {
+		s.st, err = store.Open(filepath.Join(s.home, "airlock.db"))
+	}
+	if err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
 	s.rt, err = sandbox.New(ctx, sandbox.Config{Dir: dir, Accel: cfg.Accel, BootTimeout: cfg.BootTimeout, Log: cfg.Log})
@@ -368,11 +376,7 @@ func (r *runner) apiFirstOutputSteps(ctx context.Context, s *apiServer, tpl stri
 	id, opSteps, err := s.createSandboxTimed(ctx, tpl)
 	created := time.Now()
 	if id != "" {
-		defer func() {
-			if derr := s.deleteSandbox(id); derr != nil {
-				err = errors.Join(err, derr)
-			}
-		}()
+		defer func() { err = errors.Join(err, s.deleteSandbox(id)) }()
 	}
 	if err != nil {
 		return 0, err
@@ -555,11 +559,7 @@ func (r *runner) apiExecRTT(ctx context.Context) (_ Result, err error) {
 	r.progressf("booting a %s sandbox over the API", r.tpl.Ref())
 	id, err := s.createSandbox(ctx, r.cfg.Template)
 	if id != "" {
-		defer func() {
-			if derr := s.deleteSandbox(id); derr != nil {
-				err = errors.Join(err, derr)
-			}
-		}()
+		defer func() { err = errors.Join(err, s.deleteSandbox(id)) }()
 	}
 	if err != nil {
 		return Result{}, err
@@ -585,16 +585,8 @@ func (r *runner) apiExecRTT(ctx context.Context) (_ Result, err error) {
 		return runInSandbox(ctx, local, argv, nil)
 	})
 	sides := []side{{"api exec run", viaExec}, {"command session run", viaSession}, {"baseline run", inProcess}}
-	if _, err := timeRounds(ctx, execWarmup, sides, nil); err != nil {
-		return Result{}, fmt.Errorf("warm up: %w", err)
-	}
 	n := r.cfg.ExecRuns
-	every := max(1, n/10)
-	ds, err := timeRounds(ctx, n, sides, func(i int, _ []time.Duration) {
-		if i%every == 0 || i == n {
-			r.progressf("%s %d/%d", ScenarioAPIExecRTT, i, n)
-		}
-	})
+	ds, err := r.warmRounds(ctx, ScenarioAPIExecRTT, n, 10, sides)
 	if err != nil {
 		return Result{}, err
 	}

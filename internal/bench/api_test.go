@@ -352,7 +352,7 @@ func TestAPIServerStartAndClose(t *testing.T) {
 	real := fakeDataDir(t)
 	cfg := Config{Dir: real, Accel: "tcg"}.withDefaults()
 	ctx := context.Background()
-	s, err := startAPIServer(ctx, cfg, nil)
+	s, err := startAPIServer(ctx, cfg, nil, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -414,7 +414,7 @@ func TestStartAPIServerFailsClean(t *testing.T) {
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp)
 	real := datadir.Dir{Root: t.TempDir()}
-	_, err := startAPIServer(context.Background(), Config{Dir: real, Accel: "tcg"}.withDefaults(), nil)
+	_, err := startAPIServer(context.Background(), Config{Dir: real, Accel: "tcg"}.withDefaults(), nil, "")
 	if !errors.Is(err, errdefs.ErrPrecondition) {
 		t.Fatalf("startAPIServer = %v, want errdefs.ErrPrecondition", err)
 	}

@@ -38,6 +38,7 @@ import (
 
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/localpg"
 	"github.com/airlockhq/airlock/internal/sandbox"
 	"github.com/airlockhq/airlock/internal/template"
 )
@@ -67,6 +68,9 @@ const (
 	ScenarioImageCreate   = "image_template_create_to_first_output"
 
 	ScenarioJail = "jail_cost"
+
+	ScenarioPGCreate  = "postgres_create_to_first_output"
+	ScenarioPGExecRTT = "postgres_exec_rtt"
 )
 
 // Scenarios lists every scenario in the order Run runs them.
@@ -74,7 +78,7 @@ func Scenarios() []string {
 	return []string{ScenarioBoot, ScenarioSnapshot, ScenarioWarmPool, ScenarioJail, ScenarioExecRTT, ScenarioThroughput,
 		ScenarioNetThroughput, ScenarioNetConnect, ScenarioNetDNS, ScenarioPause,
 		ScenarioSuspend, ScenarioIdlePSS, ScenarioConcurrent, ScenarioTemplateBuild, ScenarioImageCreate,
-		ScenarioE2BCreate, ScenarioE2BExecRTT, ScenarioAPICreate, ScenarioAPIExecRTT}
+		ScenarioE2BCreate, ScenarioE2BExecRTT, ScenarioPGCreate, ScenarioPGExecRTT, ScenarioAPICreate, ScenarioAPIExecRTT}
 }
 
 // Defaults of the Config fields left zero.
@@ -280,6 +284,11 @@ type runner struct {
 	// directory is its own; started on first use and stopped by close.
 	// Only Run's goroutine touches it.
 	tplAPI *apiServer
+	// pg is the PostgreSQL cluster of the postgres_ scenarios and pgAPI the
+	// server whose store it holds; both started on first use and stopped
+	// by close. Only Run's goroutine touches them.
+	pg    *localpg.Cluster
+	pgAPI *apiServer
 }
 
 // Run runs the selected scenarios one after another and reports them. Every
@@ -334,6 +343,8 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		{ScenarioImageCreate, r.imageTemplateCreate},
 		{ScenarioE2BCreate, r.e2bCreate},
 		{ScenarioE2BExecRTT, r.e2bExecRTT},
+		{ScenarioPGCreate, r.pgCreate},
+		{ScenarioPGExecRTT, r.pgExecRTT},
 		{ScenarioAPICreate, r.apiCreate},
 		{ScenarioAPIExecRTT, r.apiExecRTT},
 	}
@@ -383,7 +394,7 @@ func (r *runner) sandbox(ctx context.Context) (*sandbox.Sandbox, error) {
 // of them there are. The fleet scenarios call it first, so that no other
 // VM runs beside theirs; a later scenario that needs one starts it again.
 func (r *runner) close() error {
-	var errs []error
+	errs := []error{r.closePostgres()}
 	if r.api != nil {
 		errs = append(errs, r.api.close())
 		r.api = nil
@@ -488,6 +499,21 @@ func timePairs(ctx context.Context, n int, a, b measure, step func(i int, da, db
 		}
 	})
 	return ds[0], ds[1], err
+}
+
+// warmRounds runs execWarmup untimed rounds of sides, then n timed ones
+// (see timeRounds), with a progress line for scenario every n/progress
+// rounds.
+func (r *runner) warmRounds(ctx context.Context, scenario string, n, progress int, sides []side) ([][]time.Duration, error) {
+	if _, err := timeRounds(ctx, execWarmup, sides, nil); err != nil {
+		return nil, fmt.Errorf("warm up: %w", err)
+	}
+	every := max(1, n/progress)
+	return timeRounds(ctx, n, sides, func(i int, _ []time.Duration) {
+		if i%every == 0 || i == n {
+			r.progressf("%s %d/%d", scenario, i, n)
+		}
+	})
 }
 
 // side is one of the measures timeRounds takes turns with; label names its

@@ -525,16 +525,8 @@ func (r *runner) e2bExecRTT(ctx context.Context) (_ Result, err error) {
 		return apiExec(ctx, s.client, id, e2bExecArgv)
 	})
 	sides := []side{{"e2b run", viaSDK}, {"api exec run", native}}
-	if _, err := timeRounds(ctx, execWarmup, sides, nil); err != nil {
-		return Result{}, fmt.Errorf("warm up: %w", err)
-	}
 	n := r.cfg.ExecRuns
-	every := max(1, n/10)
-	ds, err := timeRounds(ctx, n, sides, func(i int, _ []time.Duration) {
-		if i%every == 0 || i == n {
-			r.progressf("%s %d/%d", ScenarioE2BExecRTT, i, n)
-		}
-	})
+	ds, err := r.warmRounds(ctx, ScenarioE2BExecRTT, n, 10, sides)
 	if err != nil {
 		return Result{}, err
 	}

@@ -49,16 +49,8 @@ func (r *runner) pauseResume(ctx context.Context) (Result, error) {
 		{"baseline stop", bounded(m.Pause)},
 		{"baseline cont", bounded(m.Resume)},
 	}
-	if _, err := timeRounds(ctx, execWarmup, sides, nil); err != nil {
-		return Result{}, fmt.Errorf("warm up: %w", err)
-	}
 	n := r.cfg.PauseRuns
-	every := max(1, n/5)
-	ds, err := timeRounds(ctx, n, sides, func(i int, _ []time.Duration) {
-		if i%every == 0 || i == n {
-			r.progressf("%s %d/%d", ScenarioPause, i, n)
-		}
-	})
+	ds, err := r.warmRounds(ctx, ScenarioPause, n, 5, sides)
 	if err != nil {
 		return Result{}, err
 	}

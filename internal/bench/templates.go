@@ -58,7 +58,7 @@ func (r *runner) templateServer(ctx context.Context) (*apiServer, error) {
 	if r.tplAPI != nil {
 		return r.tplAPI, nil
 	}
-	s, err := startAPIServer(ctx, r.cfg, []string{buildFrom, imageBaseline})
+	s, err := startAPIServer(ctx, r.cfg, []string{buildFrom, imageBaseline}, "")
 	if err != nil {
 		return nil, fmt.Errorf("start an API server with templates of its own: %w", err)
 	}

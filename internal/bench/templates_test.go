@@ -368,7 +368,7 @@ func TestNewHomeWithTemplates(t *testing.T) {
 func TestAPIServerWithTemplatesOfItsOwn(t *testing.T) {
 	t.Setenv("TMPDIR", t.TempDir())
 	real, tpls := dataDirWithTemplate(t, "tiny")
-	s, err := startAPIServer(context.Background(), Config{Dir: real, Accel: "tcg"}.withDefaults(), []string{"tiny"})
+	s, err := startAPIServer(context.Background(), Config{Dir: real, Accel: "tcg"}.withDefaults(), []string{"tiny"}, "")
 	if err != nil {
 		t.Fatal(err)
 	}

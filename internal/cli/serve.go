@@ -63,6 +63,14 @@ create that needs a member's room destroys it) and end with the server. See docs
   airlock serve --default-egress allow --dns-upstream 127.0.0.1:5353
   airlock serve --e2b-listen 127.0.0.1:3000
   airlock serve --warm 4:base --warm 1:code-interpreter
+  AIRLOCK_STORE=postgres://airlock@db.internal/airlock airlock serve
+
+The store (keys, sandboxes, operations, commands, secrets, builds) is the
+SQLite file airlock.db in the data directory, or with --store (or
+$AIRLOCK_STORE) a PostgreSQL database; one server uses one database. Give
+the password through PGPASSWORD or ~/.pgpass rather than the command
+line. An unreachable PostgreSQL is retried for --store-wait at start; a
+connection lost later is remade, and calls meanwhile fail with 503.
 
 Each sandbox's QEMU runs jailed (docs/hardening.md): as a user of its own
 from --jail-uids, in a mount namespace that holds only its files, with no
@@ -90,6 +98,8 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	jailOpts := addJailFlags(fs)
 	var warm warmFlag
 	fs.Var(&warm, "warm", "keep `N[:TEMPLATE]` clones of a template (default base) restored and ready, so that a create that fits one only gives it its identity; repeat or comma-separate for more templates")
+	storeAddr := fs.String("store", "", "PostgreSQL `URL` (postgres://USER@HOST:PORT/DB) to keep the store in, instead of the SQLite file in the data directory (default: $AIRLOCK_STORE, else the file)")
+	storeWait := fs.Duration("store-wait", 30*time.Second, "how long to keep trying to reach the PostgreSQL store at start")
 	perSandbox := fs.Int("metrics-per-sandbox", 100, "most running sandboxes that get their own series on /metrics; with more running, none do; 0: none")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -125,6 +135,9 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("serve: unexpected argument %q: %w", fs.Arg(0), errdefs.ErrInvalid)
 	}
+	if *storeWait < 0 {
+		return fmt.Errorf("serve: --store-wait must not be negative: %w", errdefs.ErrInvalid)
+	}
 	if *ping < 100*time.Millisecond {
 		return fmt.Errorf("serve: --ping-interval must be at least 100ms: %w", errdefs.ErrInvalid)
 	}
@@ -159,11 +172,27 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	if err := os.MkdirAll(env.Dir.Root, 0o755); err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
-	st, err := store.Open(env.Dir.Store())
+	if *storeAddr == "" {
+		*storeAddr = os.Getenv("AIRLOCK_STORE")
+	}
+	st, err := openServeStore(ctx, env, *storeAddr, *storeWait, log)
 	if err != nil {
 		return fmt.Errorf("serve: open store: %w", err)
 	}
 	defer st.Close()
+	// A second server on one PostgreSQL database would take the first's
+	// sandboxes for its own; one that loses the database stops.
+	lostStore := make(chan error, 1)
+	if err := st.Exclusive(ctx, func(err error) { lostStore <- err }); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	// This server is the store's only one: a claim on an Idempotency-Key is
+	// one of a request that died with the last server, and a retry must run.
+	if n, err := st.ReleaseAllClaims(ctx); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	} else if n > 0 {
+		log.Info("released the idempotency keys of requests the last server did not answer", "keys", n)
+	}
 	box, err := secrets.OpenBox(env.Dir.SecretsKey())
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
@@ -228,7 +257,7 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 		go func() { errc <- e2bSrv.Serve(e2bLn) }()
 		fmt.Fprintf(env.Stdout, "airlock serving E2B's API on http://%s\n", e2bLn.Addr())
 	}
-	fmt.Fprintf(env.Stdout, "airlock serving on http://%s (accelerator %s)\n", ln.Addr(), rt.Accel())
+	fmt.Fprintf(env.Stdout, "airlock serving on http://%s (accelerator %s, store %s)\n", ln.Addr(), rt.Accel(), st.Engine())
 
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
@@ -238,6 +267,8 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 		return fmt.Errorf("serve: %w", err)
 	case sig := <-sigs:
 		log.Info("shutting down", "signal", sig.String())
+	case err := <-lostStore:
+		log.Error("shutting down: another airlock serve took the store", "err", err)
 	case <-ctx.Done():
 	}
 	// Stop taking requests, end event streams, let requests in flight

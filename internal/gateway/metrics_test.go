@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/airlockhq/airlock/internal/gateway/policy"
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 func TestMetrics(t *testing.T) {
@@ -35,24 +36,14 @@ func TestMetrics(t *testing.T) {
 	n.waitEvent(t, func(e Event) bool { return e.Verdict == "allow" && e.Proto == "tcp" })
 
 	want := map[string]float64{
-		`airlock_egress_flows_total{verdict="allow"}`: 1,
-		`airlock_egress_flows_total{verdict="deny"}`:  1,
-		`airlock_egress_bytes_total{direction="out"}`: 5,
-		`airlock_egress_bytes_total{direction="in"}`:  5,
-		`airlock_dns_queries_total{verdict="allow"}`:  1,
-		`airlock_dns_queries_total{verdict="deny"}`:   1,
+		`airlock_egress_flows_total{verdict=allow}`: 1,
+		`airlock_egress_flows_total{verdict=deny}`:  1,
+		`airlock_egress_bytes_total{direction=out}`: 5,
+		`airlock_egress_bytes_total{direction=in}`:  5,
+		`airlock_dns_queries_total{verdict=allow}`:  1,
+		`airlock_dns_queries_total{verdict=deny}`:   1,
 	}
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]float64{}
-	for _, f := range families {
-		for _, mt := range f.GetMetric() {
-			l := mt.GetLabel()[0]
-			got[f.GetName()+"{"+l.GetName()+`="`+l.GetValue()+`"}`] = mt.GetCounter().GetValue()
-		}
-	}
+	got := testenv.Gather(t, reg)
 	for k, v := range want {
 		if got[k] != v {
 			t.Errorf("%s = %v, want %v", k, got[k], v)

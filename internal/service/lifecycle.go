@@ -72,7 +72,8 @@ func (s *Service) beginOpLocked(ctx context.Context, p Principal, id, kind, tran
 		sb.State = transitional
 	}
 	sb.UpdatedAt = now
-	if err := s.st.TransitionSandbox(ctx, sb, op); err != nil {
+	// The store admits one operation per sandbox, whichever server asks.
+	if err := s.st.BeginOperation(ctx, sb, op, from); err != nil {
 		return sb, op, nil, fmt.Errorf("record %s: %w", kind, err)
 	}
 	f := &inflight{kind: kind, done: make(chan struct{})}

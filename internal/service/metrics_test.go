@@ -18,6 +18,7 @@ import (
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/store"
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 // storeService is a service with a store and nothing running: the
@@ -89,30 +90,12 @@ func (g *fakeGuests) askedFor() []string {
 	return out
 }
 
-// scrape gathers the collector's series as "name{k=v,...} value" lines.
+// scrape gathers the collector's series (testenv.Gather).
 func scrape(t *testing.T, c *SandboxCollector) map[string]float64 {
 	t.Helper()
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(c)
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			var labels []string
-			for _, l := range m.GetLabel() {
-				labels = append(labels, l.GetName()+"="+l.GetValue())
-			}
-			v := m.GetGauge().GetValue()
-			if m.GetCounter() != nil {
-				v = m.GetCounter().GetValue()
-			}
-			out[mf.GetName()+"{"+strings.Join(labels, ",")+"}"] = v
-		}
-	}
-	return out
+	return testenv.Gather(t, reg)
 }
 
 func perSandbox(series map[string]float64) []string {

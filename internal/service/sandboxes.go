@@ -480,7 +480,8 @@ func (s *Service) DeleteSandbox(ctx context.Context, p Principal, id string) (ap
 	op := store.Operation{ID: ids.New("op"), Kind: apiv1.OpDelete, TargetID: id, Owner: p.KeyID, Status: apiv1.OpPending, CreatedAt: now}
 	sb.State = apiv1.StateDeleting
 	sb.UpdatedAt = now
-	if err := s.st.TransitionSandbox(ctx, sb, op); err != nil {
+	// Of two deletes, on this server or another, the store lets one begin.
+	if err := s.st.BeginDelete(ctx, sb, op, from); err != nil {
 		s.mu.Unlock()
 		return apiv1.SandboxOperation{}, fmt.Errorf("record delete: %w", err)
 	}

@@ -51,8 +51,8 @@ func (s *Store) InsertBuild(ctx context.Context, b Build, op Operation) error {
 	if err != nil {
 		return fmt.Errorf("insert build %s: %w", b.ID, err)
 	}
-	err = s.inTx(ctx, func(tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, "INSERT INTO builds ("+buildColumns+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+	err = s.inTx(ctx, func(t *tx) error {
+		_, err := t.ExecContext(ctx, "INSERT INTO builds ("+buildColumns+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
 			b.ID, b.Owner, b.Name, b.Tag, b.Status, b.Digest, req, bErr, nanos(b.CreatedAt), nullNanos(b.FinishedAt))
 		if isUniqueViolation(err) {
 			return fmt.Errorf("the ID is taken: %w", errdefs.ErrConflict)
@@ -60,7 +60,7 @@ func (s *Store) InsertBuild(ctx context.Context, b Build, op Operation) error {
 		if err != nil {
 			return classify(err)
 		}
-		return insertOperation(ctx, tx, op)
+		return insertOperation(ctx, t, op)
 	})
 	if err != nil {
 		return fmt.Errorf("insert build %s: %w", b.ID, err)
@@ -75,8 +75,8 @@ func (s *Store) FinishBuild(ctx context.Context, b Build, op Operation) error {
 	if err != nil {
 		return fmt.Errorf("finish build %s: %w", b.ID, err)
 	}
-	err = s.inTx(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, "UPDATE builds SET status = ?, digest = ?, error = ?, finished_at = ? WHERE id = ?",
+	err = s.inTx(ctx, func(t *tx) error {
+		res, err := t.ExecContext(ctx, "UPDATE builds SET status = ?, digest = ?, error = ?, finished_at = ? WHERE id = ?",
 			b.Status, b.Digest, bErr, nullNanos(b.FinishedAt), b.ID)
 		if err != nil {
 			return classify(err)
@@ -84,7 +84,7 @@ func (s *Store) FinishBuild(ctx context.Context, b Build, op Operation) error {
 		if err := mustAffect(res, "build", b.ID); err != nil {
 			return err
 		}
-		return upsertOperation(ctx, tx, op)
+		return upsertOperation(ctx, t, op)
 	})
 	if err != nil {
 		return fmt.Errorf("finish build %s: %w", b.ID, err)

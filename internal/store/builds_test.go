@@ -10,9 +10,9 @@ import (
 	"github.com/airlockhq/airlock/internal/errdefs"
 )
 
-func TestBuilds(t *testing.T) {
+func testBuilds(t *testing.T, b backend) {
 	ctx := context.Background()
-	s := newStore(t)
+	s := b.newStore(t)
 	op := func(id, build string) Operation {
 		return Operation{ID: id, Kind: "build", TargetID: build, Owner: "key1", Status: "pending", CreatedAt: t0}
 	}
@@ -70,9 +70,9 @@ func TestBuilds(t *testing.T) {
 	}
 }
 
-func TestTemplatesInUse(t *testing.T) {
+func testTemplatesInUse(t *testing.T, b backend) {
 	ctx := context.Background()
-	s := newStore(t)
+	s := b.newStore(t)
 	for i, tc := range []struct{ id, digest, state string }{
 		{"sbx1", "sha256:aa", "running"}, {"sbx2", "sha256:bb", "suspended"},
 		{"sbx3", "sha256:cc", "deleted"}, {"sbx4", "sha256:aa", "failed"},

@@ -63,10 +63,13 @@ func (s *Store) InsertCommand(ctx context.Context, c Command) error {
 	if err != nil {
 		return fmt.Errorf("insert command %s: %w", c.ID, err)
 	}
-	_, err = s.db.ExecContext(ctx, "INSERT INTO commands ("+commandColumns+") VALUES ("+placeholders(16)+")",
-		c.ID, c.SandboxID, c.Owner, request, c.State, c.AgentID, c.PID, nullInt(c.ExitCode), nullString(c.Signal),
-		c.TimedOut, nonNil(c.TokenHash), nanos(c.TokenExpiresAt), c.TokenSpent, nanos(c.CreatedAt),
-		nullNanos(c.StartedAt), nullNanos(c.FinishedAt))
+	err = s.inSeqOrder(ctx, "commands", func(q queryer) error {
+		_, err := q.ExecContext(ctx, "INSERT INTO commands ("+commandColumns+") VALUES ("+placeholders(16)+")",
+			c.ID, c.SandboxID, c.Owner, request, c.State, c.AgentID, c.PID, nullInt(c.ExitCode), nullString(c.Signal),
+			boolInt(c.TimedOut), nonNil(c.TokenHash), nanos(c.TokenExpiresAt), boolInt(c.TokenSpent), nanos(c.CreatedAt),
+			nullNanos(c.StartedAt), nullNanos(c.FinishedAt))
+		return err
+	})
 	switch {
 	case isUniqueViolation(err):
 		return fmt.Errorf("insert command %s: the ID is taken: %w", c.ID, errdefs.ErrConflict)
@@ -90,7 +93,7 @@ func (s *Store) UpdateCommand(ctx context.Context, c Command) error {
 	res, err := s.db.ExecContext(ctx, "UPDATE commands SET state = ?, agent_id = ?, pid = ?, exit_code = ?, signal = ?,"+
 		" timed_out = ?, started_at = ?, finished_at = ?"+
 		" WHERE id = ?",
-		c.State, c.AgentID, c.PID, nullInt(c.ExitCode), nullString(c.Signal), c.TimedOut,
+		c.State, c.AgentID, c.PID, nullInt(c.ExitCode), nullString(c.Signal), boolInt(c.TimedOut),
 		nullNanos(c.StartedAt), nullNanos(c.FinishedAt), c.ID)
 	if err != nil {
 		return fmt.Errorf("update command %s: %w", c.ID, classify(err))

@@ -24,7 +24,7 @@ func testCommand(id, sandboxID string) Command {
 	}
 }
 
-func TestCommandRoundTrip(t *testing.T) {
+func testCommandRoundTrip(t *testing.T, b backend) {
 	started, finished := t0.Add(time.Second), t0.Add(2*time.Second)
 	code, sig := 137, "KILL"
 	exited := testCommand("cmdexited", "sbx1")
@@ -46,7 +46,7 @@ func TestCommandRoundTrip(t *testing.T) {
 		{"no request and zero times", bare},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := newStore(t)
+			s := b.newStore(t)
 			ctx := context.Background()
 			mustInsertSandbox(t, s, "sbx1", "key1")
 			if err := s.InsertCommand(ctx, tc.c); err != nil {
@@ -70,8 +70,8 @@ func TestCommandRoundTrip(t *testing.T) {
 	}
 }
 
-func TestInsertCommandRefusals(t *testing.T) {
-	s := newStore(t)
+func testInsertCommandRefusals(t *testing.T, b backend) {
+	s := b.newStore(t)
 	ctx := context.Background()
 	mustInsertSandbox(t, s, "sbx1", "key1")
 	if err := s.InsertCommand(ctx, testCommand("cmd1", "sbx1")); err != nil {
@@ -97,8 +97,8 @@ func TestInsertCommandRefusals(t *testing.T) {
 	}
 }
 
-func TestUpdateCommand(t *testing.T) {
-	s := newStore(t)
+func testUpdateCommand(t *testing.T, b backend) {
+	s := b.newStore(t)
 	ctx := context.Background()
 	mustInsertSandbox(t, s, "sbx1", "key1")
 	orig := testCommand("cmd1", "sbx1")
@@ -143,8 +143,8 @@ func TestUpdateCommand(t *testing.T) {
 	}
 }
 
-func TestSpendCommandToken(t *testing.T) {
-	s := newStore(t)
+func testSpendCommandToken(t *testing.T, b backend) {
+	s := b.newStore(t)
 	ctx := context.Background()
 	mustInsertSandbox(t, s, "sbx1", "key1")
 	if err := s.InsertCommand(ctx, testCommand("cmd1", "sbx1")); err != nil {
@@ -173,8 +173,8 @@ func TestSpendCommandToken(t *testing.T) {
 	}
 }
 
-func TestListCommands(t *testing.T) {
-	s := newStore(t)
+func testListCommands(t *testing.T, b backend) {
+	s := b.newStore(t)
 	ctx := context.Background()
 	mustInsertSandbox(t, s, "sbx1", "key1")
 	mustInsertSandbox(t, s, "sbx2", "key1")

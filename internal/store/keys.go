@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/airlockhq/airlock/internal/errdefs"
@@ -44,7 +43,7 @@ func (s *Store) InsertKey(ctx context.Context, k Key) error {
 	}
 	_, err := s.db.ExecContext(ctx, "INSERT INTO keys ("+keyColumns+") VALUES (?, ?, ?, ?, ?, ?)",
 		k.ID, k.Name, k.Role, nonNil(k.Hash), k.Format, nanos(k.CreatedAt))
-	if isUniqueViolation(err) && strings.Contains(err.Error(), "keys.hash") {
+	if isUniqueViolationOf(err, "keys", "hash") {
 		return fmt.Errorf("insert key %s: another key has the same hash: %w", k.ID, errdefs.ErrConflict)
 	}
 	if isUniqueViolation(err) {

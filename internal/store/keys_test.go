@@ -11,8 +11,8 @@ import (
 	"github.com/airlockhq/airlock/internal/errdefs"
 )
 
-func TestKeys(t *testing.T) {
-	s := newStore(t)
+func testKeys(t *testing.T, b backend) {
+	s := b.newStore(t)
 	ctx := context.Background()
 	keys := []Key{
 		{ID: "keyb", Name: "first", Role: "admin", Hash: []byte{0xde, 0xad}, Format: "airlock", CreatedAt: t0},
@@ -84,8 +84,8 @@ func TestKeys(t *testing.T) {
 	}
 }
 
-func TestKeyCreatedAtDefaultsToNow(t *testing.T) {
-	s := newStore(t)
+func testKeyCreatedAtDefaultsToNow(t *testing.T, b backend) {
+	s := b.newStore(t)
 	ctx := context.Background()
 	before := time.Now()
 	if err := s.InsertKey(ctx, Key{ID: "key1", Role: "user", Hash: []byte{1}}); err != nil {
@@ -100,8 +100,8 @@ func TestKeyCreatedAtDefaultsToNow(t *testing.T) {
 	}
 }
 
-func TestKeyByHash(t *testing.T) {
-	s := newStore(t)
+func testKeyByHash(t *testing.T, b backend) {
+	s := b.newStore(t)
 	ctx := context.Background()
 	keys := []Key{
 		{ID: "keya", Name: "a", Role: "user", Hash: []byte{0xaa, 0x01}, Format: "e2b", CreatedAt: t0},
@@ -148,8 +148,8 @@ func TestKeyByHash(t *testing.T) {
 	}
 }
 
-func TestKeyFormatDefault(t *testing.T) {
-	s := newStore(t)
+func testKeyFormatDefault(t *testing.T, b backend) {
+	s := b.newStore(t)
 	ctx := context.Background()
 	if err := s.InsertKey(ctx, Key{ID: "key1", Name: "k", Role: "user", Hash: []byte{1}}); err != nil {
 		t.Fatal(err)

@@ -2,22 +2,35 @@ package store
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 
 	"github.com/airlockhq/airlock/internal/errdefs"
 )
 
-// A migration moves the schema from version-1 to version. Its SQL runs in
-// one transaction together with the update of PRAGMA user_version, so a
-// migration is applied whole or not at all.
+// A migration moves the schema from version-1 to version. It is written
+// for each engine; its SQL runs in one transaction together with the
+// update of the version (SQLite: PRAGMA user_version; PostgreSQL: the row
+// of airlock_schema), so a migration is applied whole or not at all.
 //
-// A migration that rebuilds a table must not rely on foreign keys being off:
-// PRAGMA foreign_keys cannot change inside a transaction.
+// A migration that rebuilds a SQLite table must not rely on foreign keys
+// being off: PRAGMA foreign_keys cannot change inside a transaction.
 type migration struct {
 	version     int
 	description string
-	sql         string
+	sql         string // SQLite
+	postgres    string
+}
+
+// postgresSame as a migration's postgres SQL says that PostgreSQL runs its
+// SQLite SQL as written.
+const postgresSame = "(the SQLite SQL)"
+
+// sqlFor returns m's SQL for the engine.
+func (m migration) sqlFor(e engine) string {
+	if e == postgresEngine && m.postgres != postgresSame {
+		return m.postgres
+	}
+	return m.sql
 }
 
 // migrations are applied in order; migrations[i].version is i+1. Never edit
@@ -30,6 +43,11 @@ type migration struct {
 // cannot alter one without rebuilding the table, and the service validates
 // them. Owners are key IDs without a foreign key, since a sandbox outlives
 // the key that created it.
+//
+// The PostgreSQL schema has the same tables, columns, indexes and
+// constraints: SQLite's INTEGER is BIGINT (times are unix nanoseconds,
+// booleans 0 or 1), BLOB is BYTEA, AUTOINCREMENT is an identity column, and
+// JSON is kept as TEXT in both.
 var migrations = []migration{
 	{1, "create keys, sandboxes, operations, commands, idempotency", `
 CREATE TABLE keys (
@@ -110,10 +128,89 @@ CREATE TABLE idempotency (
 	PRIMARY KEY (key_id, key)
 ) STRICT;
 CREATE INDEX idempotency_created ON idempotency (created_at);
+`, `
+CREATE TABLE keys (
+	seq        BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	id         TEXT   NOT NULL UNIQUE,
+	name       TEXT   NOT NULL,
+	role       TEXT   NOT NULL,
+	hash       BYTEA  NOT NULL,
+	created_at BIGINT NOT NULL
+);
+
+CREATE TABLE sandboxes (
+	seq             BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	id              TEXT   NOT NULL UNIQUE,
+	owner           TEXT   NOT NULL,
+	state           TEXT   NOT NULL,
+	template_ref    TEXT   NOT NULL,
+	template_digest TEXT   NOT NULL,
+	vcpus           BIGINT NOT NULL,
+	memory_mib      BIGINT NOT NULL,
+	disk_mib        BIGINT NOT NULL,
+	timeout_s       BIGINT NOT NULL,
+	on_timeout      TEXT   NOT NULL,
+	env             TEXT   NOT NULL,
+	metadata        TEXT   NOT NULL,
+	network         TEXT,
+	created_at      BIGINT NOT NULL,
+	updated_at      BIGINT NOT NULL,
+	expires_at      BIGINT,
+	last_error      TEXT
+);
+CREATE INDEX sandboxes_owner ON sandboxes (owner, seq);
+CREATE INDEX sandboxes_state ON sandboxes (state, seq);
+
+CREATE TABLE operations (
+	seq         BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	id          TEXT   NOT NULL UNIQUE,
+	kind        TEXT   NOT NULL,
+	target_id   TEXT   NOT NULL,
+	owner       TEXT   NOT NULL,
+	status      TEXT   NOT NULL,
+	error       TEXT,
+	created_at  BIGINT NOT NULL,
+	finished_at BIGINT
+);
+CREATE INDEX operations_status ON operations (status, seq);
+CREATE INDEX operations_target ON operations (target_id, seq);
+
+CREATE TABLE commands (
+	seq              BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	id               TEXT   NOT NULL UNIQUE,
+	sandbox_id       TEXT   NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,
+	owner            TEXT   NOT NULL,
+	request          TEXT,
+	state            TEXT   NOT NULL,
+	agent_id         TEXT   NOT NULL,
+	pid              BIGINT NOT NULL,
+	exit_code        BIGINT,
+	signal           TEXT,
+	timed_out        BIGINT NOT NULL,
+	token_hash       BYTEA  NOT NULL,
+	token_expires_at BIGINT NOT NULL,
+	token_spent      BIGINT NOT NULL,
+	created_at       BIGINT NOT NULL,
+	started_at       BIGINT,
+	finished_at      BIGINT
+);
+CREATE INDEX commands_sandbox ON commands (sandbox_id, seq);
+CREATE INDEX commands_state ON commands (state, seq);
+
+CREATE TABLE idempotency (
+	key_id       TEXT   NOT NULL,
+	key          TEXT   NOT NULL,
+	request_hash BYTEA  NOT NULL,
+	status       BIGINT NOT NULL,
+	body         BYTEA  NOT NULL,
+	created_at   BIGINT NOT NULL,
+	PRIMARY KEY (key_id, key)
+);
+CREATE INDEX idempotency_created ON idempotency (created_at);
 `},
 	{2, "index sandboxes by lease expiry", `
 CREATE INDEX sandboxes_expires ON sandboxes (expires_at) WHERE expires_at IS NOT NULL;
-`},
+`, postgresSame},
 	{3, "create secrets", `
 CREATE TABLE secrets (
 	seq        INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -124,13 +221,23 @@ CREATE TABLE secrets (
 	updated_at INTEGER NOT NULL,
 	UNIQUE (owner, name)
 ) STRICT;
+`, `
+CREATE TABLE secrets (
+	seq        BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	owner      TEXT   NOT NULL,
+	name       TEXT   NOT NULL,
+	sealed     BYTEA  NOT NULL,
+	created_at BIGINT NOT NULL,
+	updated_at BIGINT NOT NULL,
+	UNIQUE (owner, name)
+);
 `},
 	{4, "add keys.format, index keys by hash", `
 -- "airlock" or "e2b"; a key of the e2b format does not name its ID, so it
 -- is found by the hash of its secret.
 ALTER TABLE keys ADD COLUMN format TEXT NOT NULL DEFAULT 'airlock';
 CREATE UNIQUE INDEX keys_hash ON keys (hash);
-`},
+`, postgresSame},
 	{5, "create builds", `
 -- A template build: POST /v1/templates or POST /v1/sandboxes/{id}/template.
 CREATE TABLE builds (
@@ -148,48 +255,112 @@ CREATE TABLE builds (
 ) STRICT;
 CREATE INDEX builds_ref ON builds (name, tag, seq);
 CREATE INDEX builds_status ON builds (status, seq);
+`, `
+CREATE TABLE builds (
+	seq         BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	id          TEXT   NOT NULL UNIQUE,
+	owner       TEXT   NOT NULL,
+	name        TEXT   NOT NULL,
+	tag         TEXT   NOT NULL,
+	status      TEXT   NOT NULL,
+	digest      TEXT   NOT NULL,
+	request     TEXT,
+	error       TEXT,
+	created_at  BIGINT NOT NULL,
+	finished_at BIGINT
+);
+CREATE INDEX builds_ref ON builds (name, tag, seq);
+CREATE INDEX builds_status ON builds (status, seq);
 `},
 	{6, "add operations.timings", `
 -- JSON object of step names to milliseconds, in the order the steps ran
 -- (internal/timings); NULL when the operation recorded none.
 ALTER TABLE operations ADD COLUMN timings TEXT;
-`},
+`, postgresSame},
+	{7, "add sandboxes.op_id", `
+-- The lifecycle operation in flight on the sandbox, '' when none: the row,
+-- not a lock in one server's memory, admits one operation at a time.
+ALTER TABLE sandboxes ADD COLUMN op_id TEXT NOT NULL DEFAULT '';
+`, postgresSame},
+	{8, "add sandboxes.node", `
+-- In cluster mode, the node the sandbox's Pod is bound to, '' until it is
+-- bound. Written only by the controller; a single host leaves it ''.
+ALTER TABLE sandboxes ADD COLUMN node TEXT NOT NULL DEFAULT '';
+`, postgresSame},
 }
 
-// schemaVersion reads the version of the schema from PRAGMA user_version.
-func schemaVersion(ctx context.Context, q queryer) (int, error) {
+// schemaVersion reads the version of the schema: SQLite's PRAGMA
+// user_version, or the row of PostgreSQL's airlock_schema (0 before the
+// first migration made it).
+func schemaVersion(ctx context.Context, q queryer, e engine) (int, error) {
 	var v int
-	if err := q.QueryRowContext(ctx, "PRAGMA user_version").Scan(&v); err != nil {
+	var err error
+	if e == postgresEngine {
+		var exists bool
+		err = q.QueryRowContext(ctx, "SELECT to_regclass('airlock_schema') IS NOT NULL").Scan(&exists)
+		if err == nil && exists {
+			err = q.QueryRowContext(ctx, "SELECT version FROM airlock_schema").Scan(&v)
+		}
+	} else {
+		err = q.QueryRowContext(ctx, "PRAGMA user_version").Scan(&v)
+	}
+	if err != nil {
 		return 0, fmt.Errorf("read schema version: %w", classify(err))
 	}
 	return v, nil
 }
 
+// setSchemaVersion records v as the version of the schema.
+func setSchemaVersion(ctx context.Context, q queryer, e engine, v int) error {
+	var err error
+	if e == postgresEngine {
+		_, err = q.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS airlock_schema ("+
+			"one BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one), version INTEGER NOT NULL)")
+		if err == nil {
+			_, err = q.ExecContext(ctx, "INSERT INTO airlock_schema (version) VALUES (?)"+
+				" ON CONFLICT (one) DO UPDATE SET version = excluded.version", v)
+		}
+	} else {
+		_, err = q.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", v))
+	}
+	return err
+}
+
 // migrate applies the migrations up to and including version target, each
 // in its own transaction, skipping those already applied. A database whose
 // version is above what this binary knows is refused.
-func migrate(ctx context.Context, db *sql.DB, target int) error {
+func migrate(ctx context.Context, c *conn, target int) error {
 	for _, m := range migrations[:target] {
-		if err := applyMigration(ctx, db, m); err != nil {
+		if err := applyMigration(ctx, c, m); err != nil {
 			return err
 		}
 	}
 	// With nothing to apply the loop above checked nothing; check here too.
-	v, err := schemaVersion(ctx, db)
+	v, err := schemaVersion(ctx, c, c.eng)
 	if err != nil {
 		return err
 	}
 	return checkNotNewer(v)
 }
 
+// migrationLock is the advisory lock under which a PostgreSQL migration
+// runs, so that processes opening the database at once apply it once.
+const migrationLock = "airlock.migrate"
+
 // applyMigration applies m unless the database already has it.
-func applyMigration(ctx context.Context, db *sql.DB, m migration) error {
-	tx, err := db.BeginTx(ctx, nil)
+func applyMigration(ctx context.Context, c *conn, m migration) error {
+	t, err := c.begin(ctx)
 	if err != nil {
 		return fmt.Errorf("migration %d: %w", m.version, classify(err))
 	}
-	defer tx.Rollback()
-	v, err := schemaVersion(ctx, tx)
+	defer t.tx.Rollback()
+	if c.eng == postgresEngine {
+		// Released at the end of the transaction; the version is read after.
+		if _, err := t.ExecContext(ctx, "SELECT pg_advisory_xact_lock(hashtext(?))", migrationLock); err != nil {
+			return fmt.Errorf("migration %d: %w", m.version, classify(err))
+		}
+	}
+	v, err := schemaVersion(ctx, t, c.eng)
 	if err != nil {
 		return err
 	}
@@ -202,13 +373,14 @@ func applyMigration(ctx context.Context, db *sql.DB, m migration) error {
 	if v != m.version-1 {
 		return fmt.Errorf("migration %d (%s): the schema is at version %d", m.version, m.description, v)
 	}
-	if _, err := tx.ExecContext(ctx, m.sql); err != nil {
+	// Straight to the driver: the SQL is run as written, with no placeholders.
+	if _, err := t.tx.ExecContext(ctx, m.sqlFor(c.eng)); err != nil {
 		return fmt.Errorf("migration %d (%s): %w", m.version, m.description, classify(err))
 	}
-	if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", m.version)); err != nil {
+	if err := setSchemaVersion(ctx, t, c.eng, m.version); err != nil {
 		return fmt.Errorf("migration %d (%s): %w", m.version, m.description, classify(err))
 	}
-	if err := tx.Commit(); err != nil {
+	if err := t.tx.Commit(); err != nil {
 		return fmt.Errorf("migration %d (%s): %w", m.version, m.description, classify(err))
 	}
 	return nil

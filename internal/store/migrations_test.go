@@ -33,6 +33,46 @@ var migrationTests = []migrationTest{
 	{version: 4, before: fillKeys3, after: checkSchema4},
 	{version: 5, before: fillKeys3, after: checkSchema5},
 	{version: 6, before: fillOperations5, after: checkSchema6},
+	{version: 7, before: fillSchema1, after: checkSchema7},
+	{version: 8, before: fillSchema1, after: checkSchema8},
+}
+
+// checkSchema8: sandboxes from before are bound to no node, and one can
+// be recorded.
+func checkSchema8(t *testing.T, db *sql.DB) {
+	s := &Store{db: &conn{db: db, eng: sqliteEngine}}
+	ctx := context.Background()
+	nodes, err := s.SandboxNodes(ctx)
+	if err != nil || len(nodes) != 0 {
+		t.Fatalf("nodes after migration 8: %v, %v; want none", nodes, err)
+	}
+	if err := s.SetSandboxNode(ctx, "sbx1", "host-a"); err != nil {
+		t.Fatal(err)
+	}
+	if nodes, err := s.SandboxNodes(ctx); err != nil || nodes["sbx1"] != "host-a" || len(nodes) != 1 {
+		t.Errorf("nodes %v, %v; want sbx1 on host-a", nodes, err)
+	}
+}
+
+// checkSchema7: sandboxes from before have no operation in flight, and one
+// can begin on them.
+func checkSchema7(t *testing.T, db *sql.DB) {
+	var n int
+	if err := db.QueryRow("SELECT count(*) FROM sandboxes WHERE op_id = ''").Scan(&n); err != nil || n != 3 {
+		t.Fatalf("%d sandboxes without an operation in flight (%v), want 3", n, err)
+	}
+	s := &Store{db: &conn{db: db, eng: sqliteEngine}}
+	sb, err := s.GetSandbox(context.Background(), "sbx1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	op := Operation{ID: "op7", Kind: "pause", TargetID: "sbx1", Owner: "key1", Status: "pending"}
+	if err := s.BeginOperation(context.Background(), sb, op, "running"); err != nil {
+		t.Fatal(err)
+	}
+	if id, err := s.operationInFlight(context.Background(), "sbx1"); err != nil || id != "op7" {
+		t.Errorf("in flight %q, %v; want op7", id, err)
+	}
 }
 
 // checkSchema5: earlier rows stay; builds are typed, their IDs unique, and
@@ -80,7 +120,7 @@ func fillOperations5(t *testing.T, db *sql.DB) {
 // checkSchema6: an operation from before has no timings and still reads;
 // a new one keeps its steps in order.
 func checkSchema6(t *testing.T, db *sql.DB) {
-	s := &Store{db: db}
+	s := &Store{db: &conn{db: db, eng: sqliteEngine}}
 	old, err := s.GetOperation(context.Background(), "op1")
 	if err != nil || old.Status != "succeeded" || old.Timings != nil {
 		t.Fatalf("the operation from before: %+v, %v", old, err)
@@ -285,24 +325,25 @@ func TestMigrations(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer db.Close()
-			if err := migrate(ctx, db, m.version-1); err != nil {
+			c := &conn{db: db, eng: sqliteEngine}
+			if err := migrate(ctx, c, m.version-1); err != nil {
 				t.Fatal(err)
 			}
-			if v, _ := schemaVersion(ctx, db); v != m.version-1 {
+			if v, _ := schemaVersion(ctx, c, c.eng); v != m.version-1 {
 				t.Fatalf("version %d before the migration, want %d", v, m.version-1)
 			}
 			if tc.before != nil {
 				tc.before(t, db)
 			}
-			if err := migrate(ctx, db, m.version); err != nil {
+			if err := migrate(ctx, c, m.version); err != nil {
 				t.Fatal(err)
 			}
-			if v, _ := schemaVersion(ctx, db); v != m.version {
+			if v, _ := schemaVersion(ctx, c, c.eng); v != m.version {
 				t.Fatalf("version %d after the migration, want %d", v, m.version)
 			}
 			tc.after(t, db)
 			// Applying again changes nothing.
-			if err := migrate(ctx, db, m.version); err != nil {
+			if err := migrate(ctx, c, m.version); err != nil {
 				t.Fatalf("migrating again: %v", err)
 			}
 		})
@@ -317,11 +358,12 @@ func TestFailedMigrationRollsBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	bad := migration{1, "half good", "CREATE TABLE good (a INTEGER); INSERT INTO missing VALUES (1);"}
-	if err := applyMigration(ctx, db, bad); err == nil {
+	c := &conn{db: db, eng: sqliteEngine}
+	bad := migration{1, "half good", "CREATE TABLE good (a INTEGER); INSERT INTO missing VALUES (1);", postgresSame}
+	if err := applyMigration(ctx, c, bad); err == nil {
 		t.Fatal("a failing migration applied")
 	}
-	if v, _ := schemaVersion(ctx, db); v != 0 {
+	if v, _ := schemaVersion(ctx, c, c.eng); v != 0 {
 		t.Errorf("version %d after a failed migration, want 0", v)
 	}
 	var n int
@@ -329,7 +371,7 @@ func TestFailedMigrationRollsBack(t *testing.T) {
 		t.Errorf("table of a failed migration left behind (%d, %v)", n, err)
 	}
 	// The real migrations still apply.
-	if err := migrate(ctx, db, len(migrations)); err != nil {
+	if err := migrate(ctx, c, len(migrations)); err != nil {
 		t.Fatal(err)
 	}
 }

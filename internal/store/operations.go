@@ -83,6 +83,21 @@ func upsertOperation(ctx context.Context, q queryer, op Operation) error {
 	if err != nil {
 		return fmt.Errorf("upsert operation %s: %w", op.ID, classify(err))
 	}
+	return endInFlight(ctx, q, op)
+}
+
+// endInFlight frees the sandbox op targets if op has finished and is the
+// sandbox's operation in flight (BeginOperation). Every record of a
+// finished operation goes through here, so the mark never outlives it.
+func endInFlight(ctx context.Context, q queryer, op Operation) error {
+	if op.FinishedAt == nil {
+		return nil
+	}
+	_, err := q.ExecContext(ctx, "UPDATE sandboxes SET op_id = '' WHERE id = (SELECT target_id FROM operations WHERE id = ?) AND op_id = ?",
+		op.ID, op.ID)
+	if err != nil {
+		return fmt.Errorf("end operation %s: %w", op.ID, classify(err))
+	}
 	return nil
 }
 
@@ -93,18 +108,28 @@ func (s *Store) GetOperation(ctx context.Context, id string) (Operation, error) 
 
 // UpdateOperation records op's status, error, finish time and timings.
 // Its kind, target, owner and creation time are fixed when it is
-// inserted.
+// inserted. An op that has finished (FinishedAt set) is no longer its
+// sandbox's operation in flight, in the same transaction.
 func (s *Store) UpdateOperation(ctx context.Context, op Operation) error {
 	opErr, err := errorJSON(op.Error)
 	if err != nil {
 		return fmt.Errorf("update operation %s: %w", op.ID, err)
 	}
-	res, err := s.db.ExecContext(ctx, "UPDATE operations SET status = ?, error = ?, finished_at = ?, timings = ? WHERE id = ?",
-		op.Status, opErr, nullNanos(op.FinishedAt), timingsJSON(op.Timings), op.ID)
-	if err != nil {
-		return fmt.Errorf("update operation %s: %w", op.ID, classify(err))
+	update := func(q queryer) error {
+		res, err := q.ExecContext(ctx, "UPDATE operations SET status = ?, error = ?, finished_at = ?, timings = ? WHERE id = ?",
+			op.Status, opErr, nullNanos(op.FinishedAt), timingsJSON(op.Timings), op.ID)
+		if err != nil {
+			return fmt.Errorf("update operation %s: %w", op.ID, classify(err))
+		}
+		if err := mustAffect(res, "operation", op.ID); err != nil {
+			return err
+		}
+		return endInFlight(ctx, q, op)
 	}
-	return mustAffect(res, "operation", op.ID)
+	if op.FinishedAt == nil {
+		return update(s.db) // one statement: no transaction needed
+	}
+	return s.inTx(ctx, func(t *tx) error { return update(t) })
 }
 
 // ListOperations returns the operations whose status is one of statuses, or

@@ -10,8 +10,8 @@ import (
 	"github.com/airlockhq/airlock/internal/errdefs"
 )
 
-func TestOperations(t *testing.T) {
-	s := newStore(t)
+func testOperations(t *testing.T, b backend) {
+	s := b.newStore(t)
 	ctx := context.Background()
 	done := t0.Add(time.Minute)
 	ops := []Operation{

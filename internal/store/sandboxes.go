@@ -98,21 +98,65 @@ func (s *Store) InsertSandbox(ctx context.Context, sb Sandbox, op Operation) err
 	if err != nil {
 		return fmt.Errorf("insert sandbox %s: %w", sb.ID, err)
 	}
-	return s.inTx(ctx, func(tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, "INSERT INTO sandboxes ("+sandboxColumns+") VALUES ("+placeholders(len(row))+")", row...)
+	return s.inTx(ctx, func(t *tx) error {
+		if err := t.lockSeq(ctx, "sandboxes"); err != nil {
+			return fmt.Errorf("insert sandbox %s: %w", sb.ID, classify(err))
+		}
+		_, err := t.ExecContext(ctx, "INSERT INTO sandboxes ("+sandboxColumns+") VALUES ("+placeholders(len(row))+")", row...)
 		if isUniqueViolation(err) {
 			return fmt.Errorf("insert sandbox %s: the ID is taken: %w", sb.ID, errdefs.ErrConflict)
 		}
 		if err != nil {
 			return fmt.Errorf("insert sandbox %s: %w", sb.ID, classify(err))
 		}
-		return insertOperation(ctx, tx, op)
+		return insertOperation(ctx, t, op)
 	})
 }
 
 // GetSandbox returns the sandbox with the given ID.
 func (s *Store) GetSandbox(ctx context.Context, id string) (Sandbox, error) {
 	return getByID(ctx, s.db, "sandbox", "sandboxes", sandboxColumns, id, scanSandbox)
+}
+
+// SetSandboxNode records node as the cluster node the sandbox's Pod is
+// bound to ("" for none). The node is kept out of Sandbox, so that an
+// update of the rest of the row, read before the node was set, cannot
+// undo it.
+func (s *Store) SetSandboxNode(ctx context.Context, id, node string) error {
+	res, err := s.db.ExecContext(ctx, "UPDATE sandboxes SET node = ? WHERE id = ?", node, id)
+	if err != nil {
+		return fmt.Errorf("set node of sandbox %s: %w", id, classify(err))
+	}
+	return mustAffect(res, "sandbox", id)
+}
+
+// SandboxNodes returns the node of every sandbox bound to one, by ID;
+// given states, only of the sandboxes in one of them.
+func (s *Store) SandboxNodes(ctx context.Context, states ...string) (map[string]string, error) {
+	query, args := "SELECT id, node FROM sandboxes WHERE node <> ''", []any{}
+	if len(states) > 0 {
+		query += " AND state IN (" + placeholders(len(states)) + ")"
+		for _, st := range states {
+			args = append(args, st)
+		}
+	}
+	rows, err := s.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list sandbox nodes: %w", classify(err))
+	}
+	defer rows.Close()
+	out := map[string]string{}
+	for rows.Next() {
+		var id, node string
+		if err := rows.Scan(&id, &node); err != nil {
+			return nil, fmt.Errorf("list sandbox nodes: %w", classify(err))
+		}
+		out[id] = node
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list sandbox nodes: %w", classify(err))
+	}
+	return out, nil
 }
 
 // UpdateSandbox replaces the record of the sandbox with sb's ID by sb and
@@ -126,17 +170,98 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb Sandbox) error {
 // updates sb as UpdateSandbox does (sb must exist) and inserts op, or, if op
 // exists, records its status, error and finish time. op must target sb.
 // Examples: state deleting with a new delete operation; state running with
-// the create operation succeeded.
+// the create operation succeeded. An op that has finished (FinishedAt set)
+// is no longer the sandbox's operation in flight, if it was
+// (BeginOperation).
 func (s *Store) TransitionSandbox(ctx context.Context, sb Sandbox, op Operation) error {
 	if op.TargetID != sb.ID {
 		return fmt.Errorf("transition sandbox %s: operation %s targets %q: %w", sb.ID, op.ID, op.TargetID, errdefs.ErrInvalid)
 	}
-	return s.inTx(ctx, func(tx *sql.Tx) error {
-		if err := updateSandbox(ctx, tx, sb); err != nil {
+	return s.inTx(ctx, func(t *tx) error {
+		if err := updateSandbox(ctx, t, sb); err != nil {
 			return err
 		}
-		return upsertOperation(ctx, tx, op)
+		return upsertOperation(ctx, t, op)
 	})
+}
+
+// BeginOperation starts op, a new lifecycle operation on sb, if the
+// sandbox is still in state from and no other operation is in flight on
+// it: in one transaction it records sb (as UpdateSandbox does), inserts op
+// and makes op the sandbox's operation in flight, until a TransitionSandbox
+// with op finished. Otherwise nothing changes and the error wraps
+// errdefs.ErrConflict, saying what stood in the way. Of the servers that
+// begin operations on one sandbox at once, one wins.
+func (s *Store) BeginOperation(ctx context.Context, sb Sandbox, op Operation, from string) error {
+	return s.beginOperation(ctx, sb, op, from, true)
+}
+
+// BeginDelete is BeginOperation for a delete: it does not wait for an
+// operation in flight, and takes the sandbox over from it (that one's end
+// no longer clears the mark). It still needs the sandbox in state from, so
+// of two deletes one wins.
+func (s *Store) BeginDelete(ctx context.Context, sb Sandbox, op Operation, from string) error {
+	return s.beginOperation(ctx, sb, op, from, false)
+}
+
+func (s *Store) beginOperation(ctx context.Context, sb Sandbox, op Operation, from string, idle bool) error {
+	if op.TargetID != sb.ID {
+		return fmt.Errorf("begin %s on sandbox %s: operation %s targets %q: %w", op.Kind, sb.ID, op.ID, op.TargetID, errdefs.ErrInvalid)
+	}
+	if err := requireID("begin operation", op.ID); err != nil {
+		return err
+	}
+	query := "UPDATE sandboxes SET op_id = ? WHERE id = ? AND state = ?"
+	if idle {
+		query += " AND op_id = ''"
+	}
+	return s.inTx(ctx, func(t *tx) error {
+		res, err := t.ExecContext(ctx, query, op.ID, sb.ID, from)
+		if err != nil {
+			return fmt.Errorf("begin %s on sandbox %s: %w", op.Kind, sb.ID, classify(err))
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return fmt.Errorf("begin %s on sandbox %s: %w", op.Kind, sb.ID, err)
+		} else if n == 0 {
+			return s.whyNotBegun(ctx, t, sb.ID, op.Kind, from)
+		}
+		if err := updateSandbox(ctx, t, sb); err != nil {
+			return err
+		}
+		return insertOperation(ctx, t, op)
+	})
+}
+
+// whyNotBegun says why an operation of kind could not begin on sandbox id.
+func (s *Store) whyNotBegun(ctx context.Context, t *tx, id, kind, from string) error {
+	var state, opID string
+	err := t.QueryRowContext(ctx, "SELECT state, op_id FROM sandboxes WHERE id = ?", id).Scan(&state, &opID)
+	if errors.Is(err, sql.ErrNoRows) {
+		return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return fmt.Errorf("begin %s on sandbox %s: %w", kind, id, classify(err))
+	}
+	if state != from {
+		return fmt.Errorf("sandbox %s is %s now, not %s: %w", id, state, from, errdefs.ErrConflict)
+	}
+	var inflight string
+	t.QueryRowContext(ctx, "SELECT kind FROM operations WHERE id = ?", opID).Scan(&inflight)
+	return fmt.Errorf("sandbox %s has a %s operation in flight (%s): wait for it and retry: %w", id, inflight, opID, errdefs.ErrConflict)
+}
+
+// operationInFlight returns the ID of the lifecycle operation in flight on
+// sandbox id (BeginOperation), or "" when there is none.
+func (s *Store) operationInFlight(ctx context.Context, id string) (string, error) {
+	var opID string
+	err := s.db.QueryRowContext(ctx, "SELECT op_id FROM sandboxes WHERE id = ?", id).Scan(&opID)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return "", fmt.Errorf("get sandbox %s: %w", id, classify(err))
+	}
+	return opID, nil
 }
 
 // updateSandbox is UpdateSandbox through q, which may be a transaction.
@@ -210,11 +335,8 @@ func (s *Store) ListSandboxes(ctx context.Context, f SandboxFilter) ([]Sandbox, 
 			args = append(args, st)
 		}
 	}
-	// json_each matches any key, including ones with dots or quotes that a
-	// JSON path would have to escape.
 	for _, k := range slices.Sorted(maps.Keys(f.Metadata)) {
-		where = append(where, "EXISTS (SELECT 1 FROM json_each(sandboxes.metadata) AS m"+
-			" WHERE m.key = ? AND m.type = 'text' AND m.value = ?)")
+		where = append(where, s.db.eng.metadataHas())
 		args = append(args, k, f.Metadata[k])
 	}
 	query := "SELECT " + sandboxColumns + " FROM sandboxes"

@@ -7,13 +7,14 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/airlockhq/airlock/internal/errdefs"
 )
 
-func TestSandboxRoundTrip(t *testing.T) {
+func testSandboxRoundTrip(t *testing.T, b backend) {
 	full := testSandbox("sbxfull", "key1")
 	full.LastError = &Error{Code: "internal", Message: "boot failed: <\"quoted\">"}
 
@@ -36,7 +37,7 @@ func TestSandboxRoundTrip(t *testing.T) {
 		{"odd metadata and null network", odd, odd},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := newStore(t)
+			s := b.newStore(t)
 			ctx := context.Background()
 			op := createOp("op"+tc.in.ID, tc.in.ID, tc.in.Owner)
 			if err := s.InsertSandbox(ctx, tc.in, op); err != nil {
@@ -65,8 +66,8 @@ func TestSandboxRoundTrip(t *testing.T) {
 	}
 }
 
-func TestInsertSandboxRefusals(t *testing.T) {
-	s := newStore(t)
+func testInsertSandboxRefusals(t *testing.T, b backend) {
+	s := b.newStore(t)
 	ctx := context.Background()
 	mustInsertSandbox(t, s, "sbx1", "key1")
 	if err := s.InsertOperation(ctx, Operation{ID: "optaken", Kind: "build", TargetID: "tpl1", Status: "running"}); err != nil {
@@ -119,8 +120,8 @@ func TestInsertSandboxRefusals(t *testing.T) {
 	}
 }
 
-func TestUpdateSandbox(t *testing.T) {
-	s := newStore(t)
+func testUpdateSandbox(t *testing.T, b backend) {
+	s := b.newStore(t)
 	ctx := context.Background()
 	orig := mustInsertSandbox(t, s, "sbx1", "key1")
 
@@ -155,7 +156,7 @@ func TestUpdateSandbox(t *testing.T) {
 	}
 }
 
-func TestTransitionSandbox(t *testing.T) {
+func testTransitionSandbox(t *testing.T, b backend) {
 	ctx := context.Background()
 	done := t0.Add(time.Minute)
 	for _, tc := range []struct {
@@ -192,7 +193,7 @@ func TestTransitionSandbox(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := newStore(t)
+			s := b.newStore(t)
 			sb := mustInsertSandbox(t, s, "sbx1", "key1")
 			sb.State = tc.state
 			err := s.TransitionSandbox(ctx, sb, tc.op)
@@ -223,8 +224,8 @@ func TestTransitionSandbox(t *testing.T) {
 	}
 }
 
-func TestListSandboxesFilter(t *testing.T) {
-	s := newStore(t)
+func testListSandboxesFilter(t *testing.T, b backend) {
+	s := b.newStore(t)
 	ctx := context.Background()
 	for _, sb := range []struct {
 		id, owner, state string
@@ -302,8 +303,8 @@ func TestListSandboxesFilter(t *testing.T) {
 	}
 }
 
-func TestListSandboxesPagination(t *testing.T) {
-	s := newStore(t)
+func testListSandboxesPagination(t *testing.T, b backend) {
+	s := b.newStore(t)
 	ctx := context.Background()
 	const total = 250
 	var ids []string
@@ -381,8 +382,8 @@ func TestListSandboxesPagination(t *testing.T) {
 	}
 }
 
-func TestListExpired(t *testing.T) {
-	s := newStore(t)
+func testListExpired(t *testing.T, b backend) {
+	s := b.newStore(t)
 	ctx := context.Background()
 	leases := []struct {
 		id    string
@@ -423,5 +424,136 @@ func TestListExpired(t *testing.T) {
 	}
 	if _, err := s.ListExpired(ctx, t0, nil, 10); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("no states: %v", err)
+	}
+}
+
+// Of the servers that begin a lifecycle operation on one sandbox at once,
+// one wins; while it is in flight no other begins, but a delete does and
+// takes the sandbox over; the end of an operation frees the sandbox only if
+// it is still the one in flight.
+func testBeginOperation(t *testing.T, b backend) {
+	ctx := context.Background()
+	stores := b.openN(t, racers)
+	sb := mustInsertSandbox(t, stores[0], "sbx1", "key1")
+	sb.State = "running"
+	if err := stores[0].UpdateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	pause := func(s *Store, id string) error {
+		return s.BeginOperation(ctx, sb, Operation{ID: id, Kind: "pause", TargetID: "sbx1", Owner: "key1", Status: "pending"}, "running")
+	}
+	var mu sync.Mutex
+	var won []string
+	for _, err := range race(t, stores, func(s *Store) error {
+		id := fmt.Sprintf("oppause%p", s)
+		err := pause(s, id)
+		if err == nil {
+			mu.Lock()
+			won = append(won, id)
+			mu.Unlock()
+		} else if !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "pause operation in flight") {
+			return fmt.Errorf("a loser got %v, want a conflict naming the pause in flight", err)
+		}
+		return nil
+	}) {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	if len(won) != 1 {
+		t.Fatalf("%d pauses began, want 1", len(won))
+	}
+	ops, err := stores[0].ListOperations(ctx)
+	if err != nil || len(ops) != 2 { // the create and the one pause
+		t.Fatalf("%d operations (%v), want 2: a losing begin left its operation", len(ops), err)
+	}
+	if id, _ := stores[1].operationInFlight(ctx, "sbx1"); id != won[0] {
+		t.Errorf("in flight %q, want %q", id, won[0])
+	}
+	// A state the sandbox is not in, or a missing sandbox, is refused.
+	wrong := stores[0].BeginOperation(ctx, sb, Operation{ID: "opwake", Kind: "wake", TargetID: "sbx1"}, "paused")
+	if !errors.Is(wrong, errdefs.ErrConflict) || !strings.Contains(wrong.Error(), "is running now, not paused") {
+		t.Errorf("wake from paused while running: %v", wrong)
+	}
+	ghost := testSandbox("sbxghost", "key1")
+	if err := stores[0].BeginOperation(ctx, ghost, Operation{ID: "opghost", Kind: "pause", TargetID: "sbxghost"}, "running"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("begin on a missing sandbox: %v, want not found", err)
+	}
+
+	// Deletes race too: one wins, and takes the sandbox over from the pause.
+	var deletes []string
+	sb.State = "deleting"
+	for _, err := range race(t, stores, func(s *Store) error {
+		id := fmt.Sprintf("opdelete%p", s)
+		err := s.BeginDelete(ctx, sb, Operation{ID: id, Kind: "delete", TargetID: "sbx1", Owner: "key1", Status: "pending"}, "running")
+		if err == nil {
+			mu.Lock()
+			deletes = append(deletes, id)
+			mu.Unlock()
+		} else if !errors.Is(err, errdefs.ErrConflict) {
+			return err
+		}
+		return nil
+	}) {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	if len(deletes) != 1 {
+		t.Fatalf("%d deletes began, want 1", len(deletes))
+	}
+	// The pause ends: it no longer holds the sandbox, so the delete stays.
+	now := time.Now()
+	sb.State = "deleting"
+	if err := stores[2].TransitionSandbox(ctx, sb, Operation{ID: won[0], TargetID: "sbx1", Status: "failed", FinishedAt: &now}); err != nil {
+		t.Fatal(err)
+	}
+	if id, _ := stores[1].operationInFlight(ctx, "sbx1"); id != deletes[0] {
+		t.Errorf("after the pause ended, in flight %q, want the delete %q", id, deletes[0])
+	}
+	sb.State = "deleted"
+	if err := stores[3].TransitionSandbox(ctx, sb, Operation{ID: deletes[0], TargetID: "sbx1", Status: "succeeded", FinishedAt: &now}); err != nil {
+		t.Fatal(err)
+	}
+	if id, _ := stores[1].operationInFlight(ctx, "sbx1"); id != "" {
+		t.Errorf("after the delete ended, in flight %q, want none", id)
+	}
+}
+
+// An operation whose end is recorded on its own (UpdateOperation, without
+// TransitionSandbox) frees its sandbox too.
+func testFinishedOperationFreesSandbox(t *testing.T, b backend) {
+	ctx := context.Background()
+	s := b.newStore(t)
+	sb := mustInsertSandbox(t, s, "sbx1", "key1")
+	sb.State = "running"
+	if err := s.UpdateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	begin := func(id string) error {
+		return s.BeginOperation(ctx, sb, Operation{ID: id, Kind: "pause", TargetID: "sbx1", Owner: "key1", Status: "pending"}, "running")
+	}
+	if err := begin("op1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := begin("op2"); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("begin while op1 runs: %v, want conflict", err)
+	}
+	now := time.Now()
+	if err := s.UpdateOperation(ctx, Operation{ID: "op1", Status: "failed", FinishedAt: &now}); err != nil {
+		t.Fatal(err)
+	}
+	if id, _ := s.operationInFlight(ctx, "sbx1"); id != "" {
+		t.Errorf("after op1 finished, in flight %q, want none", id)
+	}
+	if err := begin("op3"); err != nil {
+		t.Fatalf("begin after op1 finished: %v", err)
+	}
+	// An update that does not finish the operation keeps the sandbox busy.
+	if err := s.UpdateOperation(ctx, Operation{ID: "op3", Status: "running"}); err != nil {
+		t.Fatal(err)
+	}
+	if id, _ := s.operationInFlight(ctx, "sbx1"); id != "op3" {
+		t.Errorf("after op3 started running, in flight %q, want op3", id)
 	}
 }

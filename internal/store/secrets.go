@@ -36,8 +36,9 @@ func (s *Store) PutSecret(ctx context.Context, sec Secret) (created bool, err er
 	if sec.CreatedAt.IsZero() {
 		sec.CreatedAt = now()
 	}
-	err = s.inTx(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, "UPDATE secrets SET sealed = ?, updated_at = ? WHERE owner = ? AND name = ?",
+	put := func(t *tx) error {
+		created = false
+		res, err := t.ExecContext(ctx, "UPDATE secrets SET sealed = ?, updated_at = ? WHERE owner = ? AND name = ?",
 			nonNil(sec.Sealed), nanos(updatedAt(sec.UpdatedAt, now())), sec.Owner, sec.Name)
 		if err != nil {
 			return classify(err)
@@ -46,12 +47,18 @@ func (s *Store) PutSecret(ctx context.Context, sec Secret) (created bool, err er
 			return err
 		}
 		created = true
-		_, err = tx.ExecContext(ctx, "INSERT INTO secrets (owner, name, sealed, created_at, updated_at) VALUES (?, ?, ?, ?, ?)",
+		_, err = t.ExecContext(ctx, "INSERT INTO secrets (owner, name, sealed, created_at, updated_at) VALUES (?, ?, ?, ?, ?)",
 			sec.Owner, sec.Name, nonNil(sec.Sealed), nanos(sec.CreatedAt), nanos(updatedAt(sec.UpdatedAt, sec.CreatedAt)))
-		return classify(err)
-	})
+		return err
+	}
+	err = s.inTx(ctx, put)
+	if isUniqueViolation(err) {
+		// On PostgreSQL another process inserted the same secret between
+		// this one's update and insert; now the update finds it.
+		err = s.inTx(ctx, put)
+	}
 	if err != nil {
-		return false, fmt.Errorf("put secret %s: %w", sec.Name, err)
+		return false, fmt.Errorf("put secret %s: %w", sec.Name, classify(err))
 	}
 	return created, nil
 }

@@ -10,8 +10,8 @@ import (
 	"github.com/airlockhq/airlock/internal/errdefs"
 )
 
-func TestSecrets(t *testing.T) {
-	s := newStore(t)
+func testSecrets(t *testing.T, b backend) {
+	s := b.newStore(t)
 	ctx := context.Background()
 	secrets := []Secret{
 		{Owner: "keya", Name: "openai", Sealed: []byte{1, 2, 3}, CreatedAt: t0, UpdatedAt: t0},
@@ -93,8 +93,8 @@ func TestSecrets(t *testing.T) {
 	}
 }
 
-func TestSecretTimesDefaultToNow(t *testing.T) {
-	s := newStore(t)
+func testSecretTimesDefaultToNow(t *testing.T, b backend) {
+	s := b.newStore(t)
 	ctx := context.Background()
 	before := time.Now()
 	if _, err := s.PutSecret(ctx, Secret{Owner: "key1", Name: "n", Sealed: []byte{1}}); err != nil {

@@ -1,6 +1,11 @@
-// Package store keeps the desired state of airlock serve in one SQLite file:
-// API keys, sandboxes, operations, commands and idempotent replies. The schema
-// grows through numbered migrations that Open applies.
+// Package store keeps the desired state of airlock serve: API keys,
+// sandboxes, operations, commands, secrets, builds and idempotent replies.
+// It runs on one of two engines behind the same methods: a SQLite file in
+// the data directory (Open, the default), or a PostgreSQL database
+// (OpenPostgres), which several processes can share. The schema grows
+// through numbered migrations, written for each engine, that opening
+// applies; the conformance suite (conformance_test.go) runs the same tests
+// on both.
 //
 // Lookups of a missing record return an error wrapping errdefs.ErrNotFound;
 // inserting a record whose identity is taken returns one wrapping
@@ -29,9 +34,9 @@ import (
 	"github.com/airlockhq/airlock/internal/errdefs"
 )
 
-// Store is the SQLite database of airlock serve. It is safe for concurrent use.
+// Store is the database of airlock serve. It is safe for concurrent use.
 //
-// It holds a single connection: every statement and transaction of this
+// On SQLite it holds a single connection: every statement and transaction of this
 // process runs one after another. SQLite admits one writer at a time anyway,
 // the statements here take microseconds, and one connection means no
 // transaction of this process ever waits on a lock another of its own holds,
@@ -39,8 +44,13 @@ import (
 // (5 s) covers another process that opens the same file, such as a CLI
 // command reading it. Transactions begin IMMEDIATE, taking the write lock at
 // once, so they never fail half-way on a lock upgrade.
+//
+// On PostgreSQL it holds a pool of connections (postgres.go).
 type Store struct {
-	db *sql.DB
+	db *conn
+	// exclusive is the connection that holds the session lock of Exclusive,
+	// nil until it is taken (PostgreSQL only).
+	exclusive *exclusiveLock
 }
 
 // Open opens the database at path, creating it with mode 0600 (and its
@@ -53,11 +63,12 @@ func Open(path string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := migrate(ctx, db, len(migrations)); err != nil {
+	c := &conn{db: db, eng: sqliteEngine}
+	if err := migrate(ctx, c, len(migrations)); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
-	return &Store{db: db}, nil
+	return &Store{db: c}, nil
 }
 
 // openDB opens the database file with the connection settings of the store
@@ -96,20 +107,23 @@ func openDB(path string) (*sql.DB, error) {
 	return db, nil
 }
 
-// Close closes the database. Calls that are under way finish first.
+// Close closes the database, and releases Exclusive's lock. Calls that are
+// under way finish first.
 func (s *Store) Close() error {
-	return s.db.Close()
+	if s.exclusive != nil {
+		s.exclusive.release()
+	}
+	return s.db.db.Close()
+}
+
+// Engine names the database the store runs on: "sqlite" or "postgres".
+func (s *Store) Engine() string {
+	return s.db.eng.String()
 }
 
 // SchemaVersion returns the number of the last migration applied.
 func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
-	return schemaVersion(ctx, s.db)
-}
-
-// queryer is what both *sql.DB and *sql.Tx offer for statements.
-type queryer interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	return schemaVersion(ctx, s.db, s.db.eng)
 }
 
 // scanner is what both *sql.Row and *sql.Rows offer for reading a row.
@@ -119,7 +133,7 @@ type scanner interface {
 
 // getByID reads the row of table whose id is id with scan; kind names the
 // thing in errors, and a missing row is errdefs.ErrNotFound.
-func getByID[T any](ctx context.Context, db *sql.DB, kind, table, columns, id string, scan func(scanner) (T, error)) (T, error) {
+func getByID[T any](ctx context.Context, db queryer, kind, table, columns, id string, scan func(scanner) (T, error)) (T, error) {
 	v, err := scan(db.QueryRowContext(ctx, "SELECT "+columns+" FROM "+table+" WHERE id = ?", id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return v, fmt.Errorf("%s %s: %w", kind, id, errdefs.ErrNotFound)
@@ -131,16 +145,16 @@ func getByID[T any](ctx context.Context, db *sql.DB, kind, table, columns, id st
 }
 
 // inTx runs fn in a transaction and commits it if fn returns nil.
-func (s *Store) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
-	tx, err := s.db.BeginTx(ctx, nil)
+func (s *Store) inTx(ctx context.Context, fn func(t *tx) error) error {
+	t, err := s.db.begin(ctx)
 	if err != nil {
 		return classify(err)
 	}
-	if err := fn(tx); err != nil {
-		tx.Rollback()
+	if err := fn(t); err != nil {
+		t.tx.Rollback()
 		return err
 	}
-	if err := tx.Commit(); err != nil {
+	if err := t.tx.Commit(); err != nil {
 		return classify(err)
 	}
 	return nil
@@ -159,20 +173,45 @@ func sqliteCode(err error) int {
 // constraint failure.
 func isUniqueViolation(err error) bool {
 	c := sqliteCode(err)
-	return c == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY || c == sqlite3.SQLITE_CONSTRAINT_UNIQUE
+	return c == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY || c == sqlite3.SQLITE_CONSTRAINT_UNIQUE ||
+		pgCode(err) == pgUniqueViolation
+}
+
+// isUniqueViolationOf reports whether err is a unique constraint failure
+// on column of table (whose unique index is named table_column).
+func isUniqueViolationOf(err error, table, column string) bool {
+	if !isUniqueViolation(err) {
+		return false
+	}
+	if pe := pgError(err); pe != nil {
+		return pe.ConstraintName == table+"_"+column
+	}
+	return strings.Contains(err.Error(), table+"."+column)
 }
 
 // isForeignKeyViolation reports whether err is a foreign key constraint failure.
 func isForeignKeyViolation(err error) bool {
-	return sqliteCode(err) == sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY
+	return sqliteCode(err) == sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY || pgCode(err) == pgForeignKeyViolation
 }
 
-// classify marks an error of the engine that may go away on retry (the
-// database locked by another process beyond busy_timeout) as
-// errdefs.ErrUnavailable, and returns other errors unchanged.
+// classify marks an error of the engine that may go away on retry as
+// errdefs.ErrUnavailable (SQLite: the database locked by another process
+// beyond busy_timeout; PostgreSQL: a connection that failed or closed, a
+// server shutting down, a serialization failure), a value PostgreSQL
+// cannot hold (a NUL byte or invalid UTF-8 in text) as errdefs.ErrInvalid,
+// and returns other errors unchanged.
 func classify(err error) error {
+	if err == nil || errors.Is(err, errdefs.ErrUnavailable) || errors.Is(err, errdefs.ErrInvalid) {
+		return err
+	}
 	if c := sqliteCode(err); c&0xff == sqlite3.SQLITE_BUSY || c&0xff == sqlite3.SQLITE_LOCKED {
 		return fmt.Errorf("%w: %w", err, errdefs.ErrUnavailable)
+	}
+	switch {
+	case pgTransient(err):
+		return fmt.Errorf("%w: %w", err, errdefs.ErrUnavailable)
+	case pgBadValue(err):
+		return fmt.Errorf("%w: %w", err, errdefs.ErrInvalid)
 	}
 	return err
 }
@@ -311,6 +350,14 @@ func nonNil(b []byte) []byte {
 		return []byte{}
 	}
 	return b
+}
+
+// boolInt is b as stored: 1 or 0 in an integer column.
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // placeholders returns "?, ?, ?" for n parameters.

@@ -20,17 +20,6 @@ import (
 // t0 is a fixed time with nanoseconds, to check that times round-trip whole.
 var t0 = time.Date(2025, 3, 1, 12, 0, 0, 123456789, time.UTC)
 
-// newStore opens a fresh store in a temporary directory.
-func newStore(t *testing.T) *Store {
-	t.Helper()
-	s, err := Open(filepath.Join(t.TempDir(), "airlock.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s
-}
-
 // testSandbox returns a sandbox with every field set.
 func testSandbox(id, owner string) Sandbox {
 	exp := t0.Add(15 * time.Minute)
@@ -113,10 +102,10 @@ func TestOpenInvalidPath(t *testing.T) {
 	}
 }
 
-func TestReopenKeepsData(t *testing.T) {
+func testReopenKeepsData(t *testing.T, b backend) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "airlock.db")
-	s, err := Open(path)
+	addr := b.newDB(t)
+	s, err := b.openAddr(addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +117,7 @@ func TestReopenKeepsData(t *testing.T) {
 
 	// Opening again must not apply a migration twice: the tables exist, so a
 	// second CREATE TABLE would fail.
-	s, err = Open(path)
+	s, err = b.openAddr(addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,24 +134,19 @@ func TestReopenKeepsData(t *testing.T) {
 	}
 }
 
-func TestNewerSchemaRefused(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "airlock.db")
-	s, err := Open(path)
+func testNewerSchemaRefused(t *testing.T, b backend) {
+	addr := b.newDB(t)
+	s, err := b.openAddr(addr)
 	if err != nil {
+		t.Fatal(err)
+	}
+	newer := len(migrations) + 1
+	if err := setSchemaVersion(context.Background(), s.db, s.db.eng, newer); err != nil {
 		t.Fatal(err)
 	}
 	s.Close()
-	newer := len(migrations) + 1
-	db, err := openDB(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec(fmt.Sprintf("PRAGMA user_version = %d", newer)); err != nil {
-		t.Fatal(err)
-	}
-	db.Close()
 
-	_, err = Open(path)
+	_, err = b.openAddr(addr)
 	if !errors.Is(err, errdefs.ErrPrecondition) {
 		t.Fatalf("Open = %v, want a precondition error", err)
 	}
@@ -173,8 +157,8 @@ func TestNewerSchemaRefused(t *testing.T) {
 }
 
 // Every lookup and update of a missing record reports not found.
-func TestNotFound(t *testing.T) {
-	s := newStore(t)
+func testNotFound(t *testing.T, b backend) {
+	s := b.newStore(t)
 	ctx := context.Background()
 	for _, tc := range []struct {
 		name string
@@ -229,20 +213,12 @@ func writeMix(ctx context.Context, s *Store, id string) error {
 	return s.PutIdempotent(ctx, Idempotent{KeyID: "key1", Key: id, Status: 202, Body: []byte(id)})
 }
 
-func TestConcurrentWrites(t *testing.T) {
+func testConcurrentWrites(t *testing.T, b backend) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "airlock.db")
-	// Two stores on one file stand for two processes, which contend for
-	// SQLite's lock rather than for the one connection of a store.
-	var stores []*Store
-	for range 2 {
-		s, err := Open(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
-		stores = append(stores, s)
-	}
+	// Two stores on one database stand for two processes, which contend
+	// for SQLite's lock rather than for the one connection of a store, or
+	// for PostgreSQL's row locks from two connection pools.
+	stores := b.openN(t, 2)
 	const workers, each = 20, 10
 	var wg sync.WaitGroup
 	errs := make(chan error, workers*each)
@@ -286,7 +262,7 @@ func TestLockedIsUnavailable(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	tx, err := s.db.Begin() // IMMEDIATE: holds the write lock
+	tx, err := s.db.db.Begin() // IMMEDIATE: holds the write lock
 	if err != nil {
 		t.Fatal(err)
 	}
