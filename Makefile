@@ -31,15 +31,21 @@ vet:
 # Host packages under the race detector (it needs cgo), then the end-to-end
 # tests that boot real VMs.
 # The VM tests of minimal images compile a musl program with musl-gcc.
+# The store's tests run on SQLite and on throwaway PostgreSQL clusters.
+# The cluster tests run etcd and kube-apiserver, built once from the Go
+# module proxy (tools/kube/build.sh: about 20 minutes the first time).
 unit:
 	@command -v musl-gcc >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends musl-tools; }
-	CGO_ENABLED=1 $(GO) test -race -count=1 . ./internal/... ./cmd/...
+	@scripts/ensure-postgres.sh
+	@tools/kube/build.sh >/dev/null
+	CGO_ENABLED=1 AIRLOCK_KUBE_BIN=$$(tools/kube/build.sh) $(GO) test -race -count=1 . ./internal/... ./cmd/...
 
 # The network tests make test hosts in network namespaces with iproute2's ip.
 # The E2B SDK tests run E2B's JavaScript SDK, installed from e2e/e2bsdk's
 # lockfile (again only when the lockfile is newer than the install).
 e2e: setup
 	@command -v ip >/dev/null || { apt-get update -qq && apt-get install -y -qq iproute2; }
+	@scripts/ensure-postgres.sh
 	@if command -v node >/dev/null && command -v npm >/dev/null; then \
 		cd e2e/e2bsdk && { [ node_modules/.package-lock.json -nt package-lock.json ] || npm ci --no-audit --no-fund; }; \
 	fi
