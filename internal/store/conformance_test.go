@@ -143,6 +143,27 @@ func testSandboxNodes(t *testing.T, b backend) {
 	if nodes, err := s.SandboxNodes(ctx); err != nil || len(nodes) != 0 {
 		t.Errorf("nodes after unbinding: %v, %v; want none", nodes, err)
 	}
+
+	// A claim takes an unbound sandbox; a later claim by another node
+	// gets the first's name back and changes nothing.
+	if got, err := s.ClaimSandboxNode(ctx, "sbx2", "host-b"); err != nil || got != "host-b" {
+		t.Errorf("first claim: %q, %v; want host-b", got, err)
+	}
+	if got, err := s.ClaimSandboxNode(ctx, "sbx2", "host-a"); err != nil || got != "host-b" {
+		t.Errorf("second claim: %q, %v; want host-b kept", got, err)
+	}
+	if got, err := s.SandboxNode(ctx, "sbx2"); err != nil || got != "host-b" {
+		t.Errorf("node of sbx2: %q, %v; want host-b", got, err)
+	}
+	if got, err := s.SandboxNode(ctx, "sbx1"); err != nil || got != "" {
+		t.Errorf("node of unbound sbx1: %q, %v; want none", got, err)
+	}
+	if _, err := s.ClaimSandboxNode(ctx, "sbx9", "host-a"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("claim of an unknown sandbox: %v, want not found", err)
+	}
+	if _, err := s.ClaimSandboxNode(ctx, "sbx1", ""); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Errorf("claim for no node: %v, want invalid", err)
+	}
 }
 
 // TestConformance runs the suite on SQLite and on PostgreSQL (a throwaway

@@ -130,6 +130,32 @@ func (s *Store) SetSandboxNode(ctx context.Context, id, node string) error {
 	return mustAffect(res, "sandbox", id)
 }
 
+// ClaimSandboxNode records node as the sandbox's if it has none yet, and
+// returns the node the sandbox has after: node itself, or the one that
+// claimed it first. Of nodes racing for one sandbox, one wins.
+func (s *Store) ClaimSandboxNode(ctx context.Context, id, node string) (string, error) {
+	if node == "" {
+		return "", fmt.Errorf("claim sandbox %s: no node named: %w", id, errdefs.ErrInvalid)
+	}
+	if _, err := s.db.ExecContext(ctx, "UPDATE sandboxes SET node = ? WHERE id = ? AND node = ''", node, id); err != nil {
+		return "", fmt.Errorf("claim sandbox %s for node %s: %w", id, node, classify(err))
+	}
+	return s.SandboxNode(ctx, id)
+}
+
+// SandboxNode returns the node the sandbox is bound to, "" for none.
+func (s *Store) SandboxNode(ctx context.Context, id string) (string, error) {
+	var node string
+	err := s.db.QueryRowContext(ctx, "SELECT node FROM sandboxes WHERE id = ?", id).Scan(&node)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return "", fmt.Errorf("node of sandbox %s: %w", id, classify(err))
+	}
+	return node, nil
+}
+
 // SandboxNodes returns the node of every sandbox bound to one, by ID;
 // given states, only of the sandboxes in one of them.
 func (s *Store) SandboxNodes(ctx context.Context, states ...string) (map[string]string, error) {
