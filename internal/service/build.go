@@ -106,6 +106,9 @@ type plan struct {
 // CreateTemplate checks a build request, records the build and its
 // operation, and runs it in the background.
 func (s *Service) CreateTemplate(ctx context.Context, p Principal, req apiv1.CreateTemplate) (apiv1.TemplateOperation, error) {
+	if err := s.noClusterTemplates(); err != nil {
+		return apiv1.TemplateOperation{}, err
+	}
 	pl, err := s.planBuild(ctx, req)
 	if err != nil {
 		return apiv1.TemplateOperation{}, err

@@ -439,8 +439,21 @@ func (s *Service) applyLeases() {
 		}
 		return
 	}
+	if len(expired) == 0 {
+		return
+	}
+	mine, err := s.onThisNode(s.ctx)
+	if err != nil {
+		if s.ctx.Err() == nil {
+			s.log.Warn("list the sandboxes of this node", "err", err)
+		}
+		return
+	}
 	system := Principal{Role: apiv1.RoleAdmin}
 	for _, sb := range expired {
+		if !mine(sb.ID) {
+			continue
+		}
 		s.mu.Lock()
 		_, busy := s.busy[sb.ID]
 		_, creating := s.creating[sb.ID]

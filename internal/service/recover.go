@@ -25,11 +25,18 @@ func (s *Service) recover(ctx context.Context) error {
 	if err := s.recoverBuilds(ctx); err != nil {
 		return fmt.Errorf("recover builds: %w", err)
 	}
+	mine, err := s.onThisNode(ctx)
+	if err != nil {
+		return err
+	}
 	ops, err := s.st.ListOperations(ctx, apiv1.OpPending, apiv1.OpRunning)
 	if err != nil {
 		return err
 	}
 	for _, op := range ops {
+		if !mine(op.TargetID) {
+			continue // another node's, or one no node has taken up yet
+		}
 		if err := s.recoverOp(ctx, op); err != nil {
 			return err
 		}
@@ -41,6 +48,9 @@ func (s *Service) recover(ctx context.Context) error {
 			return err
 		}
 		for _, sb := range rows {
+			if !mine(sb.ID) {
+				continue
+			}
 			s.states[sb.State]++
 			switch sb.State {
 			case apiv1.StateRunning, apiv1.StatePaused:
@@ -55,6 +65,19 @@ func (s *Service) recover(ctx context.Context) error {
 		after = rows[len(rows)-1].ID
 	}
 	return nil
+}
+
+// onThisNode returns whether a sandbox is this service's to run: every
+// sandbox on a single host; on a cluster node, those recorded on it now.
+func (s *Service) onThisNode(ctx context.Context) (func(id string) bool, error) {
+	if s.cfg.Node == "" {
+		return func(string) bool { return true }, nil
+	}
+	nodes, err := s.st.SandboxNodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return func(id string) bool { return nodes[id] == s.cfg.Node }, nil
 }
 
 func (s *Service) recoverOp(ctx context.Context, op store.Operation) error {

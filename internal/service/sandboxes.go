@@ -65,6 +65,9 @@ func labelKeyOK(k string) bool { return labelKey.MatchString(k) }
 // CreateSandbox records a new sandbox and its create operation, and boots
 // it in the background.
 func (s *Service) CreateSandbox(ctx context.Context, p Principal, req apiv1.CreateSandbox) (apiv1.SandboxOperation, error) {
+	if s.cfg.Node != "" {
+		return apiv1.SandboxOperation{}, fmt.Errorf("node %s runs the sandboxes the cluster places on it: create sandboxes through the cluster's API: %w", s.cfg.Node, errdefs.ErrPermission)
+	}
 	if req.Template == "" {
 		return apiv1.SandboxOperation{}, fmt.Errorf("template is required (for example \"base\"): %w", errdefs.ErrInvalid)
 	}
@@ -131,36 +134,13 @@ func (s *Service) CreateSandbox(ctx context.Context, p Principal, req apiv1.Crea
 	}
 	op := store.Operation{ID: ids.New("op"), Kind: apiv1.OpCreate, TargetID: sb.ID, Owner: p.KeyID, Status: apiv1.OpPending, CreatedAt: now}
 
-	if err := s.checkFreeDisk(s.cfg.Dir.Sandboxes()); err != nil {
+	cctx, c, err := s.admitCreate(sb.ID)
+	if err != nil {
 		return apiv1.SandboxOperation{}, err
 	}
-	// Admission: the caps are checked and the slot taken under one lock.
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return apiv1.SandboxOperation{}, fmt.Errorf("the server is shutting down: retry shortly: %w", errdefs.ErrUnavailable)
-	}
-	if n := s.vmCount(); n >= s.cfg.MaxSandboxes {
-		s.mu.Unlock()
-		return apiv1.SandboxOperation{}, fmt.Errorf("this host already runs %d sandboxes, its limit (max_sandboxes=%d): delete one and retry: %w", n, s.cfg.MaxSandboxes, errdefs.ErrExhausted)
-	}
-	if n := len(s.creating); n >= s.cfg.MaxStarts+s.cfg.MaxQueuedStarts {
-		s.mu.Unlock()
-		return apiv1.SandboxOperation{}, fmt.Errorf("%d sandboxes are starting or waiting to start, the limit (max_starts=%d plus %d queued): retry shortly: %w", n, s.cfg.MaxStarts, s.cfg.MaxQueuedStarts, errdefs.ErrExhausted)
-	}
-	cctx, cancel := context.WithCancel(s.ctx)
-	c := &creation{cancel: cancel, done: make(chan struct{})}
-	s.creating[sb.ID] = c
-	s.work.Add(1)
-	s.mu.Unlock()
-
 	// Desired state first: the rows exist before any work starts.
 	if err := s.st.InsertSandbox(ctx, sb, op); err != nil {
-		s.mu.Lock()
-		delete(s.creating, sb.ID)
-		s.mu.Unlock()
-		cancel()
-		s.work.Done()
+		s.unadmit(sb.ID, c)
 		return apiv1.SandboxOperation{}, fmt.Errorf("record sandbox: %w", err)
 	}
 	keep = true
@@ -168,6 +148,45 @@ func (s *Service) CreateSandbox(ctx context.Context, p Principal, req apiv1.Crea
 	s.m.opStarted(op.Kind)
 	go s.runCreate(cctx, c, sb, op, spec)
 	return apiv1.SandboxOperation{Sandbox: s.sandboxView(sb), Operation: opView(op)}, nil
+}
+
+// admitCreate checks the host's caps and takes the sandbox's place among
+// the creations, under one lock; runCreate, or unadmit, gives it back.
+func (s *Service) admitCreate(id string) (context.Context, *creation, error) {
+	if err := s.checkFreeDisk(s.cfg.Dir.Sandboxes()); err != nil {
+		return nil, nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, nil, fmt.Errorf("the server is shutting down: retry shortly: %w", errdefs.ErrUnavailable)
+	}
+	if _, ok := s.creating[id]; ok {
+		return nil, nil, errMaking
+	}
+	if n := s.vmCount(); n >= s.cfg.MaxSandboxes {
+		return nil, nil, fmt.Errorf("this host already runs %d sandboxes, its limit (max_sandboxes=%d): delete one and retry: %w", n, s.cfg.MaxSandboxes, errdefs.ErrExhausted)
+	}
+	if n := len(s.creating); n >= s.cfg.MaxStarts+s.cfg.MaxQueuedStarts {
+		return nil, nil, fmt.Errorf("%d sandboxes are starting or waiting to start, the limit (max_starts=%d plus %d queued): retry shortly: %w", n, s.cfg.MaxStarts, s.cfg.MaxQueuedStarts, errdefs.ErrExhausted)
+	}
+	cctx, cancel := context.WithCancel(s.ctx)
+	c := &creation{cancel: cancel, done: make(chan struct{})}
+	s.creating[id] = c
+	s.work.Add(1)
+	return cctx, c, nil
+}
+
+// errMaking is admitCreate's answer for a sandbox being made already.
+var errMaking = fmt.Errorf("the sandbox is being made: %w", errdefs.ErrConflict)
+
+// unadmit gives back a place admitCreate took for a create that never ran.
+func (s *Service) unadmit(id string, c *creation) {
+	s.mu.Lock()
+	delete(s.creating, id)
+	s.mu.Unlock()
+	c.cancel()
+	s.work.Done()
 }
 
 // runCreate boots the sandbox: it waits for a start slot, then creates.
@@ -378,6 +397,17 @@ func (s *Service) getOwned(ctx context.Context, p Principal, id string) (store.S
 	sb, err := s.st.GetSandbox(ctx, id)
 	if errors.Is(err, errdefs.ErrNotFound) || err == nil && !p.owns(sb.Owner) {
 		return store.Sandbox{}, fmt.Errorf("sandbox %s not found: %w", id, errdefs.ErrNotFound)
+	}
+	if err == nil && s.cfg.Node != "" {
+		// A node answers for its own sandboxes only: another's VM is
+		// not here to act on.
+		node, err := s.st.SandboxNode(ctx, id)
+		if err != nil {
+			return store.Sandbox{}, err
+		}
+		if node != s.cfg.Node {
+			return store.Sandbox{}, fmt.Errorf("sandbox %s is not on node %s (it is on %q): %w", id, s.cfg.Node, node, errdefs.ErrNotFound)
+		}
 	}
 	return sb, err
 }

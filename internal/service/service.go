@@ -96,6 +96,12 @@ type Config struct {
 	// its cap, and a create that would put the host over it destroys
 	// members first (a member never takes a sandbox's place).
 	Warm []sandbox.PoolSpec
+	// Node, if set, makes this the service of a cluster node of that
+	// name (airlock node): it runs only the sandboxes the cluster binds
+	// to it, which other servers admit and it takes up with Realize;
+	// recovery and leases touch only sandboxes recorded on this node,
+	// and it admits no creates of its own.
+	Node string
 }
 
 // Validate checks the configuration and fills in defaults.
@@ -114,6 +120,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxQueuedStarts == 0 {
 		c.MaxQueuedStarts = 64
+	}
+	if c.Node != "" && len(c.Warm) > 0 {
+		return errors.New("a cluster node keeps no warm pools yet")
 	}
 	if c.MaxBuilds == 0 {
 		c.MaxBuilds = 1

@@ -311,7 +311,20 @@ func (s *Service) PutBuildContext(ctx context.Context, r io.Reader, limit int64)
 
 // recoverBuilds fails the builds an earlier server left unfinished: their
 // sandboxes died with it.
+// noClusterTemplates refuses to make templates on a cluster node: a
+// node's templates are those its host has, and sharing new ones between
+// nodes is not built yet.
+func (s *Service) noClusterTemplates() error {
+	if s.cfg.Node == "" {
+		return nil
+	}
+	return fmt.Errorf("templates cannot be built or saved in cluster mode yet: build them with a single-host airlock and install them on every node: %w", errdefs.ErrPrecondition)
+}
+
 func (s *Service) recoverBuilds(ctx context.Context) error {
+	if s.cfg.Node != "" {
+		return nil // builds are refused on nodes (noClusterTemplates)
+	}
 	builds, err := s.st.ListBuilds(ctx, apiv1.TemplateBuilding)
 	if err != nil {
 		return err
@@ -353,6 +366,9 @@ func (s *Service) recoverBuilds(ctx context.Context) error {
 // running one is frozen only while its disk is copied. Other lifecycle
 // requests wait (delete) or are refused until the copy ends.
 func (s *Service) SaveSandbox(ctx context.Context, p Principal, id string, req apiv1.SaveTemplate) (apiv1.TemplateOperation, error) {
+	if err := s.noClusterTemplates(); err != nil {
+		return apiv1.TemplateOperation{}, err
+	}
 	tag := req.Tag
 	if tag == "" {
 		tag = template.DefaultTag

@@ -1,0 +1,114 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/sandbox"
+	"github.com/airlockhq/airlock/internal/store"
+)
+
+// Realize makes the VM of a sandbox that the cluster bound to this node:
+// its row, admitted by another server, is creating with its create
+// operation pending. The node claims the row first, so that of two nodes
+// given the same sandbox one makes it. A sandbox this node already runs
+// or is making is left as it is: Realize may be called again for it, as
+// when its Pod is made anew after an eviction. It returns once the create
+// is under way; the operation records how it ends.
+func (s *Service) Realize(ctx context.Context, id string) error {
+	if s.cfg.Node == "" {
+		return fmt.Errorf("sandbox %s: only a cluster node's service realizes sandboxes: %w", id, errdefs.ErrPrecondition)
+	}
+	if s.holds(id) {
+		return nil
+	}
+	sb, err := s.st.GetSandbox(ctx, id)
+	if err != nil {
+		return err
+	}
+	if sb.State != apiv1.StateCreating {
+		return fmt.Errorf("sandbox %s is %s with no VM on node %s, and only a creating sandbox is made: %w", id, sb.State, s.cfg.Node, errdefs.ErrPrecondition)
+	}
+	op, err := s.pendingCreate(ctx, id)
+	if err != nil {
+		return err
+	}
+	node, err := s.st.ClaimSandboxNode(ctx, id, s.cfg.Node)
+	if err != nil {
+		return err
+	}
+	if node != s.cfg.Node {
+		return fmt.Errorf("sandbox %s is node %s's, not %s's: %w", id, node, s.cfg.Node, errdefs.ErrConflict)
+	}
+	pol := storedPolicy(sb)
+	ref := sb.TemplateDigest
+	if ref == "" {
+		ref = sb.TemplateRef
+	}
+	s.reclaimMu.RLock()
+	defer s.reclaimMu.RUnlock()
+	spec, tpl, err := s.rt.Resolve(sandbox.Spec{Template: ref, VCPUs: sb.VCPUs, MemoryMiB: sb.MemoryMiB, DiskMiB: sb.DiskMiB, Network: &pol})
+	if err != nil {
+		return s.failCreate(sb, op, fmt.Errorf("node %s cannot make template %s: %w", s.cfg.Node, ref, err))
+	}
+	spec.Template = tpl.Digest
+	if sb.TemplateDigest == "" {
+		sb.TemplateDigest = tpl.Digest
+		if err := s.st.UpdateSandbox(ctx, sb); err != nil {
+			return err
+		}
+	}
+	cctx, c, err := s.admitCreate(id)
+	if errors.Is(err, errMaking) {
+		return nil // a call beside this one got there first
+	}
+	if err != nil {
+		// The host is past a cap kube-scheduler does not see (sandboxes
+		// making VMs, free disk): the create fails as it would on one host.
+		return s.failCreate(sb, op, fmt.Errorf("node %s: %w", s.cfg.Node, err))
+	}
+	s.countState("", sb.State)
+	s.m.opStarted(op.Kind)
+	go s.runCreate(cctx, c, sb, op, spec)
+	s.log.Info("realizing sandbox", "sandbox", id, "operation", op.ID, "template", tpl.Ref())
+	return nil
+}
+
+// holds says whether this service runs, or is making, the sandbox.
+func (s *Service) holds(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, creating := s.creating[id]
+	_, live := s.live[id]
+	return creating || live
+}
+
+// pendingCreate returns the create operation of a sandbox still to be made.
+func (s *Service) pendingCreate(ctx context.Context, id string) (store.Operation, error) {
+	ops, err := s.st.ListOperations(ctx, apiv1.OpPending)
+	if err != nil {
+		return store.Operation{}, err
+	}
+	for _, op := range ops {
+		if op.TargetID == id && op.Kind == apiv1.OpCreate {
+			return op, nil
+		}
+	}
+	return store.Operation{}, fmt.Errorf("sandbox %s has no pending create: %w", id, errdefs.ErrPrecondition)
+}
+
+// failCreate ends a create this node cannot run: the sandbox fails with
+// the reason, and so does its operation. It returns err.
+func (s *Service) failCreate(sb store.Sandbox, op store.Operation, err error) error {
+	status := errorStatus(err)
+	now := s.now()
+	op.Status, op.Error, op.FinishedAt = apiv1.OpFailed, &status, &now
+	sb.State, sb.LastError, sb.UpdatedAt = apiv1.StateFailed, &status, now
+	if terr := s.st.TransitionSandbox(s.ctx, sb, op); terr != nil {
+		return fmt.Errorf("%w (and recording it failed: %v)", err, terr)
+	}
+	return err
+}
