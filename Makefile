@@ -41,6 +41,8 @@ unit:
 	CGO_ENABLED=1 AIRLOCK_KUBE_BIN=$$(tools/kube/build.sh) $(GO) test -race -count=1 . ./internal/... ./cmd/...
 
 # The network tests make test hosts in network namespaces with iproute2's ip.
+# The cluster test (e2e/cluster_test.go) runs `airlock node` against etcd,
+# kube-apiserver and kube-scheduler from tools/kube/build.sh.
 # The E2B SDK tests run E2B's JavaScript SDK, installed from e2e/e2bsdk's
 # lockfile (again only when the lockfile is newer than the install).
 e2e: setup
@@ -49,7 +51,8 @@ e2e: setup
 	@if command -v node >/dev/null && command -v npm >/dev/null; then \
 		cd e2e/e2bsdk && { [ node_modules/.package-lock.json -nt package-lock.json ] || npm ci --no-audit --no-fund; }; \
 	fi
-	AIRLOCK_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m ./e2e/...
+	@tools/kube/build.sh >/dev/null
+	AIRLOCK_BIN=$(CURDIR)/$(BIN) AIRLOCK_KUBE_BIN=$$(tools/kube/build.sh) $(GO) test -count=1 -timeout 20m ./e2e/...
 
 # The reliability suite alone (e2e/reliability_test.go), long: 500
 # create/exec/delete cycles instead of 50, with the attacks from inside a

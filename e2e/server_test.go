@@ -31,6 +31,10 @@ type server struct {
 	key  string // the admin key
 	args []string
 	env  []string // added to the server's environment
+	// command is the airlock command run: "serve" (the default) or
+	// "node", whose internal API wants header on every request.
+	command string
+	header  http.Header
 
 	mu     sync.Mutex // guards cmd and exited
 	cmd    *exec.Cmd
@@ -163,7 +167,13 @@ func binPath() string {
 
 // start runs the server and waits for its "serving" line.
 func (s *server) start() error {
-	cmd := exec.Command(binPath(), append([]string{"serve", "--listen", s.addr}, s.args...)...)
+	command, ready := s.command, "airlock serving on"
+	if command == "" {
+		command = "serve"
+	} else {
+		ready = "airlock " + command
+	}
+	cmd := exec.Command(binPath(), append([]string{command, "--listen", s.addr}, s.args...)...)
 	cmd.Env = append(append(os.Environ(), "AIRLOCK_HOME="+s.home), s.env...)
 	pr, pw := io.Pipe()
 	cmd.Stdout = pw
@@ -174,14 +184,14 @@ func (s *server) start() error {
 	if err := cmd.Start(); err != nil {
 		return err
 	}
-	ready := make(chan struct{})
+	serving := make(chan struct{})
 	go func() {
 		sc := bufio.NewScanner(pr)
 		once := sync.Once{}
 		for sc.Scan() {
 			s.out.Write([]byte(sc.Text() + "\n"))
-			if strings.HasPrefix(sc.Text(), "airlock serving on") {
-				once.Do(func() { close(ready) })
+			if strings.HasPrefix(sc.Text(), ready) && strings.Contains(sc.Text(), "serving") {
+				once.Do(func() { close(serving) })
 			}
 		}
 	}()
@@ -192,7 +202,7 @@ func (s *server) start() error {
 	s.cmd, s.exited = cmd, reaped
 	s.mu.Unlock()
 	select {
-	case <-ready:
+	case <-serving:
 		return nil
 	case err := <-exited:
 		return fmt.Errorf("server exited (%v): %s", err, s.output())
@@ -203,6 +213,13 @@ func (s *server) start() error {
 }
 
 func (s *server) output() string { return s.out.String() }
+
+// addHeader puts s.header on req.
+func (s *server) addHeader(req *http.Request) {
+	for k, vs := range s.header {
+		req.Header[k] = vs
+	}
+}
 
 // stop ends the server with sig and waits until it has been reaped. A
 // zombie main thread is not enough: the other threads of a killed Go
@@ -270,6 +287,7 @@ func (s *server) call(t *testing.T, method, path, key string, body any, headers 
 	if key != "" {
 		req.Header.Set("Authorization", "Bearer "+key)
 	}
+	s.addHeader(req)
 	for i := 0; i+1 < len(headers); i += 2 {
 		req.Header.Set(headers[i], headers[i+1])
 	}
@@ -421,6 +439,7 @@ func (r *sseReader) next() (sseEvent, error) {
 func (s *server) attach(t *testing.T, cmdID, key string, lastID int64) (*http.Response, *sseReader) {
 	t.Helper()
 	req, _ := http.NewRequest("GET", s.url+"/v1/commands/"+cmdID+"/attach", nil)
+	s.addHeader(req)
 	req.Header.Set("Authorization", "Bearer "+key)
 	if lastID > 0 {
 		req.Header.Set("Last-Event-ID", strconv.FormatInt(lastID, 10))

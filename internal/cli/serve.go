@@ -204,26 +204,14 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	// The gateways look secrets up through the service, which needs the
-	// runtime first: the service is filled in before any sandbox starts.
-	var svc *service.Service
-	rt, err := sandbox.New(ctx, sandbox.Config{Dir: env.Dir, Accel: *accel, Log: log, Unjailed: unjailed, UIDs: uids, Network: sandbox.NetworkConfig{
-		DNSUpstream: *dnsUpstream,
-		Metrics:     gateway.NewMetrics(reg),
-		Secret: func(ctx context.Context, id, name string) (string, error) {
-			return svc.SandboxSecret(ctx, id, name)
-		},
-	}})
-	if err != nil {
-		return fmt.Errorf("serve: %w", err)
-	}
-	svc, err = service.New(ctx, service.Config{
-		Dir: env.Dir, Runtime: rt, Store: st, Log: log, Metrics: service.NewMetrics(reg),
+	rt, svc, err := startService(ctx, sandbox.Config{Dir: env.Dir, Accel: *accel, Log: log, Unjailed: unjailed, UIDs: uids,
+		Network: sandbox.NetworkConfig{DNSUpstream: *dnsUpstream}}, service.Config{
+		Dir: env.Dir, Store: st, Log: log,
 		MaxSandboxes: *maxSandboxes, MaxStarts: *maxStarts, MaxQueuedStarts: *maxQueued,
 		DefaultEgress: *defaultEgress, Secrets: box, TokenKey: tokenKey,
 		TrustedRegistries: trustedRegistries, MaxBuilds: *maxBuilds, MaxContextBytes: *maxContext << 20,
 		MinFreeDiskBytes: minFreeDisk.n, Warm: warm,
-	})
+	}, reg)
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
@@ -287,6 +275,28 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	svc.Close()
 	fmt.Fprintln(env.Stdout, "airlock stopped; sandboxes keep running")
 	return nil
+}
+
+// startService makes the runtime and the service over it, with their
+// metrics in reg. The gateways look secrets up through the service, which
+// needs the runtime first: the service is filled in before any sandbox
+// starts.
+func startService(ctx context.Context, rc sandbox.Config, sc service.Config, reg *prometheus.Registry) (*sandbox.Runtime, *service.Service, error) {
+	var svc *service.Service
+	rc.Network.Metrics = gateway.NewMetrics(reg)
+	rc.Network.Secret = func(ctx context.Context, id, name string) (string, error) {
+		return svc.SandboxSecret(ctx, id, name)
+	}
+	rt, err := sandbox.New(ctx, rc)
+	if err != nil {
+		return nil, nil, err
+	}
+	sc.Runtime, sc.Metrics = rt, service.NewMetrics(reg)
+	svc, err = service.New(ctx, sc)
+	if err != nil {
+		return nil, nil, err
+	}
+	return rt, svc, nil
 }
 
 func isLoopback(a net.Addr) bool {

@@ -21,7 +21,10 @@ func TestDeployManifests(t *testing.T) {
 	cp.MustKubectl(t, "", "create", "namespace", "airlock")
 	out := cp.MustKubectl(t, "", "apply", "--server-side", "--dry-run=server", "-k", deployDir)
 	for _, want := range []string{"namespace/airlock", "runtimeclass.node.k8s.io/airlock", "serviceaccount/airlock-server",
-		"role.rbac.authorization.k8s.io/airlock-controller", "rolebinding.rbac.authorization.k8s.io/airlock-controller"} {
+		"role.rbac.authorization.k8s.io/airlock-controller", "rolebinding.rbac.authorization.k8s.io/airlock-controller",
+		"serviceaccount/airlock-node", "clusterrole.rbac.authorization.k8s.io/airlock-node",
+		"clusterrolebinding.rbac.authorization.k8s.io/airlock-node", "role.rbac.authorization.k8s.io/airlock-node",
+		"rolebinding.rbac.authorization.k8s.io/airlock-node"} {
 		if !strings.Contains(out, want+" serverside-applied (server dry run)") {
 			t.Errorf("dry run lacks %s: %s", want, out)
 		}

@@ -159,7 +159,29 @@ func (cp *ControlPlane) MustKubectl(t *testing.T, stdin string, args ...string) 
 	return out
 }
 
+// KubeconfigAs writes a kubeconfig for one of the users given to Start,
+// for a process the test runs as that user, and returns its path.
+func (cp *ControlPlane) KubeconfigAs(t *testing.T, user string) string {
+	t.Helper()
+	tok, ok := cp.tokens[user]
+	if !ok {
+		t.Fatalf("kubetest: %q was not given to Start", user)
+	}
+	f, err := os.CreateTemp(cp.dir, "kubeconfig-*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	cp.writeKubeconfigFor(t, f.Name(), tok)
+	return f.Name()
+}
+
 func (cp *ControlPlane) writeKubeconfig(t *testing.T) {
+	t.Helper()
+	cp.writeKubeconfigFor(t, cp.Kubeconfig, cp.Token)
+}
+
+func (cp *ControlPlane) writeKubeconfigFor(t *testing.T, path, token string) {
 	t.Helper()
 	cfg := fmt.Sprintf(`apiVersion: v1
 kind: Config
@@ -176,8 +198,8 @@ contexts:
 - name: test
   context: {cluster: test, user: admin, namespace: default}
 current-context: test
-`, cp.URL, cp.Token)
-	if err := os.WriteFile(cp.Kubeconfig, []byte(cfg), 0o600); err != nil {
+`, cp.URL, token)
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -1,0 +1,366 @@
+package e2e
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/airlockhq/airlock/internal/api"
+	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/cluster"
+	"github.com/airlockhq/airlock/internal/ids"
+	"github.com/airlockhq/airlock/internal/kubetest"
+	"github.com/airlockhq/airlock/internal/store"
+	"github.com/airlockhq/airlock/internal/testenv"
+)
+
+const (
+	clusterNS = "airlock"
+	nodeUser  = "system:serviceaccount:airlock:airlock-node"
+)
+
+// startNode runs `airlock node` on a data directory of its own, as the
+// node agent's service account, until the test ends.
+func startNode(t *testing.T, name, storeURL, kubeconfig, token string, args ...string) *server {
+	t.Helper()
+	home, err := newHome()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, err := freeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokenFile := filepath.Join(home, "node.token")
+	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := &server{home: home, addr: addr, url: "http://" + addr, command: "node",
+		args: append([]string{"--name", name, "--store", storeURL, "--kubeconfig", kubeconfig,
+			"--namespace", clusterNS, "--token-file", tokenFile, "--lease-duration", "4s"}, args...),
+		header: http.Header{api.NodeTokenHeader: {token}}}
+	serversMu.Lock()
+	allServers = append(allServers, s)
+	serversMu.Unlock()
+	t.Cleanup(s.cleanup)
+	if err := s.start(); err != nil {
+		t.Fatalf("start airlock node: %v", err)
+	}
+	return s
+}
+
+// TestClusterNode: `airlock node` registers its host as a Node that only
+// sandbox Pods tolerate, with the capacity it was given, and keeps its
+// Lease; a sandbox row admitted in the cluster's PostgreSQL store becomes a
+// Pod (the controller), kube-scheduler binds it to the node, and the node
+// makes its VM, whose commands then run through the node's internal API.
+// That API refuses a request without the cluster's token or with another,
+// answers only for its own sandboxes and admits no creates. A Pod whose
+// sandbox the store lacks is refused, reported and never made. A Pod
+// deleted while its sandbox runs leaves the VM, and the Pod comes back on
+// the same node; a node killed and started again adopts its VM; the row's
+// delete removes the VM, then the Pod.
+func TestClusterNode(t *testing.T) {
+	pg := testenv.SharedPostgres(t)
+	cp := kubetest.Start(t, nodeUser)
+	cp.StartScheduler(t)
+	cp.MustKubectl(t, "", "apply", "--server-side", "-k", "../deploy")
+	// No kube-controller-manager here to make the namespace's default
+	// service account, which Pod admission looks up.
+	cp.MustKubectl(t, "", "-n", clusterNS, "create", "serviceaccount", "default")
+	storeURL := pg.NewDatabase(t)
+	ctx := context.Background()
+
+	// The store's migrations and admin key come from a first server on
+	// it, stopped before the node starts.
+	first := newServerEnv(t, []string{"AIRLOCK_STORE=" + storeURL})
+	key := first.key
+	var keys apiv1.List[apiv1.Key]
+	first.must(t, 200, "GET", "/v1/keys", key, nil, &keys)
+	var tpl apiv1.Template
+	first.must(t, 200, "GET", "/v1/templates/tiny", key, nil, &tpl)
+	first.stop(syscall.SIGTERM)
+	owner := keys.Items[0].ID
+
+	tok := make([]byte, 32)
+	rand.Read(tok)
+	token := hex.EncodeToString(tok)
+	n := startNode(t, "node-a", storeURL, cp.KubeconfigAs(t, nodeUser), token, "--cpus", "2", "--max-sandboxes", "4")
+	n.key = key
+	kc := kubernetes.NewForConfigOrDie(cp.RestConfig())
+	t.Cleanup(func() {
+		if t.Failed() {
+			pods, _ := cp.Kubectl("", "get", "pods", "-A", "-o", "wide")
+			t.Logf("pods:\n%s\nnode-a's output:\n%s\nkube-scheduler:\n%s", pods, n.output(), cp.Log("kube-scheduler"))
+		}
+	})
+
+	// The Node, as the node agent registered it.
+	var node *corev1.Node
+	eventually(t, 30*time.Second, "node-a registered and schedulable", func() (bool, string) {
+		got, err := kc.CoreV1().Nodes().Get(ctx, "node-a", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		node = got
+		keys := []string{}
+		for _, tn := range got.Spec.Taints {
+			keys = append(keys, tn.Key+"="+tn.Value+":"+string(tn.Effect))
+		}
+		return slices.Equal(keys, []string{"virtual-kubelet.io/provider=airlock:NoSchedule"}), fmt.Sprintf("taints %v", keys)
+	})
+	if got := node.Status.Capacity[corev1.ResourceCPU]; got.String() != "2" {
+		t.Errorf("capacity cpu %s, want 2", got.String())
+	}
+	if got := node.Status.Capacity[corev1.ResourcePods]; got.String() != "4" {
+		t.Errorf("capacity pods %s, want 4", got.String())
+	}
+	if node.Labels["airlock.dev/node"] != "true" || len(node.Status.Addresses) != 1 || node.Status.Addresses[0].Address != "127.0.0.1" {
+		t.Errorf("labels %v, addresses %v", node.Labels, node.Status.Addresses)
+	}
+	if _, err := kc.CoordinationV1().Leases(corev1.NamespaceNodeLease).Get(ctx, "node-a", metav1.GetOptions{}); err != nil {
+		t.Errorf("the node's lease: %v", err)
+	}
+
+	st, err := store.OpenPostgres(ctx, storeURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	var ctrlLog safeBuffer
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("controller:\n%s", ctrlLog.String())
+		}
+	})
+	ctrl, err := cluster.New(cluster.Config{Client: kc, Store: st, Namespace: clusterNS, Identity: "e2e",
+		LeaseDuration: 4 * time.Second, RenewDeadline: 3 * time.Second, RetryPeriod: 500 * time.Millisecond, Resync: time.Second,
+		Log: slog.New(slog.NewTextHandler(&ctrlLog, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, stopCtrl := context.WithCancel(ctx)
+	ctrlDone := make(chan struct{})
+	go func() { ctrl.Run(cctx); close(ctrlDone) }()
+	t.Cleanup(func() { stopCtrl(); <-ctrlDone })
+
+	// A sandbox admitted as an API replica admits one: its row and its
+	// pending create, and nothing else.
+	now := time.Now().UTC().Truncate(time.Millisecond)
+	sb := store.Sandbox{ID: ids.New("sbx"), Owner: owner, State: apiv1.StateCreating,
+		TemplateRef: tpl.Name + ":" + tpl.Tag, TemplateDigest: tpl.Digest,
+		VCPUs: tpl.VCPUs, MemoryMiB: tpl.MemoryMiB, DiskMiB: tpl.DiskMiB, OnTimeout: "delete",
+		CreatedAt: now, UpdatedAt: now}
+	op := store.Operation{ID: ids.New("op"), Kind: apiv1.OpCreate, TargetID: sb.ID, Owner: owner, Status: apiv1.OpPending, CreatedAt: now}
+	if err := st.InsertSandbox(ctx, sb, op); err != nil {
+		t.Fatal(err)
+	}
+	ctrl.Poke()
+	done := waitStoreOp(t, st, op.ID)
+	if done.Status != apiv1.OpSucceeded {
+		t.Fatalf("create on the node: %+v\nnode:\n%s", done.Error, n.output())
+	}
+	if on, err := st.SandboxNode(ctx, sb.ID); err != nil || on != "node-a" {
+		t.Fatalf("the sandbox's node: %q, %v", on, err)
+	}
+	if out := n.run(t, key, sb.ID, apiv1.CommandRequest{Cmd: "echo on node-a; echo kept > /tmp/mark"}); out.stdout != "on node-a\n" || out.exit.ExitCode != 0 {
+		t.Fatalf("exec on the node: %+v", out)
+	}
+	podRunning(t, kc, sb.ID, "")
+
+	t.Run("internal token", func(t *testing.T) {
+		for _, tc := range []struct{ name, token, says string }{
+			{"none", "", "send the cluster's internal token"},
+			{"wrong", strings.Repeat("0", 64), "is not this node's"},
+		} {
+			req, _ := http.NewRequest("GET", n.url+"/v1/sandboxes/"+sb.ID, nil)
+			req.Header.Set("Authorization", "Bearer "+key)
+			if tc.token != "" {
+				req.Header.Set(api.NodeTokenHeader, tc.token)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 401 || !strings.Contains(string(b), tc.says) {
+				t.Errorf("%s token: status %d, %s; want 401 saying %q", tc.name, resp.StatusCode, b, tc.says)
+			}
+		}
+		// The token is not a key: with it and no key, nothing is answered.
+		if status, b := n.call(t, "GET", "/v1/sandboxes/"+sb.ID, "", nil); status != 401 {
+			t.Errorf("token without a key: %d %s", status, b)
+		}
+	})
+
+	// Another node's sandbox, with an operation in flight there.
+	other := sb
+	other.ID, other.State = ids.New("sbx"), apiv1.StateRunning
+	otherOp := store.Operation{ID: ids.New("op"), Kind: apiv1.OpCreate, TargetID: other.ID, Owner: owner,
+		Status: apiv1.OpSucceeded, CreatedAt: now, FinishedAt: &now}
+	if err := st.InsertSandbox(ctx, other, otherOp); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.SetSandboxNode(ctx, other.ID, "node-b"); err != nil {
+		t.Fatal(err)
+	}
+	pause := store.Operation{ID: ids.New("op"), Kind: apiv1.OpPause, TargetID: other.ID, Owner: owner, Status: apiv1.OpRunning, CreatedAt: now}
+	if err := st.BeginOperation(ctx, other, pause, apiv1.StateRunning); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		other.State = apiv1.StateDeleted
+		st.UpdateSandbox(ctx, other)
+	})
+
+	t.Run("only its own sandboxes", func(t *testing.T) {
+		if status, b := n.call(t, "POST", "/v1/sandboxes/"+other.ID+"/exec", key, apiv1.CommandRequest{Cmd: "true"}); status != 404 || !strings.Contains(string(b), "not on node node-a") {
+			t.Errorf("exec in node-b's sandbox through node-a: %d %s", status, b)
+		}
+		if status, b := n.call(t, "POST", "/v1/sandboxes", key, apiv1.CreateSandbox{Template: "tiny"}); status != 403 || !strings.Contains(string(b), "through the cluster's API") {
+			t.Errorf("a create on a node: %d %s", status, b)
+		}
+	})
+
+	t.Run("unknown pod", func(t *testing.T) {
+		id := ids.New("sbx")
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: id, Namespace: clusterNS, Labels: map[string]string{cluster.LabelSandbox: id}},
+			Spec: corev1.PodSpec{NodeName: "node-a", RestartPolicy: corev1.RestartPolicyNever,
+				Tolerations: []corev1.Toleration{{Key: "virtual-kubelet.io/provider", Operator: corev1.TolerationOpExists}},
+				Containers:  []corev1.Container{{Name: "sandbox", Image: "airlock.dev/stranger"}}},
+		}
+		if _, err := kc.CoreV1().Pods(clusterNS).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 30*time.Second, "the stranger's pod refused", func() (bool, string) {
+			p, err := kc.CoreV1().Pods(clusterNS).Get(ctx, id, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			return p.Status.Reason == "ProviderFailed" && strings.Contains(p.Status.Message, "airlock has no sandbox "+id),
+				fmt.Sprintf("phase %s, reason %q, message %q", p.Status.Phase, p.Status.Reason, p.Status.Message)
+		})
+		if _, err := os.Stat(filepath.Join(n.home, "sandboxes", id)); !os.IsNotExist(err) {
+			t.Errorf("the stranger got a sandbox directory: %v", err)
+		}
+		if _, err := st.GetSandbox(ctx, id); err == nil {
+			t.Error("the stranger got a row")
+		}
+		_, b := n.call(t, "GET", "/metrics", key, nil)
+		if !strings.Contains(string(b), `airlock_node_refused_pods_total{reason="unknown"}`) {
+			t.Errorf("/metrics does not count the refused pod")
+		}
+		// Left alone: the controller and the node delete nothing of it.
+		if _, err := kc.CoreV1().Pods(clusterNS).Get(ctx, id, metav1.GetOptions{}); err != nil {
+			t.Errorf("the stranger's pod: %v", err)
+		}
+	})
+
+	t.Run("pod deleted while the sandbox runs", func(t *testing.T) {
+		old, err := kc.CoreV1().Pods(clusterNS).Get(ctx, sb.ID, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		zero := int64(0)
+		if err := kc.CoreV1().Pods(clusterNS).Delete(ctx, sb.ID, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+			t.Fatal(err)
+		}
+		podRunning(t, kc, sb.ID, old.UID)
+		if out := n.run(t, key, sb.ID, apiv1.CommandRequest{Cmd: "cat /tmp/mark"}); out.stdout != "kept\n" {
+			t.Fatalf("the VM after its pod was deleted: %+v", out)
+		}
+	})
+
+	t.Run("node restart", func(t *testing.T) {
+		n.stop(syscall.SIGKILL)
+		if err := n.start(); err != nil {
+			t.Fatal(err)
+		}
+		if out := n.run(t, key, sb.ID, apiv1.CommandRequest{Cmd: "cat /tmp/mark"}); out.stdout != "kept\n" {
+			t.Fatalf("the VM after the node restarted: %+v\nnode:\n%s", out, n.output())
+		}
+		// Recovery left node-b's sandbox and its operation alone.
+		if got, err := st.GetSandbox(ctx, other.ID); err != nil || got.State != apiv1.StateRunning {
+			t.Errorf("node-b's sandbox after node-a restarted: %s, %v", got.State, err)
+		}
+		if got, err := st.GetOperation(ctx, pause.ID); err != nil || got.Status != apiv1.OpRunning {
+			t.Errorf("node-b's operation after node-a restarted: %s, %v", got.Status, err)
+		}
+	})
+
+	// The delete goes through the node that runs the sandbox; the Pod
+	// goes after the row says deleted.
+	n.deleteSandbox(t, key, sb.ID)
+	eventually(t, 30*time.Second, "the deleted sandbox's pod gone", func() (bool, string) {
+		p, err := kc.CoreV1().Pods(clusterNS).Get(ctx, sb.ID, metav1.GetOptions{})
+		if err != nil {
+			return strings.Contains(err.Error(), "not found"), err.Error()
+		}
+		return false, fmt.Sprintf("phase %s, deletion %v", p.Status.Phase, p.DeletionTimestamp)
+	})
+}
+
+// eventually polls cond for up to limit and fails with what it last said.
+func eventually(t *testing.T, limit time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	last := ""
+	for time.Now().Before(deadline) {
+		ok, s := cond()
+		if ok {
+			return
+		}
+		last = s
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("%s: not within %s; last: %s", what, limit, last)
+}
+
+// waitStoreOp polls an operation's row until it is done.
+func waitStoreOp(t *testing.T, st *store.Store, id string) store.Operation {
+	t.Helper()
+	var op store.Operation
+	eventually(t, 3*time.Minute, "operation "+id+" done", func() (bool, string) {
+		var err error
+		op, err = st.GetOperation(context.Background(), id)
+		if err != nil {
+			return false, err.Error()
+		}
+		return op.Status == apiv1.OpSucceeded || op.Status == apiv1.OpFailed, op.Status
+	})
+	return op
+}
+
+// podRunning waits for the sandbox's Pod, other than the one with UID
+// old, to be bound to node-a and running with the node's address.
+func podRunning(t *testing.T, kc kubernetes.Interface, id string, old any) {
+	t.Helper()
+	eventually(t, 60*time.Second, "pod of "+id+" running on node-a", func() (bool, string) {
+		p, err := kc.CoreV1().Pods(clusterNS).Get(context.Background(), id, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		if old != "" && string(p.UID) == fmt.Sprint(old) {
+			return false, "still the old pod"
+		}
+		return p.Spec.NodeName == "node-a" && p.Status.Phase == corev1.PodRunning && p.Status.PodIP == "127.0.0.1",
+			fmt.Sprintf("node %q, phase %s, ip %q, reason %q, message %q", p.Spec.NodeName, p.Status.Phase, p.Status.PodIP, p.Status.Reason, p.Status.Message)
+	})
+}

@@ -1,0 +1,344 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"golang.org/x/sys/unix"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/airlockhq/airlock/internal/api"
+	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/node"
+	"github.com/airlockhq/airlock/internal/sandbox"
+	"github.com/airlockhq/airlock/internal/secrets"
+	"github.com/airlockhq/airlock/internal/service"
+	"github.com/airlockhq/airlock/internal/store"
+)
+
+const nodeAbout = `Runs this host as a node of an airlock cluster on Kubernetes (see
+docs/kubernetes.md) until SIGTERM or SIGINT.
+
+The host registers as a Node named --name, labelled airlock.dev/node=true
+and tainted virtual-kubelet.io/provider=airlock:NoSchedule, so that only
+sandbox Pods (RuntimeClass airlock) land on it, with its CPUs, memory,
+the data directory's disk and --max-sandboxes as capacity. Each sandbox
+Pod kube-scheduler binds to it becomes a microVM, made from the sandbox's
+row in the cluster's PostgreSQL store (--store, required). The row, not
+the Pod, decides when a VM goes: a Pod deleted while its sandbox lives
+leaves the VM running. A Pod whose sandbox the store does not know is
+refused, and reported on the Pod and in an event.
+
+The node serves airlock's API for its own sandboxes on --listen, the
+internal address the cluster's servers route to (the Node's InternalIP is
+--advertise). Every request there must carry the cluster's internal token
+(--token-file, or $AIRLOCK_NODE_TOKEN: at least 32 characters, the same
+on every server and node) as well as an API key.
+
+An unreachable store or apiserver is retried for --store-wait and
+--kube-wait at start. Sandboxes keep running when the node stops; the
+next start re-adopts those recorded on it.
+
+  airlock node --store postgres://airlock@db/airlock --token-file /etc/airlock/token
+  airlock node --kubeconfig ~/.kube/config --name host-a --listen 10.0.0.5:7701`
+
+func runNode(ctx context.Context, env *Env, args []string) error {
+	fs := newFlagSet("node", "airlock node --store URL [FLAGS]", nodeAbout, env)
+	hostname, _ := os.Hostname()
+	name := fs.String("name", strings.ToLower(hostname), "`name` of this host's Node, and of the node recorded for its sandboxes")
+	kubeconfig := fs.String("kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig `file` to reach the apiserver (default: $KUBECONFIG, else the in-cluster service account)")
+	namespace := fs.String("namespace", "airlock", "`namespace` of the sandbox Pods")
+	listen := fs.String("listen", "0.0.0.0:7701", "`address` of the internal API the cluster's servers reach this node on")
+	advertise := fs.String("advertise", "", "`IP` the cluster's servers reach --listen at (default: --listen's host, else this host's first global address)")
+	tokenFile := fs.String("token-file", "", "`file` holding the cluster's internal token (default: $AIRLOCK_NODE_TOKEN)")
+	storeAddr := fs.String("store", "", "the cluster's PostgreSQL `URL` (default: $AIRLOCK_STORE)")
+	storeWait := fs.Duration("store-wait", 30*time.Second, "how long to keep trying to reach the store at start")
+	kubeWait := fs.Duration("kube-wait", 30*time.Second, "how long to keep trying to reach the apiserver at start")
+	lease := fs.Duration("lease-duration", 10*time.Second, "how long the Node's lease holds without a renewal: how soon a dead node is seen")
+	accel := fs.String("accel", "auto", "accelerator: kvm, tcg or auto")
+	cpus := fs.Int("cpus", runtime.NumCPU(), "vCPUs this node offers sandboxes")
+	memory := sizeFlag{n: hostMemory()}
+	fs.Var(&memory, "memory", "guest memory `size` this node offers sandboxes (default: the host's)")
+	maxSandboxes := fs.Int("max-sandboxes", 32, "most sandboxes holding a VM at once")
+	maxStarts := fs.Int("max-starts", 0, "most sandboxes booting at once (default: twice the CPUs)")
+	maxQueued := fs.Int("max-queued-starts", 64, "most creates waiting for a start slot")
+	ping := fs.Duration("ping-interval", 15*time.Second, "how often idle event streams get a `: ping`")
+	defaultEgress := fs.String("default-egress", "deny", "egress of sandboxes created without a network policy: allow or deny")
+	dnsUpstream := fs.String("dns-upstream", "", "resolver `HOST:PORT` the gateways ask (default: the host's, from /etc/resolv.conf)")
+	minFreeDisk := sizeFlag{n: 2 << 30}
+	fs.Var(&minFreeDisk, "min-free-disk", "free `size` to keep on the data directory's filesystem: creates and wakes are refused below it; 0: no check")
+	jailOpts := addJailFlags(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("node: unexpected argument %q: %w", fs.Arg(0), errdefs.ErrInvalid)
+	}
+	unjailed, uids, err := jailOpts.parse()
+	if err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+	if err := checkNodeName(*name); err != nil {
+		return fmt.Errorf("node: --name: %w", err)
+	}
+	if *storeAddr == "" {
+		*storeAddr = os.Getenv("AIRLOCK_STORE")
+	}
+	if !store.IsPostgresURL(*storeAddr) {
+		return fmt.Errorf("node: --store (or $AIRLOCK_STORE) must be the cluster's postgres:// URL: %w", errdefs.ErrInvalid)
+	}
+	token, err := nodeToken(*tokenFile)
+	if err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+	if *cpus < 1 || memory.n < 1<<20 || *maxSandboxes < 1 || *maxStarts < 0 || *maxQueued < 0 {
+		return fmt.Errorf("node: --cpus, --memory and the limits must be positive: %w", errdefs.ErrInvalid)
+	}
+	if *storeWait < 0 || *kubeWait < 0 {
+		return fmt.Errorf("node: --store-wait and --kube-wait must not be negative: %w", errdefs.ErrInvalid)
+	}
+	if *lease < 4*time.Second || *lease > 10*time.Minute {
+		return fmt.Errorf("node: --lease-duration must be between 4s and 10m: %w", errdefs.ErrInvalid)
+	}
+	if *ping < 100*time.Millisecond {
+		return fmt.Errorf("node: --ping-interval must be at least 100ms: %w", errdefs.ErrInvalid)
+	}
+	if *defaultEgress != "allow" && *defaultEgress != "deny" {
+		return fmt.Errorf("node: --default-egress %q is not allow or deny: %w", *defaultEgress, errdefs.ErrInvalid)
+	}
+	if *dnsUpstream != "" {
+		if _, port, err := net.SplitHostPort(*dnsUpstream); err != nil || port == "" {
+			return fmt.Errorf("node: --dns-upstream %q is not HOST:PORT: %w", *dnsUpstream, errdefs.ErrInvalid)
+		}
+	}
+	restCfg, err := kubeConfig(*kubeconfig)
+	if err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("node: listen on %s: %v: %w", *listen, err, errdefs.ErrInvalid)
+	}
+	defer ln.Close()
+	if unjailed && !isLoopback(ln.Addr()) {
+		return fmt.Errorf("node: --jail off is for debugging only and is refused on %s: listen on a loopback address: %w", ln.Addr(), errdefs.ErrInvalid)
+	}
+	addr, err := advertised(*advertise, ln.Addr().(*net.TCPAddr))
+	if err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+	log := env.Log.With("node", *name)
+	if unjailed {
+		log.Warn("THE JAIL IS OFF: every QEMU runs as this process's user with nothing taken away and no cgroup; for debugging only.")
+	}
+	client, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+	if err := waitAPIServer(ctx, client, *kubeWait, log); err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+	if err := os.MkdirAll(env.Dir.Root, 0o755); err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+	st, err := openServeStore(ctx, env, *storeAddr, *storeWait, log)
+	if err != nil {
+		return fmt.Errorf("node: open store: %w", err)
+	}
+	defer st.Close()
+	box, err := secrets.OpenBox(env.Dir.SecretsKey())
+	if err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+	tokenKey, err := secrets.LoadOrCreateKey(filepath.Join(env.Dir.Root, "e2b-token.key"), 32)
+	if err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	_, svc, err := startService(ctx, sandbox.Config{Dir: env.Dir, Accel: *accel, Log: log, Unjailed: unjailed, UIDs: uids,
+		Network: sandbox.NetworkConfig{DNSUpstream: *dnsUpstream}}, service.Config{
+		Dir: env.Dir, Store: st, Log: log, Node: *name,
+		MaxSandboxes: *maxSandboxes, MaxStarts: *maxStarts, MaxQueuedStarts: *maxQueued,
+		DefaultEgress: *defaultEgress, Secrets: box, TokenKey: tokenKey, MinFreeDiskBytes: minFreeDisk.n,
+	}, reg)
+	if err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+	defer svc.Close()
+	reg.MustRegister(service.NewSandboxCollector(svc, service.SandboxCollectorConfig{Limit: 100}))
+
+	var fsStat unix.Statfs_t
+	if err := unix.Statfs(env.Dir.Sandboxes(), &fsStat); err != nil {
+		if err := unix.Statfs(env.Dir.Root, &fsStat); err != nil {
+			return fmt.Errorf("node: size of the data directory's filesystem: %w", err)
+		}
+	}
+	agent, err := node.New(node.Config{
+		Client: client, Namespace: *namespace, Name: *name, Service: svc, Store: st,
+		Capacity: node.Capacity{CPUs: *cpus, MemoryMiB: memory.n >> 20,
+			DiskMiB: int64(fsStat.Blocks) * fsStat.Bsize >> 20, Sandboxes: *maxSandboxes},
+		Address: addr.String(), Port: ln.Addr().(*net.TCPAddr).Port, LeaseDuration: *lease,
+		Version: "airlock-" + Version, Log: log, Registry: reg,
+	})
+	if err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+
+	apiSrv := api.New(api.Config{Service: svc, Store: st, Log: log, Registry: reg, Secrets: box, PingInterval: *ping})
+	httpSrv := &http.Server{Handler: api.RequireNodeToken(token, apiSrv), ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 2)
+	go func() { errc <- httpSrv.Serve(ln) }()
+	actx, acancel := context.WithCancel(ctx)
+	defer acancel()
+	go func() {
+		if err := agent.Run(actx); err != nil {
+			errc <- err
+		}
+	}()
+	fmt.Fprintf(env.Stdout, "airlock node %s serving its sandboxes on http://%s (internal; advertised as %s)\n", *name, ln.Addr(), addr)
+
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigs)
+	select {
+	case err := <-errc:
+		return fmt.Errorf("node: %w", err)
+	case sig := <-sigs:
+		log.Info("shutting down", "signal", sig.String())
+	case <-ctx.Done():
+	}
+	acancel()
+	apiSrv.Shutdown()
+	sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := httpSrv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		log.Warn("http shutdown", "err", err)
+	}
+	svc.Close()
+	fmt.Fprintln(env.Stdout, "airlock node stopped; sandboxes keep running")
+	return nil
+}
+
+// checkNodeName accepts a Kubernetes Node name: a DNS subdomain.
+func checkNodeName(n string) error {
+	if n == "" || len(n) > 253 {
+		return fmt.Errorf("%q is not 1 to 253 characters: %w", n, errdefs.ErrInvalid)
+	}
+	for _, label := range strings.Split(n, ".") {
+		if label == "" || label[0] == '-' || label[len(label)-1] == '-' || len(label) > 63 {
+			return fmt.Errorf("%q is not a DNS name (lower case letters, digits, '-' and '.'): %w", n, errdefs.ErrInvalid)
+		}
+		for _, r := range label {
+			if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-') {
+				return fmt.Errorf("%q is not a DNS name (lower case letters, digits, '-' and '.'): %w", n, errdefs.ErrInvalid)
+			}
+		}
+	}
+	return nil
+}
+
+// nodeToken reads the internal token from file, else $AIRLOCK_NODE_TOKEN.
+func nodeToken(file string) (string, error) {
+	token := os.Getenv("AIRLOCK_NODE_TOKEN")
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return "", fmt.Errorf("--token-file: %v: %w", err, errdefs.ErrInvalid)
+		}
+		token = string(b)
+	}
+	token = strings.TrimSpace(token)
+	if token == "" {
+		return "", fmt.Errorf("no internal token: give --token-file or $AIRLOCK_NODE_TOKEN (the same on every server and node, for example from `openssl rand -hex 32`): %w", errdefs.ErrInvalid)
+	}
+	if len(token) < api.MinNodeTokenLen || strings.ContainsAny(token, " \t\r\n\x00") {
+		return "", fmt.Errorf("the internal token must be at least %d characters with no spaces, for example from `openssl rand -hex 32`: %w", api.MinNodeTokenLen, errdefs.ErrInvalid)
+	}
+	return token, nil
+}
+
+// kubeConfig reads a kubeconfig file, or with none the in-cluster config.
+func kubeConfig(file string) (*rest.Config, error) {
+	if file == "" {
+		c, err := rest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("no --kubeconfig or $KUBECONFIG, and not in a cluster: %v: %w", err, errdefs.ErrInvalid)
+		}
+		return c, nil
+	}
+	c, err := clientcmd.BuildConfigFromFlags("", file)
+	if err != nil {
+		return nil, fmt.Errorf("--kubeconfig %s: %v: %w", file, err, errdefs.ErrInvalid)
+	}
+	return c, nil
+}
+
+// waitAPIServer asks the apiserver its version until it answers, with
+// backoff, for up to wait.
+func waitAPIServer(ctx context.Context, c kubernetes.Interface, wait time.Duration, log interface{ Warn(string, ...any) }) error {
+	deadline := time.Now().Add(wait)
+	for backoff := 250 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
+		_, err := c.Discovery().ServerVersion()
+		if err == nil {
+			return nil
+		}
+		if time.Now().Add(backoff).After(deadline) {
+			return fmt.Errorf("the apiserver does not answer: %v: gave up after %s (--kube-wait): check --kubeconfig and that the apiserver is reachable: %w",
+				err, wait, errdefs.ErrUnavailable)
+		}
+		log.Warn("apiserver unreachable; trying again", "in", backoff, "err", err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+	}
+}
+
+// advertised is the IP the cluster reaches the listener at.
+func advertised(flag string, ln *net.TCPAddr) (net.IP, error) {
+	if flag != "" {
+		ip := net.ParseIP(flag)
+		if ip == nil {
+			return nil, fmt.Errorf("--advertise %q is not an IP address: %w", flag, errdefs.ErrInvalid)
+		}
+		return ip, nil
+	}
+	if !ln.IP.IsUnspecified() {
+		return ln.IP, nil
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, err
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.IsGlobalUnicast() && n.IP.To4() != nil {
+			return n.IP, nil
+		}
+	}
+	return nil, fmt.Errorf("this host has no global IPv4 address to advertise: give --advertise: %w", errdefs.ErrInvalid)
+}
+
+// hostMemory is the host's memory in bytes, from sysinfo.
+func hostMemory() int64 {
+	var si unix.Sysinfo_t
+	if err := unix.Sysinfo(&si); err != nil {
+		return 0
+	}
+	return int64(si.Totalram) * int64(si.Unit)
+}

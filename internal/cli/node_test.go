@@ -1,0 +1,107 @@
+package cli
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/airlockhq/airlock/internal/datadir"
+	"github.com/airlockhq/airlock/internal/errdefs"
+)
+
+// TestNodeFlags: `airlock node` with a bad flag stops before it touches
+// anything, with exit 2 and a message that names what to fix.
+func TestNodeFlags(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "token")
+	if err := os.WriteFile(good, []byte(strings.Repeat("a", 64)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	short := filepath.Join(dir, "short")
+	if err := os.WriteFile(short, []byte("tooshort"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	kc := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(kc, []byte("this is not a kubeconfig: ["), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pg := "postgres://u:hunter2@127.0.0.1:1/x?sslmode=disable"
+	base := []string{"node", "--listen", "127.0.0.1:0", "--name", "host-a", "--store", pg, "--token-file", good}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"node", "--name", "host-a", "--token-file", good}, "must be the cluster's postgres:// URL"},
+		{[]string{"node", "--name", "host-a", "--store", "sqlite:///x.db", "--token-file", good}, "must be the cluster's postgres:// URL"},
+		{[]string{"node", "--name", "host-a", "--store", pg}, "no internal token"},
+		{[]string{"node", "--name", "host-a", "--store", pg, "--token-file", short}, "at least 32 characters"},
+		{[]string{"node", "--name", "host-a", "--store", pg, "--token-file", filepath.Join(dir, "none")}, "--token-file"},
+		{[]string{"node", "--name", "Host_A", "--store", pg, "--token-file", good}, "is not a DNS name"},
+		{[]string{"node", "--name", "a\x00b", "--store", pg, "--token-file", good}, "is not a DNS name"},
+		{[]string{"node", "--name", strings.Repeat("a", 300), "--store", pg, "--token-file", good}, "1 to 253 characters"},
+		{append(base, "--cpus", "0"), "must be positive"},
+		{append(base, "--memory", "0"), "must be positive"},
+		{append(base, "--lease-duration", "1s"), "between 4s and 10m"},
+		{append(base, "--kube-wait", "-1s"), "must not be negative"},
+		{append(base, "--default-egress", "maybe"), "is not allow or deny"},
+		{append(base, "--advertise", "not-an-ip", "--kubeconfig", kc), "kubeconfig"},
+		{append(base, "--kubeconfig", kc), "--kubeconfig " + kc},
+		{append(base, "extra"), "unexpected argument"},
+	} {
+		var out, errb bytes.Buffer
+		env := &Env{Stdout: &out, Stderr: &errb, Dir: datadir.Dir{Root: t.TempDir()}}
+		t.Setenv("AIRLOCK_NODE_TOKEN", "")
+		t.Setenv("AIRLOCK_STORE", "")
+		t.Setenv("KUBECONFIG", "")
+		err := Run(t.Context(), env, tc.args)
+		if !errors.Is(err, errdefs.ErrInvalid) || ExitCode(err) != 2 || !strings.Contains(Message(err), tc.want) ||
+			strings.Contains(Message(err), "hunter2") {
+			t.Errorf("%q: exit %d, %v; want %q", tc.args, ExitCode(err), err, tc.want)
+		}
+		if entries, _ := os.ReadDir(env.Dir.Root); len(entries) > 0 {
+			t.Errorf("%q left files in the data directory", tc.args)
+		}
+	}
+}
+
+// TestNodeUnreachableAPIServer: an apiserver that does not answer is
+// tried again until --kube-wait, then named in the error.
+func TestNodeUnreachableAPIServer(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	dir := t.TempDir()
+	kc := filepath.Join(dir, "kubeconfig")
+	cfg := fmt.Sprintf("apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: \"https://%s\", insecure-skip-tls-verify: true}\n"+
+		"users:\n- name: u\n  user: {token: t}\ncontexts:\n- name: c\n  context: {cluster: c, user: u}\ncurrent-context: c\n", addr)
+	if err := os.WriteFile(kc, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("AIRLOCK_NODE_TOKEN", strings.Repeat("b", 40))
+	var out, errb bytes.Buffer
+	env := &Env{Stdout: &out, Stderr: &errb, Dir: datadir.Dir{Root: filepath.Join(dir, "home")}, Log: slog.New(slog.NewTextHandler(&errb, nil))}
+	start := time.Now()
+	err = Run(t.Context(), env, []string{"node", "--listen", "127.0.0.1:0", "--name", "host-a", "--kubeconfig", kc,
+		"--store", "postgres://u@127.0.0.1:1/x?sslmode=disable", "--kube-wait", "1500ms"})
+	took := time.Since(start)
+	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(Message(err), "the apiserver does not answer") ||
+		!strings.Contains(Message(err), "gave up after 1.5s (--kube-wait)") {
+		t.Errorf("an unreachable apiserver: %v", err)
+	}
+	if took < 700*time.Millisecond || took > 15*time.Second {
+		t.Errorf("gave up after %s, want about 1.5s", took)
+	}
+	if !strings.Contains(errb.String(), "apiserver unreachable; trying again") {
+		t.Errorf("no retry was logged: %s", errb.String())
+	}
+}
