@@ -100,7 +100,7 @@ func TestClusterNode(t *testing.T) {
 	tok := make([]byte, 32)
 	rand.Read(tok)
 	token := hex.EncodeToString(tok)
-	n := startNode(t, "node-a", storeURL, cp.KubeconfigAs(t, nodeUser), token, "--cpus", "2", "--max-sandboxes", "4")
+	n := startNode(t, "node-a", storeURL, cp.KubeconfigAs(t, nodeUser), token, "--cpus", "3", "--max-sandboxes", "4")
 	n.key = key
 	kc := kubernetes.NewForConfigOrDie(cp.RestConfig())
 	t.Cleanup(func() {
@@ -124,8 +124,8 @@ func TestClusterNode(t *testing.T) {
 		}
 		return slices.Equal(keys, []string{"virtual-kubelet.io/provider=airlock:NoSchedule"}), fmt.Sprintf("taints %v", keys)
 	})
-	if got := node.Status.Capacity[corev1.ResourceCPU]; got.String() != "2" {
-		t.Errorf("capacity cpu %s, want 2", got.String())
+	if got := node.Status.Capacity[corev1.ResourceCPU]; got.String() != "3" {
+		t.Errorf("capacity cpu %s, want 3", got.String())
 	}
 	if got := node.Status.Capacity[corev1.ResourcePods]; got.String() != "4" {
 		t.Errorf("capacity pods %s, want 4", got.String())
@@ -209,9 +209,12 @@ func TestClusterNode(t *testing.T) {
 		}
 	})
 
-	// Another node's sandbox, with an operation in flight there.
+	// Another node's sandbox, with an operation in flight there and a
+	// lease that has ended: node-a leaves it to node-b.
 	other := sb
 	other.ID, other.State = ids.New("sbx"), apiv1.StateRunning
+	ended := now.Add(-time.Minute)
+	other.TimeoutS, other.ExpiresAt = 60, &ended
 	otherOp := store.Operation{ID: ids.New("op"), Kind: apiv1.OpCreate, TargetID: other.ID, Owner: owner,
 		Status: apiv1.OpSucceeded, CreatedAt: now, FinishedAt: &now}
 	if err := st.InsertSandbox(ctx, other, otherOp); err != nil {
@@ -302,6 +305,28 @@ func TestClusterNode(t *testing.T) {
 		}
 		if got, err := st.GetOperation(ctx, pause.ID); err != nil || got.Status != apiv1.OpRunning {
 			t.Errorf("node-b's operation after node-a restarted: %s, %v", got.Status, err)
+		}
+	})
+
+	t.Run("lease ends on the node", func(t *testing.T) {
+		short := sb
+		short.ID, short.TimeoutS = ids.New("sbx"), 8
+		exp := time.Now().Add(8 * time.Second)
+		short.ExpiresAt = &exp
+		op := store.Operation{ID: ids.New("op"), Kind: apiv1.OpCreate, TargetID: short.ID, Owner: owner, Status: apiv1.OpPending, CreatedAt: now}
+		if err := st.InsertSandbox(ctx, short, op); err != nil {
+			t.Fatal(err)
+		}
+		ctrl.Poke()
+		if done := waitStoreOp(t, st, op.ID); done.Status != apiv1.OpSucceeded {
+			t.Fatalf("create: %+v", done.Error)
+		}
+		eventually(t, 60*time.Second, "the sandbox deleted when its lease ended", func() (bool, string) {
+			got, err := st.GetSandbox(ctx, short.ID)
+			return err == nil && got.State == apiv1.StateDeleted, fmt.Sprintf("%s, %v", got.State, err)
+		})
+		if _, err := os.Stat(filepath.Join(n.home, "sandboxes", short.ID)); !os.IsNotExist(err) {
+			t.Errorf("the expired sandbox's directory: %v", err)
 		}
 	})
 

@@ -432,28 +432,15 @@ func (s *Service) applyLeases() {
 	// A creating sandbox's lease starts when it runs.
 	states := []string{apiv1.StateRunning, apiv1.StatePaused, apiv1.StateSuspending,
 		apiv1.StateSuspended, apiv1.StateWaking, apiv1.StateFailed}
-	expired, err := s.st.ListExpired(s.ctx, time.Now(), states, 100)
+	expired, err := s.st.ListExpired(s.ctx, time.Now(), states, s.cfg.Node, 100)
 	if err != nil {
 		if s.ctx.Err() == nil {
 			s.log.Warn("list expired leases", "err", err)
 		}
 		return
 	}
-	if len(expired) == 0 {
-		return
-	}
-	mine, err := s.onThisNode(s.ctx)
-	if err != nil {
-		if s.ctx.Err() == nil {
-			s.log.Warn("list the sandboxes of this node", "err", err)
-		}
-		return
-	}
 	system := Principal{Role: apiv1.RoleAdmin}
 	for _, sb := range expired {
-		if !mine(sb.ID) {
-			continue
-		}
 		s.mu.Lock()
 		_, busy := s.busy[sb.ID]
 		_, creating := s.creating[sb.ID]

@@ -441,8 +441,9 @@ func seqOf(ctx context.Context, q queryer, table, id, sandboxID string) (int64, 
 }
 
 // ListExpired returns the sandboxes in one of states whose lease ended at
-// or before now, soonest first, at most limit of them.
-func (s *Store) ListExpired(ctx context.Context, now time.Time, states []string, limit int) ([]Sandbox, error) {
+// or before now, soonest first, at most limit of them; given a node, only
+// the sandboxes recorded on it.
+func (s *Store) ListExpired(ctx context.Context, now time.Time, states []string, node string, limit int) ([]Sandbox, error) {
 	if limit <= 0 || len(states) == 0 {
 		return nil, fmt.Errorf("list expired sandboxes: need states and a positive limit: %w", errdefs.ErrInvalid)
 	}
@@ -450,9 +451,14 @@ func (s *Store) ListExpired(ctx context.Context, now time.Time, states []string,
 	for _, st := range states {
 		args = append(args, st)
 	}
+	onNode := ""
+	if node != "" {
+		onNode = " AND node = ?"
+		args = append(args, node)
+	}
 	args = append(args, limit)
 	rows, err := s.db.QueryContext(ctx, "SELECT "+sandboxColumns+" FROM sandboxes"+
-		" WHERE expires_at IS NOT NULL AND expires_at <= ? AND state IN ("+placeholders(len(states))+")"+
+		" WHERE expires_at IS NOT NULL AND expires_at <= ? AND state IN ("+placeholders(len(states))+")"+onNode+
 		" ORDER BY expires_at LIMIT ?", args...)
 	if err != nil {
 		return nil, fmt.Errorf("list expired sandboxes: %w", classify(err))

@@ -408,7 +408,7 @@ func testListExpired(t *testing.T, b backend) {
 			t.Fatal(err)
 		}
 	}
-	got, err := s.ListExpired(ctx, t0.Add(5*time.Minute), []string{"running", "suspended"}, 10)
+	got, err := s.ListExpired(ctx, t0.Add(5*time.Minute), []string{"running", "suspended"}, "", 10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -419,11 +419,21 @@ func testListExpired(t *testing.T, b backend) {
 	if strings.Join(ids, ",") != "sbxb,sbxc,sbxa" {
 		t.Errorf("expired: %v, want sbxb,sbxc,sbxa (soonest first; none without a lease, not yet due or deleted)", ids)
 	}
-	if got, _ := s.ListExpired(ctx, t0.Add(5*time.Minute), []string{"running"}, 1); len(got) != 1 || got[0].ID != "sbxb" {
+	if got, _ := s.ListExpired(ctx, t0.Add(5*time.Minute), []string{"running"}, "", 1); len(got) != 1 || got[0].ID != "sbxb" {
 		t.Errorf("limit 1: %+v", got)
 	}
-	if _, err := s.ListExpired(ctx, t0, nil, 10); !errors.Is(err, errdefs.ErrInvalid) {
+	if _, err := s.ListExpired(ctx, t0, nil, "", 10); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("no states: %v", err)
+	}
+	// A node sees its own only.
+	if err := s.SetSandboxNode(ctx, "sbxc", "host-a"); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.ListExpired(ctx, t0.Add(5*time.Minute), []string{"running", "suspended"}, "host-a", 10); len(got) != 1 || got[0].ID != "sbxc" {
+		t.Errorf("expired on host-a: %+v, want sbxc alone", got)
+	}
+	if got, _ := s.ListExpired(ctx, t0.Add(5*time.Minute), []string{"running", "suspended"}, "host-b", 10); len(got) != 0 {
+		t.Errorf("expired on host-b: %+v, want none", got)
 	}
 }
 
