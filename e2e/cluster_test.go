@@ -112,7 +112,7 @@ func TestClusterNode(t *testing.T) {
 
 	// The Node, as the node agent registered it.
 	var node *corev1.Node
-	eventually(t, 30*time.Second, "node-a registered and schedulable", func() (bool, string) {
+	testenv.Eventually(t, 30*time.Second, "node-a registered and schedulable", func() (bool, string) {
 		got, err := kc.CoreV1().Nodes().Get(ctx, "node-a", metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
@@ -252,7 +252,7 @@ func TestClusterNode(t *testing.T) {
 		if _, err := kc.CoreV1().Pods(clusterNS).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 30*time.Second, "the stranger's pod refused", func() (bool, string) {
+		testenv.Eventually(t, 30*time.Second, "the stranger's pod refused", func() (bool, string) {
 			p, err := kc.CoreV1().Pods(clusterNS).Get(ctx, id, metav1.GetOptions{})
 			if err != nil {
 				return false, err.Error()
@@ -321,7 +321,7 @@ func TestClusterNode(t *testing.T) {
 		if done := waitStoreOp(t, st, op.ID); done.Status != apiv1.OpSucceeded {
 			t.Fatalf("create: %+v", done.Error)
 		}
-		eventually(t, 60*time.Second, "the sandbox deleted when its lease ended", func() (bool, string) {
+		testenv.Eventually(t, 60*time.Second, "the sandbox deleted when its lease ended", func() (bool, string) {
 			got, err := st.GetSandbox(ctx, short.ID)
 			return err == nil && got.State == apiv1.StateDeleted, fmt.Sprintf("%s, %v", got.State, err)
 		})
@@ -333,7 +333,7 @@ func TestClusterNode(t *testing.T) {
 	// The delete goes through the node that runs the sandbox; the Pod
 	// goes after the row says deleted.
 	n.deleteSandbox(t, key, sb.ID)
-	eventually(t, 30*time.Second, "the deleted sandbox's pod gone", func() (bool, string) {
+	testenv.Eventually(t, 30*time.Second, "the deleted sandbox's pod gone", func() (bool, string) {
 		p, err := kc.CoreV1().Pods(clusterNS).Get(ctx, sb.ID, metav1.GetOptions{})
 		if err != nil {
 			return strings.Contains(err.Error(), "not found"), err.Error()
@@ -342,27 +342,11 @@ func TestClusterNode(t *testing.T) {
 	})
 }
 
-// eventually polls cond for up to limit and fails with what it last said.
-func eventually(t *testing.T, limit time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	last := ""
-	for time.Now().Before(deadline) {
-		ok, s := cond()
-		if ok {
-			return
-		}
-		last = s
-		time.Sleep(200 * time.Millisecond)
-	}
-	t.Fatalf("%s: not within %s; last: %s", what, limit, last)
-}
-
 // waitStoreOp polls an operation's row until it is done.
 func waitStoreOp(t *testing.T, st *store.Store, id string) store.Operation {
 	t.Helper()
 	var op store.Operation
-	eventually(t, 3*time.Minute, "operation "+id+" done", func() (bool, string) {
+	testenv.Eventually(t, 3*time.Minute, "operation "+id+" done", func() (bool, string) {
 		var err error
 		op, err = st.GetOperation(context.Background(), id)
 		if err != nil {
@@ -377,7 +361,7 @@ func waitStoreOp(t *testing.T, st *store.Store, id string) store.Operation {
 // old, to be bound to node-a and running with the node's address.
 func podRunning(t *testing.T, kc kubernetes.Interface, id string, old any) {
 	t.Helper()
-	eventually(t, 60*time.Second, "pod of "+id+" running on node-a", func() (bool, string) {
+	testenv.Eventually(t, 60*time.Second, "pod of "+id+" running on node-a", func() (bool, string) {
 		p, err := kc.CoreV1().Pods(clusterNS).Get(context.Background(), id, metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()

@@ -8,14 +8,11 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"golang.org/x/sys/unix"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -25,7 +22,6 @@ import (
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/node"
 	"github.com/airlockhq/airlock/internal/sandbox"
-	"github.com/airlockhq/airlock/internal/secrets"
 	"github.com/airlockhq/airlock/internal/service"
 	"github.com/airlockhq/airlock/internal/store"
 )
@@ -117,13 +113,8 @@ func runNode(ctx context.Context, env *Env, args []string) error {
 	if *ping < 100*time.Millisecond {
 		return fmt.Errorf("node: --ping-interval must be at least 100ms: %w", errdefs.ErrInvalid)
 	}
-	if *defaultEgress != "allow" && *defaultEgress != "deny" {
-		return fmt.Errorf("node: --default-egress %q is not allow or deny: %w", *defaultEgress, errdefs.ErrInvalid)
-	}
-	if *dnsUpstream != "" {
-		if _, port, err := net.SplitHostPort(*dnsUpstream); err != nil || port == "" {
-			return fmt.Errorf("node: --dns-upstream %q is not HOST:PORT: %w", *dnsUpstream, errdefs.ErrInvalid)
-		}
+	if err := checkNetworkFlags(*defaultEgress, *dnsUpstream); err != nil {
+		return fmt.Errorf("node: %w", err)
 	}
 	restCfg, err := kubeConfig(*kubeconfig)
 	if err != nil {
@@ -160,16 +151,11 @@ func runNode(ctx context.Context, env *Env, args []string) error {
 		return fmt.Errorf("node: open store: %w", err)
 	}
 	defer st.Close()
-	box, err := secrets.OpenBox(env.Dir.SecretsKey())
+	box, tokenKey, err := openKeys(env)
 	if err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
-	tokenKey, err := secrets.LoadOrCreateKey(filepath.Join(env.Dir.Root, "e2b-token.key"), 32)
-	if err != nil {
-		return fmt.Errorf("node: %w", err)
-	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg := newRegistry()
 	_, svc, err := startService(ctx, sandbox.Config{Dir: env.Dir, Accel: *accel, Log: log, Unjailed: unjailed, UIDs: uids,
 		Network: sandbox.NetworkConfig{DNSUpstream: *dnsUpstream}}, service.Config{
 		Dir: env.Dir, Store: st, Log: log, Node: *name,

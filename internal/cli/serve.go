@@ -124,13 +124,8 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	if *maxBuilds < 1 || *maxContext < 1 {
 		return fmt.Errorf("serve: --max-builds and --max-build-context must be at least 1: %w", errdefs.ErrInvalid)
 	}
-	if *defaultEgress != "allow" && *defaultEgress != "deny" {
-		return fmt.Errorf("serve: --default-egress %q is not allow or deny: %w", *defaultEgress, errdefs.ErrInvalid)
-	}
-	if *dnsUpstream != "" {
-		if _, port, err := net.SplitHostPort(*dnsUpstream); err != nil || port == "" {
-			return fmt.Errorf("serve: --dns-upstream %q is not HOST:PORT: %w", *dnsUpstream, errdefs.ErrInvalid)
-		}
+	if err := checkNetworkFlags(*defaultEgress, *dnsUpstream); err != nil {
+		return fmt.Errorf("serve: %w", err)
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("serve: unexpected argument %q: %w", fs.Arg(0), errdefs.ErrInvalid)
@@ -193,17 +188,11 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	} else if n > 0 {
 		log.Info("released the idempotency keys of requests the last server did not answer", "keys", n)
 	}
-	box, err := secrets.OpenBox(env.Dir.SecretsKey())
+	box, tokenKey, err := openKeys(env)
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
-	// Signs the envd access tokens of the E2B API: kept, so that they stay.
-	tokenKey, err := secrets.LoadOrCreateKey(filepath.Join(env.Dir.Root, "e2b-token.key"), 32)
-	if err != nil {
-		return fmt.Errorf("serve: %w", err)
-	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg := newRegistry()
 	rt, svc, err := startService(ctx, sandbox.Config{Dir: env.Dir, Accel: *accel, Log: log, Unjailed: unjailed, UIDs: uids,
 		Network: sandbox.NetworkConfig{DNSUpstream: *dnsUpstream}}, service.Config{
 		Dir: env.Dir, Store: st, Log: log,
@@ -297,6 +286,41 @@ func startService(ctx context.Context, rc sandbox.Config, sc service.Config, reg
 		return nil, nil, err
 	}
 	return rt, svc, nil
+}
+
+// checkNetworkFlags checks --default-egress and --dns-upstream.
+func checkNetworkFlags(defaultEgress, dnsUpstream string) error {
+	if defaultEgress != "allow" && defaultEgress != "deny" {
+		return fmt.Errorf("--default-egress %q is not allow or deny: %w", defaultEgress, errdefs.ErrInvalid)
+	}
+	if dnsUpstream != "" {
+		if _, port, err := net.SplitHostPort(dnsUpstream); err != nil || port == "" {
+			return fmt.Errorf("--dns-upstream %q is not HOST:PORT: %w", dnsUpstream, errdefs.ErrInvalid)
+		}
+	}
+	return nil
+}
+
+// openKeys opens the keys a server keeps in its data directory: the box
+// that seals secrets, and the key that signs the envd access tokens of
+// the E2B API (kept, so that they stay the same across restarts).
+func openKeys(env *Env) (*secrets.Box, []byte, error) {
+	box, err := secrets.OpenBox(env.Dir.SecretsKey())
+	if err != nil {
+		return nil, nil, err
+	}
+	tokenKey, err := secrets.LoadOrCreateKey(filepath.Join(env.Dir.Root, "e2b-token.key"), 32)
+	if err != nil {
+		return nil, nil, err
+	}
+	return box, tokenKey, nil
+}
+
+// newRegistry is a metrics registry with the Go and process collectors.
+func newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
 }
 
 func isLoopback(a net.Addr) bool {

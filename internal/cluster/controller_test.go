@@ -130,22 +130,6 @@ func start(t *testing.T, cfg Config) (*Controller, context.CancelFunc) {
 	return c, stop
 }
 
-// eventually polls cond for up to limit and fails with what last says.
-func eventually(t *testing.T, limit time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	last := ""
-	for time.Now().Before(deadline) {
-		ok, s := cond()
-		if ok {
-			return
-		}
-		last = s
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("%s: not within %s; last: %s", what, limit, last)
-}
-
 func getPod(c kubernetes.Interface, id string) (*corev1.Pod, error) {
 	return c.CoreV1().Pods(ns).Get(context.Background(), id, metav1.GetOptions{})
 }
@@ -154,7 +138,7 @@ func getPod(c kubernetes.Interface, id string) (*corev1.Pod, error) {
 func podBound(t *testing.T, c kubernetes.Interface, id string) *corev1.Pod {
 	t.Helper()
 	var pod *corev1.Pod
-	eventually(t, 20*time.Second, "pod of "+id+" bound", func() (bool, string) {
+	testenv.Eventually(t, 20*time.Second, "pod of "+id+" bound", func() (bool, string) {
 		p, err := getPod(c, id)
 		if err != nil {
 			return false, err.Error()
@@ -205,7 +189,7 @@ func TestControllerPlacesSandboxes(t *testing.T) {
 		t.Errorf("pod requests %v, want 4 CPUs and 4Gi", req)
 	}
 	small := podBound(t, c, "sbxsmall")
-	eventually(t, 10*time.Second, "nodes recorded in the rows", func() (bool, string) {
+	testenv.Eventually(t, 10*time.Second, "nodes recorded in the rows", func() (bool, string) {
 		nodes, err := st.SandboxNodes(ctx)
 		return err == nil && nodes["sbxbig"] == "host-b" && nodes["sbxsmall"] == small.Spec.NodeName && len(nodes) == 2,
 			fmt.Sprint(nodes, err)
@@ -215,7 +199,7 @@ func TestControllerPlacesSandboxes(t *testing.T) {
 			t.Errorf("pod of a %s sandbox: %v, want none", id, err)
 		}
 	}
-	eventually(t, 5*time.Second, "the stranger reported", func() (bool, string) {
+	testenv.Eventually(t, 5*time.Second, "the stranger reported", func() (bool, string) {
 		u := ctl.Unknown()
 		return slices.Equal(u, []string{"sbxstranger"}), fmt.Sprint(u)
 	})
@@ -231,7 +215,7 @@ func TestControllerPlacesSandboxes(t *testing.T) {
 	if p := podBound(t, c, "sbxbig2"); p.Spec.NodeName != "host-b" {
 		t.Errorf("the second 4-vCPU sandbox was bound to %s", p.Spec.NodeName)
 	}
-	eventually(t, 20*time.Second, "the 16-vCPU pod unschedulable", func() (bool, string) {
+	testenv.Eventually(t, 20*time.Second, "the 16-vCPU pod unschedulable", func() (bool, string) {
 		p, err := getPod(c, "sbxhuge")
 		if err != nil {
 			return false, err.Error()
@@ -250,7 +234,7 @@ func TestControllerPlacesSandboxes(t *testing.T) {
 	if err := c.CoreV1().Pods(ns).Delete(ctx, "sbxsmall", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "the pod of sbxsmall made again", func() (bool, string) {
+	testenv.Eventually(t, 10*time.Second, "the pod of sbxsmall made again", func() (bool, string) {
 		p, err := getPod(c, "sbxsmall")
 		if err != nil {
 			return false, err.Error()
@@ -271,7 +255,7 @@ func TestControllerPlacesSandboxes(t *testing.T) {
 	setState(t, st, "sbxbig", "deleted")
 	setState(t, st, "sbxhuge", "failed")
 	ctl.Poke()
-	eventually(t, 10*time.Second, "the pods of ended sandboxes deleted", func() (bool, string) {
+	testenv.Eventually(t, 10*time.Second, "the pods of ended sandboxes deleted", func() (bool, string) {
 		p, err := getPod(c, "sbxbig")
 		_, herr := getPod(c, "sbxhuge")
 		return err == nil && p.DeletionTimestamp != nil && apierrors.IsNotFound(herr), fmt.Sprint(err, herr)
@@ -333,11 +317,11 @@ func TestControllerFailover(t *testing.T) {
 		t.Fatal("a leads without reaching the apiserver")
 	}
 	cut.Store(false)
-	eventually(t, 10*time.Second, "a leading", func() (bool, string) { return a.Leading(), holder(t, c) })
+	testenv.Eventually(t, 10*time.Second, "a leading", func() (bool, string) { return a.Leading(), holder(t, c) })
 	b, stopB := start(t, fast(Config{Client: c, Store: st, Namespace: ns, Identity: "b"}))
 
 	insertRow(t, st, "sbxone", "creating", 1, 512)
-	eventually(t, 10*time.Second, "the pod of sbxone", func() (bool, string) {
+	testenv.Eventually(t, 10*time.Second, "the pod of sbxone", func() (bool, string) {
 		_, err := getPod(c, "sbxone")
 		return err == nil, fmt.Sprint(err)
 	})
@@ -346,11 +330,11 @@ func TestControllerFailover(t *testing.T) {
 	}
 
 	cut.Store(true)
-	eventually(t, 10*time.Second, "b leading after a was cut off", func() (bool, string) {
+	testenv.Eventually(t, 10*time.Second, "b leading after a was cut off", func() (bool, string) {
 		return b.Leading() && !a.Leading() && holder(t, c) == "b", fmt.Sprintf("a %v b %v holder %s", a.Leading(), b.Leading(), holder(t, c))
 	})
 	insertRow(t, st, "sbxtwo", "creating", 1, 512)
-	eventually(t, 10*time.Second, "the pod of sbxtwo, made by b", func() (bool, string) {
+	testenv.Eventually(t, 10*time.Second, "the pod of sbxtwo, made by b", func() (bool, string) {
 		_, err := getPod(c, "sbxtwo")
 		return err == nil, fmt.Sprint(err)
 	})
@@ -366,15 +350,15 @@ func TestControllerFailover(t *testing.T) {
 	if h := holder(t, c); h != "" && h != "a" {
 		t.Errorf("b left the lease held by %q, not given up", h)
 	}
-	eventually(t, 5*time.Second, "a leading after b left", func() (bool, string) { return a.Leading(), holder(t, c) })
+	testenv.Eventually(t, 5*time.Second, "a leading after b left", func() (bool, string) { return a.Leading(), holder(t, c) })
 	cut.Store(true)
-	eventually(t, 5*time.Second, "a no longer leading", func() (bool, string) { return !a.Leading(), "" })
+	testenv.Eventually(t, 5*time.Second, "a no longer leading", func() (bool, string) { return !a.Leading(), "" })
 
 	// While none runs: sbxone ends, sbxthree is created.
 	setState(t, st, "sbxone", "deleted")
 	insertRow(t, st, "sbxthree", "creating", 1, 512)
 	start(t, fast(Config{Client: c, Store: st, Namespace: ns, Identity: "c"}))
-	eventually(t, 15*time.Second, "c's first pass", func() (bool, string) {
+	testenv.Eventually(t, 15*time.Second, "c's first pass", func() (bool, string) {
 		_, err1 := getPod(c, "sbxone")
 		_, err3 := getPod(c, "sbxthree")
 		return apierrors.IsNotFound(err1) && err3 == nil, fmt.Sprint(err1, err3)
@@ -395,13 +379,13 @@ func TestControllerRBAC(t *testing.T) {
 	ctx := context.Background()
 	ctl, _ := start(t, fast(Config{Client: c, Store: st, Namespace: "airlock", Identity: "rbac"}))
 	insertRow(t, st, "sbxrbac", "creating", 1, 512)
-	eventually(t, 10*time.Second, "the pod of sbxrbac in namespace airlock", func() (bool, string) {
+	testenv.Eventually(t, 10*time.Second, "the pod of sbxrbac in namespace airlock", func() (bool, string) {
 		_, err := admin.CoreV1().Pods("airlock").Get(ctx, "sbxrbac", metav1.GetOptions{})
 		return err == nil && ctl.Leading(), fmt.Sprint(err, " leading ", ctl.Leading())
 	})
 	setState(t, st, "sbxrbac", "deleted")
 	ctl.Poke()
-	eventually(t, 10*time.Second, "the pod of sbxrbac deleted", func() (bool, string) {
+	testenv.Eventually(t, 10*time.Second, "the pod of sbxrbac deleted", func() (bool, string) {
 		_, err := admin.CoreV1().Pods("airlock").Get(ctx, "sbxrbac", metav1.GetOptions{})
 		return apierrors.IsNotFound(err), fmt.Sprint(err)
 	})

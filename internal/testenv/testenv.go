@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Lacking skips a test whose prerequisite this host lacks, saying which.
@@ -50,4 +51,21 @@ func ProcessAlive(pid int) bool {
 	i := strings.LastIndexByte(string(b), ')')
 	f := strings.Fields(string(b[i+1:]))
 	return i >= 0 && len(f) > 0 && f[0] != "Z"
+}
+
+// Eventually polls cond every 100 ms for up to limit, and fails the test
+// with what and what cond last said if it never holds.
+func Eventually(t testing.TB, limit time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	last := ""
+	for time.Now().Before(deadline) {
+		ok, s := cond()
+		if ok {
+			return
+		}
+		last = s
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s: not within %s; last: %s", what, limit, last)
 }
