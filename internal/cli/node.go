@@ -2,6 +2,9 @@ package cli
 
 import (
 	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -44,6 +47,9 @@ internal address the cluster's servers route to (the Node's InternalIP is
 --advertise). Every request there must carry the cluster's internal token
 (--token-file, or $AIRLOCK_NODE_TOKEN: at least 32 characters, the same
 on every server and node) as well as an API key.
+
+The store keeps the hash of the token the cluster's first node started
+with; a node with another token is refused at start.
 
 An unreachable store or apiserver is retried for --store-wait and
 --kube-wait at start. Sandboxes keep running when the node stops; the
@@ -140,17 +146,20 @@ func runNode(ctx context.Context, env *Env, args []string) error {
 	if err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
+	st, err := openServeStore(ctx, env, *storeAddr, *storeWait, log)
+	if err != nil {
+		return fmt.Errorf("node: open store: %w", err)
+	}
+	defer st.Close()
+	if err := checkClusterToken(ctx, st, token); err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
 	if err := waitAPIServer(ctx, client, *kubeWait, log); err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
 	if err := os.MkdirAll(env.Dir.Root, 0o755); err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
-	st, err := openServeStore(ctx, env, *storeAddr, *storeWait, log)
-	if err != nil {
-		return fmt.Errorf("node: open store: %w", err)
-	}
-	defer st.Close()
 	box, tokenKey, err := openKeys(env)
 	if err != nil {
 		return fmt.Errorf("node: %w", err)
@@ -256,6 +265,23 @@ func nodeToken(file string) (string, error) {
 		return "", fmt.Errorf("the internal token must be at least %d characters with no spaces, for example from `openssl rand -hex 32`: %w", api.MinNodeTokenLen, errdefs.ErrInvalid)
 	}
 	return token, nil
+}
+
+// checkClusterToken makes sure that token is the cluster's: the store
+// keeps the hash of the token the first server or node of the cluster
+// started with, and a later one with another token is refused, since
+// the cluster's servers could not reach it.
+func checkClusterToken(ctx context.Context, st *store.Store, token string) error {
+	sum := sha256.Sum256([]byte("airlock node token\x00" + token))
+	want := hex.EncodeToString(sum[:])
+	got, err := st.EnsureSetting(ctx, "node_token_sha256", want)
+	if err != nil {
+		return err
+	}
+	if subtle.ConstantTimeCompare([]byte(got), []byte(want)) != 1 {
+		return fmt.Errorf("the internal token is not the cluster's: this store's cluster started with another; give every server and node the same token: %w", errdefs.ErrInvalid)
+	}
+	return nil
 }
 
 // kubeConfig reads a kubeconfig file, or with none the in-cluster config.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 // TestNodeFlags: `airlock node` with a bad flag stops before it touches
@@ -71,9 +72,12 @@ func TestNodeFlags(t *testing.T) {
 	}
 }
 
-// TestNodeUnreachableAPIServer: an apiserver that does not answer is
-// tried again until --kube-wait, then named in the error.
-func TestNodeUnreachableAPIServer(t *testing.T) {
+// TestNodeStartChecks: on the cluster's store, the first node's internal
+// token becomes the cluster's, and a node with another is refused before
+// it registers; an apiserver that does not answer is tried again until
+// --kube-wait, then named in the error.
+func TestNodeStartChecks(t *testing.T) {
+	storeURL := testenv.SharedPostgres(t).NewDatabase(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -87,13 +91,18 @@ func TestNodeUnreachableAPIServer(t *testing.T) {
 	if err := os.WriteFile(kc, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv("AIRLOCK_NODE_TOKEN", strings.Repeat("b", 40))
-	var out, errb bytes.Buffer
-	env := &Env{Stdout: &out, Stderr: &errb, Dir: datadir.Dir{Root: filepath.Join(dir, "home")}, Log: slog.New(slog.NewTextHandler(&errb, nil))}
-	start := time.Now()
-	err = Run(t.Context(), env, []string{"node", "--listen", "127.0.0.1:0", "--name", "host-a", "--kubeconfig", kc,
-		"--store", "postgres://u@127.0.0.1:1/x?sslmode=disable", "--kube-wait", "1500ms"})
-	took := time.Since(start)
+	run := func(token, wait string) (string, time.Duration, error) {
+		t.Setenv("AIRLOCK_NODE_TOKEN", token)
+		var out, errb bytes.Buffer
+		env := &Env{Stdout: &out, Stderr: &errb, Dir: datadir.Dir{Root: filepath.Join(dir, "home")}, Log: slog.New(slog.NewTextHandler(&errb, nil))}
+		start := time.Now()
+		err := Run(t.Context(), env, []string{"node", "--listen", "127.0.0.1:0", "--name", "host-a", "--kubeconfig", kc,
+			"--store", storeURL, "--kube-wait", wait})
+		return errb.String(), time.Since(start), err
+	}
+	first, second := strings.Repeat("a", 40), strings.Repeat("b", 40)
+
+	logs, took, err := run(first, "1500ms")
 	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(Message(err), "the apiserver does not answer") ||
 		!strings.Contains(Message(err), "gave up after 1.5s (--kube-wait)") {
 		t.Errorf("an unreachable apiserver: %v", err)
@@ -101,7 +110,16 @@ func TestNodeUnreachableAPIServer(t *testing.T) {
 	if took < 700*time.Millisecond || took > 15*time.Second {
 		t.Errorf("gave up after %s, want about 1.5s", took)
 	}
-	if !strings.Contains(errb.String(), "apiserver unreachable; trying again") {
-		t.Errorf("no retry was logged: %s", errb.String())
+	if !strings.Contains(logs, "apiserver unreachable; trying again") {
+		t.Errorf("no retry was logged: %s", logs)
+	}
+
+	if _, _, err := run(second, "0s"); !errors.Is(err, errdefs.ErrInvalid) || ExitCode(err) != 2 ||
+		!strings.Contains(Message(err), "the internal token is not the cluster's") {
+		t.Errorf("another token: %v", err)
+	}
+	// The first token is still the cluster's.
+	if _, _, err := run(first, "0s"); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Errorf("the first token again: %v", err)
 	}
 }

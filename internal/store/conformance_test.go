@@ -101,6 +101,28 @@ var conformance = []struct {
 	{"PagesNeverSkipAConcurrentInsert", testPagesNeverSkip},
 	{"BadText", testBadText},
 	{"SandboxNodes", testSandboxNodes},
+	{"Settings", testSettings},
+}
+
+// testSettings: the first value of a setting stays; later ones read it;
+// names are kept apart; a bad name changes nothing.
+func testSettings(t *testing.T, b backend) {
+	ctx := context.Background()
+	s := b.newStore(t)
+	if got, err := s.EnsureSetting(ctx, "token", "first"); err != nil || got != "first" {
+		t.Errorf("first set: %q, %v", got, err)
+	}
+	if got, err := s.EnsureSetting(ctx, "token", "second"); err != nil || got != "first" {
+		t.Errorf("second set: %q, %v; want first kept", got, err)
+	}
+	if got, err := s.EnsureSetting(ctx, "other", "x"); err != nil || got != "x" {
+		t.Errorf("another name: %q, %v", got, err)
+	}
+	for _, name := range []string{"", "a\x00b"} {
+		if _, err := s.EnsureSetting(ctx, name, "v"); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("name %q: %v, want invalid", name, err)
+		}
+	}
 }
 
 // testSandboxNodes: a node is recorded per sandbox, survives updates of

@@ -287,6 +287,19 @@ ALTER TABLE sandboxes ADD COLUMN op_id TEXT NOT NULL DEFAULT '';
 -- bound. Written only by the controller; a single host leaves it ''.
 ALTER TABLE sandboxes ADD COLUMN node TEXT NOT NULL DEFAULT '';
 `, postgresSame},
+	{9, "create settings", `
+-- Values every server and node of one store must agree on, set by the
+-- first to start (the hash of a cluster's internal token).
+CREATE TABLE settings (
+	name  TEXT NOT NULL PRIMARY KEY,
+	value TEXT NOT NULL
+) STRICT;
+`, `
+CREATE TABLE settings (
+	name  TEXT NOT NULL PRIMARY KEY,
+	value TEXT NOT NULL
+);
+`},
 }
 
 // schemaVersion reads the version of the schema: SQLite's PRAGMA

@@ -35,6 +35,15 @@ var migrationTests = []migrationTest{
 	{version: 6, before: fillOperations5, after: checkSchema6},
 	{version: 7, before: fillSchema1, after: checkSchema7},
 	{version: 8, before: fillSchema1, after: checkSchema8},
+	{version: 9, before: fillSchema1, after: checkSchema9},
+}
+
+// checkSchema9: a store from before has no settings, and one can be set.
+func checkSchema9(t *testing.T, db *sql.DB) {
+	s := &Store{db: &conn{db: db, eng: sqliteEngine}}
+	if got, err := s.EnsureSetting(context.Background(), "k", "v"); err != nil || got != "v" {
+		t.Errorf("setting after migration 9: %q, %v", got, err)
+	}
 }
 
 // checkSchema8: sandboxes from before are bound to no node, and one can
