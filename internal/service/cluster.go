@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/errdefs"
@@ -111,4 +112,43 @@ func (s *Service) failCreate(sb store.Sandbox, op store.Operation, err error) er
 		return fmt.Errorf("%w (and recording it failed: %v)", err, terr)
 	}
 	return err
+}
+
+// admitToCluster records a create on an API replica: the row and its
+// pending operation, which the controller makes a Pod of and a node
+// realizes. The caps of each host are the nodes' to check.
+func (s *Service) admitToCluster(ctx context.Context, sb store.Sandbox, op store.Operation) (apiv1.SandboxOperation, error) {
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return apiv1.SandboxOperation{}, fmt.Errorf("the server is shutting down: retry shortly: %w", errdefs.ErrUnavailable)
+	}
+	if err := s.st.InsertSandbox(ctx, sb, op); err != nil {
+		return apiv1.SandboxOperation{}, fmt.Errorf("record sandbox: %w", err)
+	}
+	s.m.opStarted(op.Kind)
+	if s.cfg.Admitted != nil {
+		s.cfg.Admitted(sb.ID)
+	}
+	return apiv1.SandboxOperation{Sandbox: s.sandboxView(sb), Operation: opView(op)}, nil
+}
+
+// pollOperation reads an operation's row every 200 ms until it is done or
+// wait has passed.
+func (s *Service) pollOperation(ctx context.Context, get func() (store.Operation, error), wait time.Duration) (apiv1.Operation, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		op, err := get()
+		if err != nil || op.Status == apiv1.OpSucceeded || op.Status == apiv1.OpFailed || !time.Now().Before(deadline) {
+			return opView(op), err
+		}
+		select {
+		case <-ctx.Done():
+			return apiv1.Operation{}, ctx.Err()
+		case <-s.ctx.Done():
+			return opView(op), nil
+		case <-time.After(min(200*time.Millisecond, time.Until(deadline))):
+		}
+	}
 }

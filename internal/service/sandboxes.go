@@ -109,7 +109,10 @@ func (s *Service) CreateSandbox(ctx context.Context, p Principal, req apiv1.Crea
 	// and not used is given back on every way out below.
 	want := spec
 	want.Env, want.Detach = req.Env, true // as runCreate creates it
-	id, pooled := s.rt.Claim(want)
+	id, pooled := "", false
+	if !s.cfg.Front {
+		id, pooled = s.rt.Claim(want)
+	}
 	if !pooled {
 		id = ids.New("sbx")
 	}
@@ -133,6 +136,9 @@ func (s *Service) CreateSandbox(ctx context.Context, p Principal, req apiv1.Crea
 		sb.ExpiresAt = &exp
 	}
 	op := store.Operation{ID: ids.New("op"), Kind: apiv1.OpCreate, TargetID: sb.ID, Owner: p.KeyID, Status: apiv1.OpPending, CreatedAt: now}
+	if s.cfg.Front {
+		return s.admitToCluster(ctx, sb, op)
+	}
 
 	cctx, c, err := s.admitCreate(sb.ID)
 	if err != nil {
@@ -625,6 +631,10 @@ func (s *Service) GetOperation(ctx context.Context, p Principal, id string, wait
 	op, err := get()
 	if err != nil || wait <= 0 || op.Status == apiv1.OpSucceeded || op.Status == apiv1.OpFailed {
 		return opView(op), err
+	}
+	if s.cfg.Front {
+		// The operation runs on a node: its row is all there is to watch.
+		return s.pollOperation(ctx, get, wait)
 	}
 	s.mu.Lock()
 	ch, ok := s.opWait[id]

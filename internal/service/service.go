@@ -102,6 +102,16 @@ type Config struct {
 	// recovery and leases touch only sandboxes recorded on this node,
 	// and it admits no creates of its own.
 	Node string
+	// Front, if set, makes this the service of a cluster's API replica
+	// (airlock serve --cluster kubernetes): it runs no VM. A create is
+	// recorded for the cluster to place and a node to make, and Admitted
+	// is told of it; the calls on a sandbox that a node runs are routed to
+	// that node before they reach the service (internal/api's Forward).
+	// It recovers nothing at start and leaves leases to the nodes.
+	Front bool
+	// Admitted is called with the ID of each sandbox a Front service
+	// records.
+	Admitted func(id string)
 }
 
 // Validate checks the configuration and fills in defaults.
@@ -121,8 +131,11 @@ func (c *Config) Validate() error {
 	if c.MaxQueuedStarts == 0 {
 		c.MaxQueuedStarts = 64
 	}
-	if c.Node != "" && len(c.Warm) > 0 {
-		return errors.New("a cluster node keeps no warm pools yet")
+	if (c.Node != "" || c.Front) && len(c.Warm) > 0 {
+		return errors.New("cluster mode keeps no warm pools yet")
+	}
+	if c.Node != "" && c.Front {
+		return errors.New("a service is a cluster node's or an API replica's, not both")
 	}
 	if c.MaxBuilds == 0 {
 		c.MaxBuilds = 1
@@ -218,6 +231,11 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		watchers:   map[string]map[chan apiv1.Sandbox]struct{}{},
 		opWait:     map[string]chan struct{}{},
 		states:     map[string]int{},
+	}
+	if cfg.Front {
+		// The nodes hold the VMs, and each recovers and leases its own.
+		s.m.setStates(map[string]int{})
+		return s, nil
 	}
 	if err := s.recover(ctx); err != nil {
 		cancel()

@@ -315,7 +315,7 @@ func (s *Service) PutBuildContext(ctx context.Context, r io.Reader, limit int64)
 // node's templates are those its host has, and sharing new ones between
 // nodes is not built yet.
 func (s *Service) noClusterTemplates() error {
-	if s.cfg.Node == "" {
+	if s.cfg.Node == "" && !s.cfg.Front {
 		return nil
 	}
 	return fmt.Errorf("templates cannot be built or saved in cluster mode yet: build them with a single-host airlock and install them on every node: %w", errdefs.ErrPrecondition)
