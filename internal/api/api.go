@@ -34,6 +34,12 @@ const MaxJSONBody = 1 << 20
 type Config struct {
 	// Service does the work.
 	Service *service.Service
+	// Forward, if set, is offered every call on one sandbox (but reading
+	// its record) and on one command, once the caller is authenticated:
+	// in cluster mode it routes the call to the node that runs the
+	// sandbox and returns true, or returns false for this server to
+	// answer (a sandbox no node runs yet, or one the store lacks).
+	Forward func(w http.ResponseWriter, r *http.Request, kind, id string) (bool, error)
 	// Store keeps idempotent answers.
 	Store *store.Store
 	// Log receives one line per failed request.
@@ -290,6 +296,12 @@ func (s *Server) serve(w *statusWriter, r *http.Request, rt route) error {
 			return err
 		}
 		if rt.auth == authAttach && strings.HasPrefix(token, "act_") {
+			// The token is checked where the command runs.
+			if s.cfg.Forward != nil {
+				if done, err := s.cfg.Forward(w, r, ForwardCommand, r.PathValue("id")); done || err != nil {
+					return err
+				}
+			}
 			return s.attachWithToken(w, r, token)
 		}
 		p, err = s.svc.Authenticate(r.Context(), token)
@@ -298,6 +310,11 @@ func (s *Server) serve(w *statusWriter, r *http.Request, rt route) error {
 		}
 		if rt.auth == authMetrics && !p.Admin() {
 			return fmt.Errorf("metrics need an admin key: %w", errdefs.ErrPermission)
+		}
+	}
+	if kind := forwardKind(rt); kind != "" && s.cfg.Forward != nil {
+		if done, err := s.cfg.Forward(w, r, kind, r.PathValue("id")); done || err != nil {
+			return err
 		}
 	}
 	proxied := len(rt.params) == 1 && rt.params[0] == anyParams[0]
@@ -310,6 +327,26 @@ func (s *Server) serve(w *statusWriter, r *http.Request, rt route) error {
 		return s.idempotent(w, r, rt, p, key)
 	}
 	return rt.handle(w, r, p)
+}
+
+// What Forward is offered.
+const (
+	ForwardSandbox = "sandbox"
+	ForwardCommand = "command"
+)
+
+// forwardKind says what of a route's call Forward is offered: the calls
+// on one sandbox but reading its record, and those on one command.
+func forwardKind(rt route) string {
+	switch {
+	case rt.method == http.MethodGet && rt.path == "/v1/sandboxes/{id}":
+		return ""
+	case strings.HasPrefix(rt.path, "/v1/sandboxes/{id}"):
+		return ForwardSandbox
+	case strings.HasPrefix(rt.path, "/v1/commands/{id}"):
+		return ForwardCommand
+	}
+	return ""
 }
 
 func bearer(r *http.Request) (string, error) {

@@ -34,3 +34,8 @@ func RequireNodeToken(token string, h http.Handler) http.Handler {
 		h.ServeHTTP(w, r)
 	})
 }
+
+// WriteError answers err in the contract's shape, with the status its
+// class maps to, for a handler outside this package (the cluster's
+// router).
+func WriteError(w http.ResponseWriter, err error) { writeError(w, err) }
