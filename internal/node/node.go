@@ -41,7 +41,7 @@ import (
 const (
 	// LabelNode marks the Nodes of airlock node agents; the RuntimeClass
 	// airlock selects them (deploy/runtimeclass.yaml).
-	LabelNode = "airlock.dev/node"
+	LabelNode = cluster.LabelNode
 	// TaintKey and TaintValue make the taint that keeps every Pod but a
 	// sandbox's (whose RuntimeClass tolerates it) off an airlock Node.
 	TaintKey   = "virtual-kubelet.io/provider"

@@ -1,0 +1,130 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corev1listers "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/airlockhq/airlock/internal/api"
+	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/store"
+)
+
+// LabelNode marks the Nodes of airlock node agents.
+const LabelNode = "airlock.dev/node"
+
+// Router sends the calls an API replica gets for a sandbox to the node
+// that runs it: the node recorded in the sandbox's row, reached at its
+// Node's InternalIP and kubelet port, with the cluster's internal token.
+// Streams are passed through as they come (no buffering), so an attach
+// cut by a replica's death resumes through another with Last-Event-ID.
+type Router struct {
+	st    *store.Store
+	nodes corev1listers.NodeLister
+	token string
+	log   *slog.Logger
+	proxy *httputil.ReverseProxy
+}
+
+// NewRouter watches the airlock Nodes until ctx ends and returns a Router
+// once it has listed them.
+func NewRouter(ctx context.Context, client kubernetes.Interface, st *store.Store, token string, log *slog.Logger) (*Router, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	f := informers.NewSharedInformerFactoryWithOptions(client, 10*time.Minute,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelNode + "=true" }))
+	inf := f.Core().V1().Nodes()
+	lister := inf.Lister()
+	f.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
+		return nil, fmt.Errorf("list the airlock nodes: %w", errdefs.ErrUnavailable)
+	}
+	r := &Router{st: st, nodes: lister, token: token, log: log}
+	r.proxy = &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(pr.In.Context().Value(targetKey{}).(*url.URL))
+			pr.Out.Host = pr.In.Host
+			pr.Out.Header.Set(api.NodeTokenHeader, token)
+		},
+		FlushInterval: -1, // event streams go through as written
+		ErrorHandler: func(w http.ResponseWriter, req *http.Request, err error) {
+			node, _ := req.Context().Value(nodeKey{}).(string)
+			log.Warn("route to a node failed", "node", node, "path", req.URL.Path, "err", err)
+			api.WriteError(w, fmt.Errorf("node %s, which runs this sandbox, did not answer (%v): retry shortly: %w", node, err, errdefs.ErrUnavailable))
+		},
+	}
+	return r, nil
+}
+
+type (
+	targetKey struct{}
+	nodeKey   struct{}
+)
+
+// Forward is api.Config.Forward: it routes a call on a sandbox, or on a
+// command, to the sandbox's node. A sandbox no node has taken up yet, or
+// one the store does not know, is left to this server.
+func (r *Router) Forward(w http.ResponseWriter, req *http.Request, kind, id string) (bool, error) {
+	ctx := req.Context()
+	sbx := id
+	if kind == api.ForwardCommand {
+		cmd, err := r.st.GetCommand(ctx, id)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		sbx = cmd.SandboxID
+	}
+	node, err := r.st.SandboxNode(ctx, sbx)
+	if errors.Is(err, errdefs.ErrNotFound) || err == nil && node == "" {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	target, err := r.endpoint(node)
+	if err != nil {
+		return false, err
+	}
+	ctx = context.WithValue(context.WithValue(ctx, targetKey{}, target), nodeKey{}, node)
+	r.proxy.ServeHTTP(w, req.WithContext(ctx))
+	return true, nil
+}
+
+// endpoint is the base URL of a node's internal API, from its Node.
+func (r *Router) endpoint(node string) (*url.URL, error) {
+	n, err := r.nodes.Get(node)
+	if err != nil {
+		return nil, fmt.Errorf("the sandbox's node %s is not registered with the cluster (%v): %w", node, err, errdefs.ErrUnavailable)
+	}
+	return Endpoint(n)
+}
+
+// Endpoint is the base URL of the internal API of a Node an airlock node
+// agent registered: its InternalIP and kubelet port.
+func Endpoint(n *corev1.Node) (*url.URL, error) {
+	port := n.Status.DaemonEndpoints.KubeletEndpoint.Port
+	for _, a := range n.Status.Addresses {
+		if a.Type == corev1.NodeInternalIP && port > 0 {
+			return &url.URL{Scheme: "http", Host: net.JoinHostPort(a.Address, strconv.Itoa(int(port)))}, nil
+		}
+	}
+	return nil, fmt.Errorf("node %s states no internal IP and port: %w", n.Name, errdefs.ErrUnavailable)
+}
