@@ -30,9 +30,92 @@ import (
 )
 
 const (
-	clusterNS = "airlock"
-	nodeUser  = "system:serviceaccount:airlock:airlock-node"
+	clusterNS  = "airlock"
+	nodeUser   = "system:serviceaccount:airlock:airlock-node"
+	serverUser = "system:serviceaccount:airlock:airlock-server"
 )
+
+// testCluster is a control plane with kube-scheduler and deploy/ applied,
+// and a PostgreSQL store whose migrations and admin key a first server
+// made (and stopped).
+type testCluster struct {
+	cp       *kubetest.ControlPlane
+	kc       kubernetes.Interface
+	storeURL string
+	key      string // the admin key
+	owner    string // its ID
+	tpl      apiv1.Template
+	token    string // the internal token
+}
+
+func newTestCluster(t *testing.T) *testCluster {
+	t.Helper()
+	pg := testenv.SharedPostgres(t)
+	cp := kubetest.Start(t, nodeUser, serverUser)
+	cp.StartScheduler(t)
+	cp.MustKubectl(t, "", "apply", "--server-side", "-k", "../deploy")
+	// No kube-controller-manager here to make the namespace's default
+	// service account, which Pod admission looks up.
+	cp.MustKubectl(t, "", "-n", clusterNS, "create", "serviceaccount", "default")
+	c := &testCluster{cp: cp, kc: kubernetes.NewForConfigOrDie(cp.RestConfig()), storeURL: pg.NewDatabase(t)}
+
+	first := newServerEnv(t, []string{"AIRLOCK_STORE=" + c.storeURL})
+	c.key = first.key
+	var keys apiv1.List[apiv1.Key]
+	first.must(t, 200, "GET", "/v1/keys", c.key, nil, &keys)
+	first.must(t, 200, "GET", "/v1/templates/tiny", c.key, nil, &c.tpl)
+	first.stop(syscall.SIGTERM)
+	c.owner = keys.Items[0].ID
+	tok := make([]byte, 32)
+	rand.Read(tok)
+	c.token = hex.EncodeToString(tok)
+	return c
+}
+
+// node starts an `airlock node` of the cluster.
+func (c *testCluster) node(t *testing.T, name string, args ...string) *server {
+	t.Helper()
+	n := startNode(t, name, c.storeURL, c.cp.KubeconfigAs(t, nodeUser), c.token, args...)
+	n.key = c.key
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("%s's output:\n%s", name, n.output())
+		}
+	})
+	return n
+}
+
+// replica starts an `airlock serve --cluster kubernetes` of the cluster.
+func (c *testCluster) replica(t *testing.T) *server {
+	t.Helper()
+	home, err := newHome()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, err := freeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokenFile := filepath.Join(home, "node.token")
+	if err := os.WriteFile(tokenFile, []byte(c.token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := &server{home: home, addr: addr, url: "http://" + addr, key: c.key, args: []string{"--cluster", "kubernetes",
+		"--store", c.storeURL, "--kubeconfig", c.cp.KubeconfigAs(t, serverUser), "--namespace", clusterNS, "--token-file", tokenFile}}
+	serversMu.Lock()
+	allServers = append(allServers, s)
+	serversMu.Unlock()
+	t.Cleanup(s.cleanup)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("replica %s's output:\n%s", addr, s.output())
+		}
+	})
+	if err := s.start(); err != nil {
+		t.Fatalf("start airlock serve --cluster kubernetes: %v", err)
+	}
+	return s
+}
 
 // startNode runs `airlock node` on a data directory of its own, as the
 // node agent's service account, until the test ends.
@@ -76,37 +159,14 @@ func startNode(t *testing.T, name, storeURL, kubeconfig, token string, args ...s
 // the same node; a node killed and started again adopts its VM; the row's
 // delete removes the VM, then the Pod.
 func TestClusterNode(t *testing.T) {
-	pg := testenv.SharedPostgres(t)
-	cp := kubetest.Start(t, nodeUser)
-	cp.StartScheduler(t)
-	cp.MustKubectl(t, "", "apply", "--server-side", "-k", "../deploy")
-	// No kube-controller-manager here to make the namespace's default
-	// service account, which Pod admission looks up.
-	cp.MustKubectl(t, "", "-n", clusterNS, "create", "serviceaccount", "default")
-	storeURL := pg.NewDatabase(t)
+	tc := newTestCluster(t)
+	cp, kc, storeURL, key, owner, tpl := tc.cp, tc.kc, tc.storeURL, tc.key, tc.owner, tc.tpl
 	ctx := context.Background()
-
-	// The store's migrations and admin key come from a first server on
-	// it, stopped before the node starts.
-	first := newServerEnv(t, []string{"AIRLOCK_STORE=" + storeURL})
-	key := first.key
-	var keys apiv1.List[apiv1.Key]
-	first.must(t, 200, "GET", "/v1/keys", key, nil, &keys)
-	var tpl apiv1.Template
-	first.must(t, 200, "GET", "/v1/templates/tiny", key, nil, &tpl)
-	first.stop(syscall.SIGTERM)
-	owner := keys.Items[0].ID
-
-	tok := make([]byte, 32)
-	rand.Read(tok)
-	token := hex.EncodeToString(tok)
-	n := startNode(t, "node-a", storeURL, cp.KubeconfigAs(t, nodeUser), token, "--cpus", "3", "--max-sandboxes", "4")
-	n.key = key
-	kc := kubernetes.NewForConfigOrDie(cp.RestConfig())
+	n := tc.node(t, "node-a", "--cpus", "3", "--max-sandboxes", "4")
 	t.Cleanup(func() {
 		if t.Failed() {
 			pods, _ := cp.Kubectl("", "get", "pods", "-A", "-o", "wide")
-			t.Logf("pods:\n%s\nnode-a's output:\n%s\nkube-scheduler:\n%s", pods, n.output(), cp.Log("kube-scheduler"))
+			t.Logf("pods:\n%s\nkube-scheduler:\n%s", pods, cp.Log("kube-scheduler"))
 		}
 	})
 
@@ -373,3 +433,147 @@ func podRunning(t *testing.T, kc kubernetes.Interface, id string, old any) {
 			fmt.Sprintf("node %q, phase %s, ip %q, reason %q, message %q", p.Spec.NodeName, p.Status.Phase, p.Status.PodIP, p.Status.Reason, p.Status.Message)
 	})
 }
+
+// TestClusterReplicas: two API replicas (`airlock serve --cluster
+// kubernetes`, as the airlock-server service account) and two nodes on
+// one store. A create through either replica is placed by kube-scheduler
+// on a node and made there; exec, command streams, files and suspend and
+// wake through either replica reach the sandbox's node; a replica killed
+// mid-stream costs the client a reconnect to the other with Last-Event-ID,
+// and nothing of the output is lost or repeated; deletes through a
+// replica remove the VMs and the Pods.
+func TestClusterReplicas(t *testing.T) {
+	tc := newTestCluster(t)
+	ctx := context.Background()
+	nodes := map[string]*server{
+		"node-a": tc.node(t, "node-a", "--cpus", "2"),
+		"node-b": tc.node(t, "node-b", "--cpus", "2"),
+	}
+	a, b := tc.replica(t), tc.replica(t)
+	t.Cleanup(func() {
+		if t.Failed() {
+			pods, _ := tc.cp.Kubectl("", "get", "pods", "-A", "-o", "wide")
+			t.Logf("pods:\n%s", pods)
+		}
+	})
+	for _, r := range []*server{a, b} {
+		if !strings.Contains(r.output(), "store postgres, cluster kubernetes)") {
+			t.Fatalf("a replica does not say it is one:\n%s", r.output())
+		}
+	}
+
+	// Each node offers 2 CPUs, and a sandbox asks for one and the VMM's
+	// tenth: the second lands on the other node.
+	on := map[string]string{}
+	var ids []string
+	for i, r := range []*server{a, b} {
+		var res apiv1.SandboxOperation
+		r.must(t, 202, "POST", "/v1/sandboxes", tc.key, apiv1.CreateSandbox{Template: "tiny", VCPUs: 1}, &res)
+		other := []*server{b, a}[i]
+		if op := other.waitOp(t, tc.key, res.Operation.ID); op.Status != apiv1.OpSucceeded {
+			t.Fatalf("create through a replica: %+v", op.Error)
+		}
+		node, err := testStore(t, tc.storeURL).SandboxNode(ctx, res.Sandbox.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		on[res.Sandbox.ID] = node
+		ids = append(ids, res.Sandbox.ID)
+		var sb apiv1.Sandbox
+		other.must(t, 200, "GET", "/v1/sandboxes/"+res.Sandbox.ID, tc.key, nil, &sb)
+		if sb.State != apiv1.StateRunning {
+			t.Fatalf("sandbox %s is %s", sb.ID, sb.State)
+		}
+	}
+	if on[ids[0]] == on[ids[1]] || nodes[on[ids[0]]] == nil || nodes[on[ids[1]]] == nil {
+		t.Fatalf("placement %v: want one sandbox on each node", on)
+	}
+
+	for _, id := range ids {
+		for _, r := range []*server{a, b} {
+			if out := r.run(t, tc.key, id, apiv1.CommandRequest{Cmd: "hostname >/dev/null; echo through"}); out.stdout != "through\n" || out.exit.ExitCode != 0 {
+				t.Fatalf("exec in %s through a replica: %+v", id, out)
+			}
+		}
+		// Files go through too, and the file is in that node's VM.
+		a.must(t, 204, "PUT", "/v1/sandboxes/"+id+"/files?path=/tmp/f", tc.key, "on "+on[id], nil)
+		if status, body := b.call(t, "GET", "/v1/sandboxes/"+id+"/files?path=/tmp/f", tc.key, nil); status != 200 || string(body) != "on "+on[id] {
+			t.Fatalf("read back through the other replica: %d %q", status, body)
+		}
+	}
+
+	t.Run("replica killed mid-stream", func(t *testing.T) {
+		id := ids[0]
+		var sess apiv1.CommandSession
+		a.must(t, 201, "POST", "/v1/sandboxes/"+id+"/commands", tc.key,
+			apiv1.CommandRequest{Cmd: "for i in 1 2 3 4 5 6; do echo line$i; sleep 0.5; done"}, &sess)
+		resp, r := a.attach(t, sess.ID, tc.key, 0)
+		got, last := readUntil(t, r, lines(2))
+		a.stop(syscall.SIGKILL)
+		resp.Body.Close()
+		resp2, r2 := b.attach(t, sess.ID, sess.Attach.Token, last)
+		defer resp2.Body.Close()
+		rest := readToExit(t, r2)
+		if got+rest.stdout != "line1\nline2\nline3\nline4\nline5\nline6\n" || rest.exit.ExitCode != 0 {
+			t.Fatalf("before the kill %q, after through the other replica %q (exit %+v)", got, rest.stdout, rest.exit)
+		}
+		if err := a.start(); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("suspend and wake through the replicas", func(t *testing.T) {
+		id := ids[1]
+		a.lifecycle(t, id, "suspend")
+		if sb := b.state(t, id); sb.State != apiv1.StateSuspended {
+			t.Fatalf("after suspend: %s", sb.State)
+		}
+		b.lifecycle(t, id, "wake")
+		if out := a.run(t, tc.key, id, apiv1.CommandRequest{Cmd: "cat /tmp/f"}); out.stdout != "on "+on[id] {
+			t.Fatalf("after wake: %+v", out)
+		}
+		if node, _ := testStore(t, tc.storeURL).SandboxNode(ctx, id); node != on[id] {
+			t.Errorf("woken on %s, was on %s", node, on[id])
+		}
+	})
+
+	t.Run("bad input through a replica", func(t *testing.T) {
+		if status, b := a.call(t, "POST", "/v1/sandboxes/"+newID("sbx")+"/exec", tc.key, apiv1.CommandRequest{Cmd: "true"}); status != 404 {
+			t.Errorf("exec in an unknown sandbox: %d %s", status, b)
+		}
+		if status, b := a.call(t, "GET", "/v1/commands/"+newID("cmd"), tc.key, nil); status != 404 {
+			t.Errorf("an unknown command: %d %s", status, b)
+		}
+		if status, b := a.call(t, "POST", "/v1/sandboxes/"+ids[0]+"/exec", "", apiv1.CommandRequest{Cmd: "true"}); status != 401 {
+			t.Errorf("exec without a key: %d %s", status, b)
+		}
+	})
+
+	for _, id := range ids {
+		var res apiv1.SandboxOperation
+		b.must(t, 202, "DELETE", "/v1/sandboxes/"+id, tc.key, nil, &res)
+		if op := a.waitOp(t, tc.key, res.Operation.ID); op.Status != apiv1.OpSucceeded {
+			t.Fatalf("delete through a replica: %+v", op.Error)
+		}
+		if _, err := os.Stat(filepath.Join(nodes[on[id]].home, "sandboxes", id)); !os.IsNotExist(err) {
+			t.Errorf("the deleted sandbox's directory on %s: %v", on[id], err)
+		}
+		testenv.Eventually(t, 30*time.Second, "the deleted sandbox's pod gone", func() (bool, string) {
+			_, err := tc.kc.CoreV1().Pods(clusterNS).Get(ctx, id, metav1.GetOptions{})
+			return err != nil && strings.Contains(err.Error(), "not found"), fmt.Sprint(err)
+		})
+	}
+}
+
+// testStore opens the cluster's store for the test.
+func testStore(t *testing.T, url string) *store.Store {
+	t.Helper()
+	st, err := store.OpenPostgres(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
+func newID(prefix string) string { return ids.New(prefix) }

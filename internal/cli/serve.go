@@ -100,6 +100,11 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	fs.Var(&warm, "warm", "keep `N[:TEMPLATE]` clones of a template (default base) restored and ready, so that a create that fits one only gives it its identity; repeat or comma-separate for more templates")
 	storeAddr := fs.String("store", "", "PostgreSQL `URL` (postgres://USER@HOST:PORT/DB) to keep the store in, instead of the SQLite file in the data directory (default: $AIRLOCK_STORE, else the file)")
 	storeWait := fs.Duration("store-wait", 30*time.Second, "how long to keep trying to reach the PostgreSQL store at start")
+	clusterMode := fs.String("cluster", "", "`kubernetes`: serve as an API replica of an airlock cluster on Kubernetes (docs/kubernetes.md), with --store; default: a single host")
+	kubeconfig := fs.String("kubeconfig", os.Getenv("KUBECONFIG"), "with --cluster: kubeconfig `file` to reach the apiserver (default: $KUBECONFIG, else the in-cluster service account)")
+	namespace := fs.String("namespace", "airlock", "with --cluster: `namespace` of the sandbox Pods and the controller's Lease")
+	tokenFile := fs.String("token-file", "", "with --cluster: `file` holding the cluster's internal token (default: $AIRLOCK_NODE_TOKEN)")
+	kubeWait := fs.Duration("kube-wait", 30*time.Second, "with --cluster: how long to keep trying to reach the apiserver at start")
 	perSandbox := fs.Int("metrics-per-sandbox", 100, "most running sandboxes that get their own series on /metrics; with more running, none do; 0: none")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -129,6 +134,30 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("serve: unexpected argument %q: %w", fs.Arg(0), errdefs.ErrInvalid)
+	}
+	if *storeAddr == "" {
+		*storeAddr = os.Getenv("AIRLOCK_STORE")
+	}
+	var token string
+	switch *clusterMode {
+	case "":
+	case "kubernetes":
+		if !store.IsPostgresURL(*storeAddr) {
+			return fmt.Errorf("serve: --cluster kubernetes needs the cluster's PostgreSQL store: give --store postgres://… (or $AIRLOCK_STORE): %w", errdefs.ErrInvalid)
+		}
+		if *e2bListen != "" || len(warm) > 0 {
+			return fmt.Errorf("serve: --e2b-listen and --warm are not served in cluster mode yet: %w", errdefs.ErrInvalid)
+		}
+		if *kubeWait < 0 {
+			return fmt.Errorf("serve: --kube-wait must not be negative: %w", errdefs.ErrInvalid)
+		}
+		t, err := nodeToken(*tokenFile)
+		if err != nil {
+			return fmt.Errorf("serve: %w", err)
+		}
+		token = t
+	default:
+		return fmt.Errorf("serve: --cluster %q is not kubernetes: %w", *clusterMode, errdefs.ErrInvalid)
 	}
 	if *storeWait < 0 {
 		return fmt.Errorf("serve: --store-wait must not be negative: %w", errdefs.ErrInvalid)
@@ -167,26 +196,33 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	if err := os.MkdirAll(env.Dir.Root, 0o755); err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
-	if *storeAddr == "" {
-		*storeAddr = os.Getenv("AIRLOCK_STORE")
-	}
 	st, err := openServeStore(ctx, env, *storeAddr, *storeWait, log)
 	if err != nil {
 		return fmt.Errorf("serve: open store: %w", err)
 	}
 	defer st.Close()
-	// A second server on one PostgreSQL database would take the first's
-	// sandboxes for its own; one that loses the database stops.
 	lostStore := make(chan error, 1)
-	if err := st.Exclusive(ctx, func(err error) { lostStore <- err }); err != nil {
-		return fmt.Errorf("serve: %w", err)
-	}
-	// This server is the store's only one: a claim on an Idempotency-Key is
-	// one of a request that died with the last server, and a retry must run.
-	if n, err := st.ReleaseAllClaims(ctx); err != nil {
-		return fmt.Errorf("serve: %w", err)
-	} else if n > 0 {
-		log.Info("released the idempotency keys of requests the last server did not answer", "keys", n)
+	var cl *clusterFront
+	if *clusterMode != "" {
+		// Replicas share the store; the sandboxes are the nodes'.
+		cl, err = startClusterFront(ctx, st, *kubeconfig, *namespace, token, *kubeWait, log)
+		if err != nil {
+			return fmt.Errorf("serve: %w", err)
+		}
+		defer cl.stop()
+	} else {
+		// A second server on one PostgreSQL database would take the first's
+		// sandboxes for its own; one that loses the database stops.
+		if err := st.Exclusive(ctx, func(err error) { lostStore <- err }); err != nil {
+			return fmt.Errorf("serve: %w", err)
+		}
+		// This server is the store's only one: a claim on an Idempotency-Key is
+		// one of a request that died with the last server, and a retry must run.
+		if n, err := st.ReleaseAllClaims(ctx); err != nil {
+			return fmt.Errorf("serve: %w", err)
+		} else if n > 0 {
+			log.Info("released the idempotency keys of requests the last server did not answer", "keys", n)
+		}
 	}
 	box, tokenKey, err := openKeys(env)
 	if err != nil {
@@ -200,6 +236,7 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 		DefaultEgress: *defaultEgress, Secrets: box, TokenKey: tokenKey,
 		TrustedRegistries: trustedRegistries, MaxBuilds: *maxBuilds, MaxContextBytes: *maxContext << 20,
 		MinFreeDiskBytes: minFreeDisk.n, Warm: warm,
+		Front: cl != nil, Admitted: cl.admitted,
 	}, reg)
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
@@ -214,8 +251,15 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 		fmt.Fprintf(env.Stdout, "admin API key (shown once; also in %s):\n  %s\n", keyPath, key)
 	}
 
+	var forward func(http.ResponseWriter, *http.Request, string, string) (bool, error)
+	if cl != nil {
+		if err := cl.start(ctx, reg); err != nil {
+			return fmt.Errorf("serve: %w", err)
+		}
+		forward = cl.router.Forward
+	}
 	apiSrv := api.New(api.Config{Service: svc, Store: st, Log: log, Registry: reg, Secrets: box,
-		MetricsOpen: isLoopback(ln.Addr()), PingInterval: *ping})
+		MetricsOpen: isLoopback(ln.Addr()), PingInterval: *ping, Forward: forward})
 	httpSrv := &http.Server{Handler: apiSrv, ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 2)
 	go func() { errc <- httpSrv.Serve(ln) }()
@@ -234,7 +278,11 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 		go func() { errc <- e2bSrv.Serve(e2bLn) }()
 		fmt.Fprintf(env.Stdout, "airlock serving E2B's API on http://%s\n", e2bLn.Addr())
 	}
-	fmt.Fprintf(env.Stdout, "airlock serving on http://%s (accelerator %s, store %s)\n", ln.Addr(), rt.Accel(), st.Engine())
+	mode := ""
+	if cl != nil {
+		mode = ", cluster kubernetes"
+	}
+	fmt.Fprintf(env.Stdout, "airlock serving on http://%s (accelerator %s, store %s%s)\n", ln.Addr(), rt.Accel(), st.Engine(), mode)
 
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)

@@ -22,6 +22,7 @@ func TestDeployManifests(t *testing.T) {
 	out := cp.MustKubectl(t, "", "apply", "--server-side", "--dry-run=server", "-k", deployDir)
 	for _, want := range []string{"namespace/airlock", "runtimeclass.node.k8s.io/airlock", "serviceaccount/airlock-server",
 		"role.rbac.authorization.k8s.io/airlock-controller", "rolebinding.rbac.authorization.k8s.io/airlock-controller",
+		"clusterrole.rbac.authorization.k8s.io/airlock-server", "clusterrolebinding.rbac.authorization.k8s.io/airlock-server",
 		"serviceaccount/airlock-node", "clusterrole.rbac.authorization.k8s.io/airlock-node",
 		"clusterrolebinding.rbac.authorization.k8s.io/airlock-node", "role.rbac.authorization.k8s.io/airlock-node",
 		"rolebinding.rbac.authorization.k8s.io/airlock-node"} {
