@@ -537,6 +537,58 @@ func TestClusterReplicas(t *testing.T) {
 		}
 	})
 
+	t.Run("a node that died", func(t *testing.T) {
+		id := ids[1]
+		n := nodes[on[id]]
+		n.stop(syscall.SIGKILL)
+		status, body := a.call(t, "POST", "/v1/sandboxes/"+id+"/exec", tc.key, apiv1.CommandRequest{Cmd: "true"})
+		if status != 503 || !strings.Contains(string(body), "node "+on[id]+", which runs this sandbox, did not answer") {
+			t.Errorf("exec while its node is down: %d %s", status, body)
+		}
+		if err := n.start(); err != nil {
+			t.Fatal(err)
+		}
+		if out := b.run(t, tc.key, id, apiv1.CommandRequest{Cmd: "cat /tmp/f"}); out.stdout != "on "+on[id] {
+			t.Fatalf("after the node came back: %+v", out)
+		}
+	})
+
+	t.Run("a sandbox no node can take", func(t *testing.T) {
+		// Both nodes have 0.9 of a CPU left.
+		var res apiv1.SandboxOperation
+		a.must(t, 202, "POST", "/v1/sandboxes", tc.key, apiv1.CreateSandbox{Template: "tiny", VCPUs: 2}, &res)
+		testenv.Eventually(t, 30*time.Second, "the pod unschedulable", func() (bool, string) {
+			p, err := tc.kc.CoreV1().Pods(clusterNS).Get(ctx, res.Sandbox.ID, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			for _, c := range p.Status.Conditions {
+				if c.Type == corev1.PodScheduled && c.Reason == corev1.PodReasonUnschedulable {
+					return true, ""
+				}
+			}
+			return false, fmt.Sprintf("%+v", p.Status.Conditions)
+		})
+		var sb apiv1.Sandbox
+		b.must(t, 200, "GET", "/v1/sandboxes/"+res.Sandbox.ID, tc.key, nil, &sb)
+		if sb.State != apiv1.StateCreating {
+			t.Errorf("an unplaced sandbox is %s", sb.State)
+		}
+		// Its delete is the replica's own: no node has it.
+		var del apiv1.SandboxOperation
+		b.must(t, 202, "DELETE", "/v1/sandboxes/"+res.Sandbox.ID, tc.key, nil, &del)
+		if op := a.waitOp(t, tc.key, del.Operation.ID); op.Status != apiv1.OpSucceeded {
+			t.Fatalf("delete of an unplaced sandbox: %+v", op.Error)
+		}
+		if op := a.waitOp(t, tc.key, res.Operation.ID); op.Status != apiv1.OpFailed {
+			t.Errorf("its create: %s, want failed", op.Status)
+		}
+		testenv.Eventually(t, 30*time.Second, "the unplaced sandbox's pod gone", func() (bool, string) {
+			_, err := tc.kc.CoreV1().Pods(clusterNS).Get(ctx, res.Sandbox.ID, metav1.GetOptions{})
+			return err != nil && strings.Contains(err.Error(), "not found"), fmt.Sprint(err)
+		})
+	})
+
 	t.Run("bad input through a replica", func(t *testing.T) {
 		if status, b := a.call(t, "POST", "/v1/sandboxes/"+newID("sbx")+"/exec", tc.key, apiv1.CommandRequest{Cmd: "true"}); status != 404 {
 			t.Errorf("exec in an unknown sandbox: %d %s", status, b)

@@ -298,7 +298,11 @@ func (c *Controller) reconcile(ctx context.Context, lister listerv1.PodNamespace
 		switch node := pod.Spec.NodeName; {
 		case node == "":
 		case nodes[id] == "":
-			if err := c.cfg.Store.SetSandboxNode(ctx, id, node); err != nil {
+			// A claim, not a write: a node or a replica that took the
+			// sandbox meanwhile keeps it, and the next pass sees the Pod
+			// bound elsewhere.
+			got, err := c.cfg.Store.ClaimSandboxNode(ctx, id, node)
+			if err != nil || got != node {
 				errs = append(errs, err)
 				break
 			}
@@ -311,7 +315,7 @@ func (c *Controller) reconcile(ctx context.Context, lister listerv1.PodNamespace
 		}
 	}
 	for id, sb := range rows {
-		if !have[id] {
+		if !have[id] && nodes[id] != store.ReplicaClaim { // a replica's delete ends it
 			errs = append(errs, c.createPod(ctx, sb, nodes[id]))
 		}
 	}

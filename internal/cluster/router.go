@@ -93,7 +93,7 @@ func (r *Router) Forward(w http.ResponseWriter, req *http.Request, kind, id stri
 		sbx = cmd.SandboxID
 	}
 	node, err := r.st.SandboxNode(ctx, sbx)
-	if errors.Is(err, errdefs.ErrNotFound) || err == nil && node == "" {
+	if errors.Is(err, errdefs.ErrNotFound) || err == nil && (node == "" || node == store.ReplicaClaim) {
 		return false, nil
 	}
 	if err != nil {

@@ -152,3 +152,18 @@ func (s *Service) pollOperation(ctx context.Context, get func() (store.Operation
 		}
 	}
 }
+
+// endUnplacedCreate fails the pending create of a sandbox deleted before
+// any node took it up, as a single host fails a create its delete cut.
+func (s *Service) endUnplacedCreate(ctx context.Context, id string) {
+	op, err := s.pendingCreate(ctx, id)
+	if err != nil {
+		return // none pending
+	}
+	now := s.now()
+	op.Status, op.FinishedAt = apiv1.OpFailed, &now
+	op.Error = &store.Error{Code: apiv1.CodeConflict, Message: "the sandbox was deleted while it was being created"}
+	if err := s.st.UpdateOperation(ctx, op); err != nil {
+		s.log.Warn("fail the create of a deleted sandbox", "sandbox", id, "err", err)
+	}
+}

@@ -511,6 +511,19 @@ func (s *Service) DeleteSandbox(ctx context.Context, p Principal, id string) (ap
 		s.mu.Unlock()
 		return apiv1.SandboxOperation{}, fmt.Errorf("sandbox %s is %s already: %w", id, sb.State, errdefs.ErrConflict)
 	}
+	if s.cfg.Front {
+		// No node had it when the call was routed here; one may take it up
+		// meanwhile. The claim settles which: after it, none can.
+		node, err := s.st.ClaimSandboxNode(ctx, id, store.ReplicaClaim)
+		if err != nil {
+			s.mu.Unlock()
+			return apiv1.SandboxOperation{}, err
+		}
+		if node != store.ReplicaClaim {
+			s.mu.Unlock()
+			return apiv1.SandboxOperation{}, fmt.Errorf("sandbox %s was just taken up by node %s: retry, and the delete goes there: %w", id, node, errdefs.ErrUnavailable)
+		}
+	}
 	from := sb.State
 	now := s.now()
 	op := store.Operation{ID: ids.New("op"), Kind: apiv1.OpDelete, TargetID: id, Owner: p.KeyID, Status: apiv1.OpPending, CreatedAt: now}
@@ -523,6 +536,9 @@ func (s *Service) DeleteSandbox(ctx context.Context, p Principal, id string) (ap
 	}
 	s.work.Add(1)
 	s.mu.Unlock()
+	if s.cfg.Front && from == apiv1.StateCreating {
+		s.endUnplacedCreate(ctx, id)
+	}
 	s.countState(from, sb.State)
 	s.publish(sb)
 	s.m.opStarted(op.Kind)

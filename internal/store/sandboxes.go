@@ -130,6 +130,11 @@ func (s *Store) SetSandboxNode(ctx context.Context, id, node string) error {
 	return mustAffect(res, "sandbox", id)
 }
 
+// ReplicaClaim is the node an API replica claims a sandbox for when it
+// deletes one no node has taken up: no node can claim it after, and the
+// controller makes no Pod for it. It is no valid Node name.
+const ReplicaClaim = "(replica)"
+
 // ClaimSandboxNode records node as the sandbox's if it has none yet, and
 // returns the node the sandbox has after: node itself, or the one that
 // claimed it first. Of nodes racing for one sandbox, one wins.
