@@ -62,7 +62,7 @@ func New(cfg Config) *Agent {
 	a := &Agent{
 		cfg:     cfg,
 		log:     cfg.Log,
-		reaper:  newReaper(),
+		reaper:  processReaper(),
 		freezer: &freezer{system: cfg.System, log: cfg.Log},
 		procs:   map[string]*process{},
 	}
@@ -75,7 +75,8 @@ func New(cfg Config) *Agent {
 // first reports that no host is connected; the wait doubles while no host
 // comes, up to ten times that, so an unattended sandbox stays quiet.
 func (a *Agent) Serve(ctx context.Context, port Port, eofBackoff time.Duration) error {
-	go a.reaper.run(ctx)
+	a.reaper.acquire()
+	defer a.reaper.release()
 	d := agentproto.NewDemux(port)
 	var cur *session
 	wait := eofBackoff

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -32,22 +31,52 @@ const drainIdle = 250 * time.Millisecond
 // reaper waits for every child of PID 1, including orphans it adopts, and
 // hands exit statuses to the processes the agent started.
 type reaper struct {
-	mu      sync.Mutex // guards waiters; held across fork so a fast exit is never missed
+	mu      sync.Mutex // guards waiters, users and stop; held across fork so a fast exit is never missed
 	waiters map[int]chan unix.WaitStatus
+	users   int           // agents serving
+	stop    chan struct{} // closed when the last one stops
 }
 
-func newReaper() *reaper { return &reaper{waiters: map[int]chan unix.WaitStatus{}} }
+// processReaper is the process's one reaper: Wait4(-1) takes any child's
+// exit, so two reapers in one process (agents of tests side by side)
+// would each take exits the other waits for. It reaps while an agent
+// serves (acquire and release), and leaves the process's children alone
+// otherwise, for os/exec to wait for.
+var processReaper = sync.OnceValue(func() *reaper {
+	return &reaper{waiters: map[int]chan unix.WaitStatus{}}
+})
 
-// run reaps children on SIGCHLD until ctx ends. reap drains every exited
-// child, and a SIGCHLD that arrives meanwhile waits in the channel, so no
-// exit is missed.
-func (r *reaper) run(ctx context.Context) {
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, unix.SIGCHLD)
+// acquire starts reaping, if no agent had: children started after it
+// returns have their exits seen.
+func (r *reaper) acquire() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.users++
+	if r.users == 1 {
+		sigs := make(chan os.Signal, 1)
+		signal.Notify(sigs, unix.SIGCHLD)
+		r.stop = make(chan struct{})
+		go r.run(sigs, r.stop)
+	}
+}
+
+// release stops reaping once no agent serves.
+func (r *reaper) release() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.users--; r.users == 0 {
+		close(r.stop)
+	}
+}
+
+// run reaps children on every SIGCHLD until stop closes. reap drains
+// every exited child, and a SIGCHLD that arrives meanwhile waits in the
+// channel, so no exit is missed.
+func (r *reaper) run(sigs chan os.Signal, stop <-chan struct{}) {
 	defer signal.Stop(sigs)
 	for {
 		select {
-		case <-ctx.Done():
+		case <-stop:
 			return
 		case <-sigs:
 		}
