@@ -72,6 +72,17 @@ the password through PGPASSWORD or ~/.pgpass rather than the command
 line. An unreachable PostgreSQL is retried for --store-wait at start; a
 connection lost later is remade, and calls meanwhile fail with 503.
 
+With --cluster kubernetes it is one of the API replicas of an airlock
+cluster on Kubernetes (docs/kubernetes.md), all on one PostgreSQL store
+(--store): it records creates for kube-scheduler to place on the hosts
+that run airlock node, runs the cluster controller (one replica leads,
+through a Lease in --namespace), and routes every call on a sandbox to
+the node that runs it, with the cluster's internal token (--token-file or
+$AIRLOCK_NODE_TOKEN). It runs no VM itself; --warm and --e2b-listen are
+not served in cluster mode yet.
+
+  airlock serve --cluster kubernetes --store postgres://airlock@db/airlock --token-file /etc/airlock/token
+
 Each sandbox's QEMU runs jailed (docs/hardening.md): as a user of its own
 from --jail-uids, in a mount namespace that holds only its files, with no
 capabilities, no_new_privs, QEMU's seccomp filter and a cgroup limiting

@@ -92,6 +92,11 @@ func TestServeStoreFlags(t *testing.T) {
 		{[]string{"--store-wait", "-1s"}, "--store-wait must not be negative"},
 		{[]string{"--store", "sqlite:///tmp/x.db"}, "want a postgres:// or postgresql:// URL"},
 		{[]string{"--store", "postgres://u:hunter2@127.0.0.1/x?sslmode=maybe"}, "sslmode is invalid"},
+		{[]string{"--cluster", "nomad"}, "is not kubernetes"},
+		{[]string{"--cluster", "kubernetes"}, "needs the cluster's PostgreSQL store"},
+		{[]string{"--cluster", "kubernetes", "--store", "postgres://u:hunter2@127.0.0.1:1/x"}, "no internal token"},
+		{[]string{"--cluster", "kubernetes", "--store", "postgres://u:hunter2@127.0.0.1:1/x", "--warm", "1:base"}, "not served in cluster mode yet"},
+		{[]string{"--cluster", "kubernetes", "--store", "postgres://u:hunter2@127.0.0.1:1/x", "--kube-wait", "-1s"}, "--kube-wait must not be negative"},
 	} {
 		var out, errb bytes.Buffer
 		env := &Env{Stdout: &out, Stderr: &errb, Dir: datadir.Dir{Root: t.TempDir()}}
