@@ -72,21 +72,27 @@ func newTestCluster(t *testing.T) *testCluster {
 	return c
 }
 
-// node starts an `airlock node` of the cluster.
+// node starts an `airlock node` of the cluster, as the node agent's
+// service account.
 func (c *testCluster) node(t *testing.T, name string, args ...string) *server {
 	t.Helper()
-	n := startNode(t, name, c.storeURL, c.cp.KubeconfigAs(t, nodeUser), c.token, args...)
-	n.key = c.key
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("%s's output:\n%s", name, n.output())
-		}
-	})
+	n := c.launch(t, "node", append([]string{"--name", name, "--kubeconfig", c.cp.KubeconfigAs(t, nodeUser),
+		"--lease-duration", "4s"}, args...))
+	n.header = http.Header{api.NodeTokenHeader: {c.token}}
 	return n
 }
 
-// replica starts an `airlock serve --cluster kubernetes` of the cluster.
+// replica starts an `airlock serve --cluster kubernetes` of the cluster,
+// as the servers' service account.
 func (c *testCluster) replica(t *testing.T) *server {
+	t.Helper()
+	return c.launch(t, "", []string{"--cluster", "kubernetes", "--kubeconfig", c.cp.KubeconfigAs(t, serverUser)})
+}
+
+// launch runs an airlock command of the cluster (command "" for serve)
+// on a data directory of its own, with the store and the internal token,
+// until the test ends.
+func (c *testCluster) launch(t *testing.T, command string, args []string) *server {
 	t.Helper()
 	home, err := newHome()
 	if err != nil {
@@ -100,49 +106,19 @@ func (c *testCluster) replica(t *testing.T) *server {
 	if err := os.WriteFile(tokenFile, []byte(c.token+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	s := &server{home: home, addr: addr, url: "http://" + addr, key: c.key, args: []string{"--cluster", "kubernetes",
-		"--store", c.storeURL, "--kubeconfig", c.cp.KubeconfigAs(t, serverUser), "--namespace", clusterNS, "--token-file", tokenFile}}
+	s := &server{home: home, addr: addr, url: "http://" + addr, key: c.key, command: command,
+		args: append([]string{"--store", c.storeURL, "--namespace", clusterNS, "--token-file", tokenFile}, args...)}
 	serversMu.Lock()
 	allServers = append(allServers, s)
 	serversMu.Unlock()
 	t.Cleanup(s.cleanup)
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("replica %s's output:\n%s", addr, s.output())
+			t.Logf("airlock %s %v's output:\n%s", command, args, s.output())
 		}
 	})
 	if err := s.start(); err != nil {
-		t.Fatalf("start airlock serve --cluster kubernetes: %v", err)
-	}
-	return s
-}
-
-// startNode runs `airlock node` on a data directory of its own, as the
-// node agent's service account, until the test ends.
-func startNode(t *testing.T, name, storeURL, kubeconfig, token string, args ...string) *server {
-	t.Helper()
-	home, err := newHome()
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr, err := freeAddr()
-	if err != nil {
-		t.Fatal(err)
-	}
-	tokenFile := filepath.Join(home, "node.token")
-	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	s := &server{home: home, addr: addr, url: "http://" + addr, command: "node",
-		args: append([]string{"--name", name, "--store", storeURL, "--kubeconfig", kubeconfig,
-			"--namespace", clusterNS, "--token-file", tokenFile, "--lease-duration", "4s"}, args...),
-		header: http.Header{api.NodeTokenHeader: {token}}}
-	serversMu.Lock()
-	allServers = append(allServers, s)
-	serversMu.Unlock()
-	t.Cleanup(s.cleanup)
-	if err := s.start(); err != nil {
-		t.Fatalf("start airlock node: %v", err)
+		t.Fatalf("start airlock %s: %v", command, err)
 	}
 	return s
 }
