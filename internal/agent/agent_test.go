@@ -10,9 +10,11 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -531,7 +533,14 @@ func TestHelloOfAnotherVersionIsRefused(t *testing.T) {
 
 // A background child that keeps the output open must not hold the exit:
 // output is drained until it goes quiet, then the exit is reported.
+//
+// The children ignore SIGHUP (as under nohup), so that the terminal's
+// hangup when the shell exits does not end the background one: the drain
+// must not depend on it. A pty master outside Go's poller, where read
+// deadlines do nothing, waited the full 30 s here.
 func TestExitWithBackgroundChildHoldingOutput(t *testing.T) {
+	signal.Ignore(syscall.SIGHUP) // inherited by what the agent starts
+	defer signal.Reset(syscall.SIGHUP)
 	_, c := startAgent(t)
 	for _, pty := range []*agentproto.PTY{nil, {Rows: 24, Cols: 80}} {
 		start := time.Now()

@@ -454,12 +454,12 @@ func (a *Agent) run(st net.Conn, req *agentproto.ExecRequest, spec *execSpec) {
 		sys.Credential = nil // nothing to change; also lets tests run unprivileged
 	}
 	if req.PTY != nil {
-		m, tty, err := pty.Open()
+		m, tty, err := openPTY()
 		if err != nil {
 			fail(fmt.Errorf("open pty: %w", err))
 			return
 		}
-		pty.Setsize(m, &pty.Winsize{Rows: req.PTY.Rows, Cols: req.PTY.Cols})
+		setWinsize(m, req.PTY.Rows, req.PTY.Cols)
 		ptmx = m
 		childFiles = []*os.File{tty, tty, tty}
 		outputs, types = []*os.File{m}, []agentproto.MsgType{agentproto.MsgStdout}
@@ -607,4 +607,42 @@ func ParseSignal(s string) (syscall.Signal, error) {
 		return 0, fmt.Errorf("unknown signal %q", s)
 	}
 	return sig, nil
+}
+
+// openPTY opens a pseudo-terminal whose master reads through Go's poller,
+// so that its read deadlines work.
+func openPTY() (master, tty *os.File, err error) {
+	m, tty, err := pty.Open()
+	if err != nil {
+		return nil, nil, err
+	}
+	defer m.Close()
+	fd, err := unix.Dup(int(m.Fd()))
+	if err != nil {
+		tty.Close()
+		return nil, nil, err
+	}
+	unix.CloseOnExec(fd)
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		tty.Close()
+		return nil, nil, err
+	}
+	return os.NewFile(uintptr(fd), m.Name()), tty, nil
+}
+
+// setWinsize sets a terminal's size through f's descriptor without
+// taking it out of the poller (as pty.Setsize, through Fd, would).
+func setWinsize(f *os.File, rows, cols uint16) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var ierr error
+	if err := rc.Control(func(fd uintptr) {
+		ierr = unix.IoctlSetWinsize(int(fd), unix.TIOCSWINSZ, &unix.Winsize{Row: rows, Col: cols})
+	}); err != nil {
+		return err
+	}
+	return ierr
 }

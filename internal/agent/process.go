@@ -12,7 +12,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/creack/pty"
 	"golang.org/x/sys/unix"
 
 	"github.com/airlockhq/airlock/internal/agentproto"
@@ -409,7 +408,7 @@ func (p *process) resize(rows, cols uint16) (bool, error) {
 	if !p.running {
 		return false, nil
 	}
-	return true, pty.Setsize(p.pty, &pty.Winsize{Rows: rows, Cols: cols})
+	return true, setWinsize(p.pty, rows, cols)
 }
 
 func (a *Agent) handleAttach(st net.Conn, req *agentproto.AttachReq) {
