@@ -422,8 +422,8 @@ func TestClusterReplicas(t *testing.T) {
 	tc := newTestCluster(t)
 	ctx := context.Background()
 	nodes := map[string]*server{
-		"node-a": tc.node(t, "node-a", "--cpus", "2"),
-		"node-b": tc.node(t, "node-b", "--cpus", "2"),
+		"node-a": tc.node(t, "node-a", "--cpus", "3"),
+		"node-b": tc.node(t, "node-b", "--cpus", "3"),
 	}
 	a, b := tc.replica(t), tc.replica(t)
 	t.Cleanup(func() {
@@ -438,8 +438,8 @@ func TestClusterReplicas(t *testing.T) {
 		}
 	}
 
-	// Each node offers 2 CPUs, and a sandbox asks for one and the VMM's
-	// tenth: the second lands on the other node.
+	// Each node offers 3 CPUs, and a sandbox asks for one and the VMM's
+	// tenth: the second lands on the emptier node, the other one.
 	on := map[string]string{}
 	var ids []string
 	for i, r := range []*server{a, b} {
@@ -514,23 +514,71 @@ func TestClusterReplicas(t *testing.T) {
 	})
 
 	t.Run("a node that died", func(t *testing.T) {
+		var seen time.Duration
 		id := ids[1]
-		n := nodes[on[id]]
+		dead := on[id]
+		n := nodes[dead]
 		n.stop(syscall.SIGKILL)
+		killed := time.Now()
+		// Within its lease (4 s) and the controller's check, the replicas
+		// say why, and the controller taints its Node.
+		defer func() { t.Logf("%s's death was seen after %s", dead, seen.Round(100*time.Millisecond)) }()
+		testenv.Eventually(t, 20*time.Second, "the sandbox reported unavailable", func() (bool, string) {
+			seen = time.Since(killed)
+			var sb apiv1.Sandbox
+			b.must(t, 200, "GET", "/v1/sandboxes/"+id, tc.key, nil, &sb)
+			return sb.Unavailable != nil && sb.Unavailable.Code == apiv1.CodeUnavailable &&
+				strings.Contains(sb.Unavailable.Message, "node "+dead+" has not renewed its lease"), fmt.Sprintf("%+v", sb.Unavailable)
+		})
+		var list apiv1.List[apiv1.Sandbox]
+		a.must(t, 200, "GET", "/v1/sandboxes", tc.key, nil, &list)
+		for _, sb := range list.Items {
+			if (sb.ID == id) != (sb.Unavailable != nil) {
+				t.Errorf("listed %s (on %s): unavailable %+v", sb.ID, on[sb.ID], sb.Unavailable)
+			}
+		}
 		status, body := a.call(t, "POST", "/v1/sandboxes/"+id+"/exec", tc.key, apiv1.CommandRequest{Cmd: "true"})
-		if status != 503 || !strings.Contains(string(body), "node "+on[id]+", which runs this sandbox, did not answer") {
+		if status != 503 || !strings.Contains(string(body), "node "+dead+" has not renewed its lease") {
 			t.Errorf("exec while its node is down: %d %s", status, body)
 		}
+		testenv.Eventually(t, 10*time.Second, "the dead node tainted", func() (bool, string) {
+			node, err := tc.kc.CoreV1().Nodes().Get(ctx, dead, metav1.GetOptions{})
+			return err == nil && slices.ContainsFunc(node.Spec.Taints, func(tn corev1.Taint) bool { return tn.Key == cluster.TaintUnreachable }),
+				fmt.Sprintf("%v %v", err, node.Spec.Taints)
+		})
+		// A create goes to the node that is up.
+		var res apiv1.SandboxOperation
+		a.must(t, 202, "POST", "/v1/sandboxes", tc.key, apiv1.CreateSandbox{Template: "tiny", VCPUs: 1}, &res)
+		if op := b.waitOp(t, tc.key, res.Operation.ID); op.Status != apiv1.OpSucceeded {
+			t.Fatalf("create while %s is down: %+v", dead, op.Error)
+		}
+		if node, _ := testStore(t, tc.storeURL).SandboxNode(ctx, res.Sandbox.ID); node != on[ids[0]] {
+			t.Errorf("a create while %s is down went to %q", dead, node)
+		}
+		var del apiv1.SandboxOperation
+		b.must(t, 202, "DELETE", "/v1/sandboxes/"+res.Sandbox.ID, tc.key, nil, &del)
+		if op := a.waitOp(t, tc.key, del.Operation.ID); op.Status != apiv1.OpSucceeded {
+			t.Fatalf("delete: %+v", op.Error)
+		}
+
+		// Back with its VM: available once it renews its lease, untainted.
 		if err := n.start(); err != nil {
 			t.Fatal(err)
 		}
-		if out := b.run(t, tc.key, id, apiv1.CommandRequest{Cmd: "cat /tmp/f"}); out.stdout != "on "+on[id] {
+		testenv.Eventually(t, 20*time.Second, "the node back and untainted", func() (bool, string) {
+			var sb apiv1.Sandbox
+			b.must(t, 200, "GET", "/v1/sandboxes/"+id, tc.key, nil, &sb)
+			node, err := tc.kc.CoreV1().Nodes().Get(ctx, dead, metav1.GetOptions{})
+			tainted := err != nil || slices.ContainsFunc(node.Spec.Taints, func(tn corev1.Taint) bool { return tn.Key == cluster.TaintUnreachable })
+			return sb.Unavailable == nil && !tainted, fmt.Sprintf("unavailable %+v, tainted %v", sb.Unavailable, tainted)
+		})
+		if out := b.run(t, tc.key, id, apiv1.CommandRequest{Cmd: "cat /tmp/f"}); out.stdout != "on "+dead {
 			t.Fatalf("after the node came back: %+v", out)
 		}
 	})
 
 	t.Run("a sandbox no node can take", func(t *testing.T) {
-		// Both nodes have 0.9 of a CPU left.
+		// Both nodes have 1.9 CPUs left.
 		var res apiv1.SandboxOperation
 		a.must(t, 202, "POST", "/v1/sandboxes", tc.key, apiv1.CreateSandbox{Template: "tiny", VCPUs: 2}, &res)
 		testenv.Eventually(t, 30*time.Second, "the pod unschedulable", func() (bool, string) {

@@ -131,6 +131,9 @@ type Sandbox struct {
 	Metadata  map[string]string `json:"metadata"`
 	Network   json.RawMessage   `json:"network"`
 	LastError *Status           `json:"last_error"`
+	// Unavailable, in cluster mode, says why the sandbox cannot be reached
+	// now: the node that runs it is down. Absent otherwise.
+	Unavailable *Status `json:"unavailable,omitempty"`
 	// Limits bound what the sandbox's VMM may use on the host, from its
 	// cgroup; absent when the server runs with the jail off.
 	Limits *SandboxLimits `json:"limits,omitempty"`

@@ -82,3 +82,17 @@ func (c *clusterFront) stop() {
 		<-c.done
 	}
 }
+
+// nodeDown is service.Config.NodeDown for a replica: the router's view,
+// once it runs; nil outside cluster mode.
+func (c *clusterFront) nodeDown() func(string) string {
+	if c == nil {
+		return nil
+	}
+	return func(node string) string {
+		if c.router == nil {
+			return ""
+		}
+		return c.router.NodeDown(node)
+	}
+}

@@ -247,7 +247,7 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 		DefaultEgress: *defaultEgress, Secrets: box, TokenKey: tokenKey,
 		TrustedRegistries: trustedRegistries, MaxBuilds: *maxBuilds, MaxContextBytes: *maxContext << 20,
 		MinFreeDiskBytes: minFreeDisk.n, Warm: warm,
-		Front: cl != nil, Admitted: cl.admitted,
+		Front: cl != nil, Admitted: cl.admitted, NodeDown: cl.nodeDown(),
 	}, reg)
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)

@@ -87,10 +87,11 @@ type Controller struct {
 }
 
 type metrics struct {
-	leading  prometheus.Gauge
-	unknown  prometheus.Gauge
-	changes  *prometheus.CounterVec
-	failures prometheus.Counter
+	leading     prometheus.Gauge
+	unknown     prometheus.Gauge
+	changes     *prometheus.CounterVec
+	failures    prometheus.Counter
+	unreachable prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (metrics, error) {
@@ -103,9 +104,11 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 			Help: "Changes the controller made: created and deleted Pods, bound nodes recorded in rows."}, []string{"change"}),
 		failures: prometheus.NewCounter(prometheus.CounterOpts{Name: "airlock_cluster_pass_failures_total",
 			Help: "Passes that failed in part; the next pass retries."}),
+		unreachable: prometheus.NewGauge(prometheus.GaugeOpts{Name: "airlock_cluster_unreachable_nodes",
+			Help: "Airlock nodes whose agent has not renewed its Lease in time, tainted " + TaintUnreachable + "."}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.leading, m.unknown, m.changes, m.failures} {
+		for _, c := range []prometheus.Collector{m.leading, m.unknown, m.changes, m.failures, m.unreachable} {
 			if err := reg.Register(c); err != nil {
 				return m, fmt.Errorf("cluster controller: metrics: %w", err)
 			}
@@ -235,6 +238,23 @@ func (c *Controller) lead(ctx context.Context) {
 		return // the leadership ended first
 	}
 	lister := pods.Lister().Pods(c.cfg.Namespace)
+	nodes, err := watchNodes(ctx, c.cfg.Client)
+	if err != nil {
+		return // the leadership ended first
+	}
+	// Heartbeats are checked every second, apart from the passes.
+	go func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			c.m.unreachable.Set(float64(c.markNodes(ctx, nodes)))
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
 	t := time.NewTicker(c.cfg.Resync)
 	defer t.Stop()
 	for {

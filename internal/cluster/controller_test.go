@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	"maps"
 	"net/http"
 	"os"
@@ -268,7 +269,8 @@ func TestControllerPlacesSandboxes(t *testing.T) {
 	// deleted, one stranger, and no pass failed.
 	want := map[string]float64{"airlock_cluster_leading{}": 1, "airlock_cluster_unknown_pods{}": 1,
 		"airlock_cluster_pod_changes_total{change=created}": 5, "airlock_cluster_pod_changes_total{change=bound}": 3,
-		"airlock_cluster_pod_changes_total{change=deleted}": 2, "airlock_cluster_pass_failures_total{}": 0}
+		"airlock_cluster_pod_changes_total{change=deleted}": 2, "airlock_cluster_pass_failures_total{}": 0,
+		"airlock_cluster_unreachable_nodes{}": 0}
 	if got := testenv.Gather(t, reg); !maps.Equal(got, want) {
 		t.Errorf("metrics %v, want %v", got, want)
 	}
@@ -454,3 +456,50 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		t.Errorf("defaults: %v", err)
 	}
 }
+
+// TestControllerMarksDeadNodes: a Node whose Lease is not renewed within
+// its duration is tainted unreachable, so that kube-scheduler places new
+// sandboxes elsewhere, and untainted once it is renewed; a Node without a
+// Lease is left alone.
+func TestControllerMarksDeadNodes(t *testing.T) {
+	_, c, st := setup(t)
+	ctx := context.Background()
+	addNode(t, c, "host-a", "2", "4Gi")
+	addNode(t, c, "host-b", "2", "4Gi")
+	secs := int32(4)
+	stale := metav1.NewMicroTime(time.Now().Add(-time.Minute))
+	lease, err := c.CoordinationV1().Leases(corev1.NamespaceNodeLease).Create(ctx, &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: "host-a"},
+		Spec:       coordinationv1.LeaseSpec{HolderIdentity: ptr("host-a"), LeaseDurationSeconds: &secs, RenewTime: &stale},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	start(t, fast(Config{Client: c, Store: st, Namespace: ns, Identity: "one", Registry: reg}))
+	tainted := func(name string) bool {
+		n, err := c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		return err == nil && slices.ContainsFunc(n.Spec.Taints, func(tn corev1.Taint) bool {
+			return tn.Key == TaintUnreachable && tn.Effect == corev1.TaintEffectNoSchedule
+		})
+	}
+	testenv.Eventually(t, 10*time.Second, "host-a tainted", func() (bool, string) {
+		return tainted("host-a"), fmt.Sprint(testenv.Gather(t, reg)["airlock_cluster_unreachable_nodes{}"])
+	})
+	if got := testenv.Gather(t, reg)["airlock_cluster_unreachable_nodes{}"]; got != 1 {
+		t.Errorf("unreachable nodes %v, want 1", got)
+	}
+	if tainted("host-b") {
+		t.Error("host-b, with no lease, was tainted")
+	}
+
+	// Renewed: back.
+	fresh := metav1.NewMicroTime(time.Now())
+	lease.Spec.RenewTime = &fresh
+	if _, err := c.CoordinationV1().Leases(corev1.NamespaceNodeLease).Update(ctx, lease, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "host-a untainted", func() (bool, string) { return !tainted("host-a"), "" })
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -13,11 +13,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	corev1listers "k8s.io/client-go/listers/core/v1"
-	"k8s.io/client-go/tools/cache"
 
 	"github.com/airlockhq/airlock/internal/api"
 	"github.com/airlockhq/airlock/internal/errdefs"
@@ -34,7 +30,7 @@ const LabelNode = "airlock.dev/node"
 // cut by a replica's death resumes through another with Last-Event-ID.
 type Router struct {
 	st    *store.Store
-	nodes corev1listers.NodeLister
+	nodes *nodeWatch
 	token string
 	log   *slog.Logger
 	proxy *httputil.ReverseProxy
@@ -46,15 +42,11 @@ func NewRouter(ctx context.Context, client kubernetes.Interface, st *store.Store
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	f := informers.NewSharedInformerFactoryWithOptions(client, 10*time.Minute,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelNode + "=true" }))
-	inf := f.Core().V1().Nodes()
-	lister := inf.Lister()
-	f.Start(ctx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
-		return nil, fmt.Errorf("list the airlock nodes: %w", errdefs.ErrUnavailable)
+	nodes, err := watchNodes(ctx, client)
+	if err != nil {
+		return nil, err
 	}
-	r := &Router{st: st, nodes: lister, token: token, log: log}
+	r := &Router{st: st, nodes: nodes, token: token, log: log}
 	r.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(pr.In.Context().Value(targetKey{}).(*url.URL))
@@ -99,6 +91,9 @@ func (r *Router) Forward(w http.ResponseWriter, req *http.Request, kind, id stri
 	if err != nil {
 		return false, err
 	}
+	if why := r.nodes.down(node, time.Now()); why != "" {
+		return false, fmt.Errorf("sandbox %s is unavailable: %s; retry later: %w", sbx, why, errdefs.ErrUnavailable)
+	}
 	target, err := r.endpoint(node)
 	if err != nil {
 		return false, err
@@ -110,12 +105,16 @@ func (r *Router) Forward(w http.ResponseWriter, req *http.Request, kind, id stri
 
 // endpoint is the base URL of a node's internal API, from its Node.
 func (r *Router) endpoint(node string) (*url.URL, error) {
-	n, err := r.nodes.Get(node)
+	n, err := r.nodes.nodes.Get(node)
 	if err != nil {
 		return nil, fmt.Errorf("the sandbox's node %s is not registered with the cluster (%v): %w", node, err, errdefs.ErrUnavailable)
 	}
 	return Endpoint(n)
 }
+
+// NodeDown says why a node cannot be reached now, "" if it can: for
+// service.Config.NodeDown.
+func (r *Router) NodeDown(node string) string { return r.nodes.down(node, time.Now()) }
 
 // Endpoint is the base URL of the internal API of a Node an airlock node
 // agent registered: its InternalIP and kubelet port.

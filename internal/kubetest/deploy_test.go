@@ -23,6 +23,7 @@ func TestDeployManifests(t *testing.T) {
 	for _, want := range []string{"namespace/airlock", "runtimeclass.node.k8s.io/airlock", "serviceaccount/airlock-server",
 		"role.rbac.authorization.k8s.io/airlock-controller", "rolebinding.rbac.authorization.k8s.io/airlock-controller",
 		"clusterrole.rbac.authorization.k8s.io/airlock-server", "clusterrolebinding.rbac.authorization.k8s.io/airlock-server",
+		"role.rbac.authorization.k8s.io/airlock-server", "rolebinding.rbac.authorization.k8s.io/airlock-server",
 		"serviceaccount/airlock-node", "clusterrole.rbac.authorization.k8s.io/airlock-node",
 		"clusterrolebinding.rbac.authorization.k8s.io/airlock-node", "role.rbac.authorization.k8s.io/airlock-node",
 		"rolebinding.rbac.authorization.k8s.io/airlock-node"} {

@@ -424,7 +424,26 @@ func (s *Service) GetSandbox(ctx context.Context, p Principal, id string) (apiv1
 	if err != nil {
 		return apiv1.Sandbox{}, err
 	}
-	return s.sandboxView(sb), nil
+	v := s.sandboxView(sb)
+	if s.cfg.NodeDown != nil {
+		node, err := s.st.SandboxNode(ctx, id)
+		if err != nil {
+			return apiv1.Sandbox{}, err
+		}
+		s.markUnavailable(&v, node)
+	}
+	return v, nil
+}
+
+// markUnavailable sets v.Unavailable if the node that runs the sandbox is
+// down (cluster mode).
+func (s *Service) markUnavailable(v *apiv1.Sandbox, node string) {
+	if node == "" || node == store.ReplicaClaim || s.cfg.NodeDown == nil || v.State == apiv1.StateDeleted || v.State == apiv1.StateFailed {
+		return
+	}
+	if why := s.cfg.NodeDown(node); why != "" {
+		v.Unavailable = &apiv1.Status{Code: apiv1.CodeUnavailable, Message: why}
+	}
 }
 
 // SandboxFilter selects sandboxes to list.
@@ -470,13 +489,21 @@ func (s *Service) ListSandboxes(ctx context.Context, p Principal, f SandboxFilte
 	if err != nil {
 		return out, err
 	}
+	var nodes map[string]string
+	if s.cfg.NodeDown != nil {
+		if nodes, err = s.st.SandboxNodes(ctx); err != nil {
+			return out, err
+		}
+	}
 	out.Items = []apiv1.Sandbox{}
 	for i, sb := range rows {
 		if i == limit {
 			out.NextPageToken = encodePageToken(rows[i-1].ID)
 			break
 		}
-		out.Items = append(out.Items, s.sandboxView(sb))
+		v := s.sandboxView(sb)
+		s.markUnavailable(&v, nodes[sb.ID])
+		out.Items = append(out.Items, v)
 	}
 	return out, nil
 }

@@ -112,6 +112,10 @@ type Config struct {
 	// Admitted is called with the ID of each sandbox a Front service
 	// records.
 	Admitted func(id string)
+	// NodeDown, for a Front service, says why a node cannot be reached
+	// now ("" when it can); a sandbox on such a node is shown with
+	// Unavailable set to the reason.
+	NodeDown func(node string) string
 }
 
 // Validate checks the configuration and fills in defaults.
