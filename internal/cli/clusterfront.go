@@ -15,22 +15,22 @@ import (
 )
 
 // clusterFront is what `serve --cluster kubernetes` adds to a server: the
-// cluster controller, which every replica runs and one leads, and the
-// router that sends a sandbox's calls to its node.
+// router that sends a sandbox's calls to its node, and the cluster
+// controller, which every replica runs and one leads.
 type clusterFront struct {
 	client    kubernetes.Interface
 	st        *store.Store
 	namespace string
-	token     string
 	log       *slog.Logger
-	ctrl      *cluster.Controller
 	router    *cluster.Router
+	ctrl      *cluster.Controller
+	ctx       context.Context // ended by stop
 	cancel    context.CancelFunc
 	done      chan struct{}
 }
 
-// startClusterFront checks the internal token against the store's and
-// reaches the apiserver.
+// startClusterFront checks the internal token against the store's,
+// reaches the apiserver and starts the router; stop ends it.
 func startClusterFront(ctx context.Context, st *store.Store, kubeconfig, namespace, token string, wait time.Duration, log *slog.Logger) (*clusterFront, error) {
 	if err := checkClusterToken(ctx, st, token); err != nil {
 		return nil, err
@@ -46,53 +46,43 @@ func startClusterFront(ctx context.Context, st *store.Store, kubeconfig, namespa
 	if err := waitAPIServer(ctx, client, wait, log); err != nil {
 		return nil, err
 	}
-	return &clusterFront{client: client, st: st, namespace: namespace, token: token, log: log, done: make(chan struct{})}, nil
+	cctx, cancel := context.WithCancel(ctx)
+	router, err := cluster.NewRouter(cctx, client, st, token, log)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	return &clusterFront{client: client, st: st, namespace: namespace, log: log, router: router,
+		ctx: cctx, cancel: cancel, done: make(chan struct{})}, nil
 }
 
-// start runs the controller and the router until stop.
-func (c *clusterFront) start(ctx context.Context, reg prometheus.Registerer) error {
+// startController runs the controller, with its metrics in reg, until
+// stop.
+func (c *clusterFront) startController(reg prometheus.Registerer) error {
 	host, _ := os.Hostname()
 	ctrl, err := cluster.New(cluster.Config{Client: c.client, Store: c.st, Namespace: c.namespace,
 		Identity: fmt.Sprintf("%s-%d", host, os.Getpid()), Log: c.log, Registry: reg})
 	if err != nil {
 		return err
 	}
-	cctx, cancel := context.WithCancel(ctx)
-	router, err := cluster.NewRouter(cctx, c.client, c.st, c.token, c.log)
-	if err != nil {
-		cancel()
-		return err
-	}
-	c.ctrl, c.router, c.cancel = ctrl, router, cancel
-	go func() { ctrl.Run(cctx); close(c.done) }()
+	c.ctrl = ctrl
+	go func() { ctrl.Run(c.ctx); close(c.done) }()
 	return nil
 }
 
-// admitted tells the controller of a sandbox just recorded.
-func (c *clusterFront) admitted(string) {
-	if c != nil && c.ctrl != nil {
+// admitted tells the controller of a sandbox just recorded; before the
+// controller runs, its first pass finds it.
+func (c *clusterFront) admitted() {
+	if c.ctrl != nil {
 		c.ctrl.Poke()
 	}
 }
 
-// stop ends the controller, giving up its Lease if it leads.
+// stop ends the router and the controller, which gives up its Lease if
+// it leads.
 func (c *clusterFront) stop() {
-	if c.cancel != nil {
-		c.cancel()
+	c.cancel()
+	if c.ctrl != nil {
 		<-c.done
-	}
-}
-
-// nodeDown is service.Config.NodeDown for a replica: the router's view,
-// once it runs; nil outside cluster mode.
-func (c *clusterFront) nodeDown() func(string) string {
-	if c == nil {
-		return nil
-	}
-	return func(node string) string {
-		if c.router == nil {
-			return ""
-		}
-		return c.router.NodeDown(node)
 	}
 }

@@ -240,15 +240,18 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 		return fmt.Errorf("serve: %w", err)
 	}
 	reg := newRegistry()
-	rt, svc, err := startService(ctx, sandbox.Config{Dir: env.Dir, Accel: *accel, Log: log, Unjailed: unjailed, UIDs: uids,
-		Network: sandbox.NetworkConfig{DNSUpstream: *dnsUpstream}}, service.Config{
+	sc := service.Config{
 		Dir: env.Dir, Store: st, Log: log,
 		MaxSandboxes: *maxSandboxes, MaxStarts: *maxStarts, MaxQueuedStarts: *maxQueued,
 		DefaultEgress: *defaultEgress, Secrets: box, TokenKey: tokenKey,
 		TrustedRegistries: trustedRegistries, MaxBuilds: *maxBuilds, MaxContextBytes: *maxContext << 20,
 		MinFreeDiskBytes: minFreeDisk.n, Warm: warm,
-		Front: cl != nil, Admitted: cl.admitted, NodeDown: cl.nodeDown(),
-	}, reg)
+	}
+	if cl != nil {
+		sc.Front, sc.Admitted, sc.NodeDown = true, cl.admitted, cl.router.NodeDown
+	}
+	rt, svc, err := startService(ctx, sandbox.Config{Dir: env.Dir, Accel: *accel, Log: log, Unjailed: unjailed, UIDs: uids,
+		Network: sandbox.NetworkConfig{DNSUpstream: *dnsUpstream}}, sc, reg)
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
@@ -264,7 +267,7 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 
 	var forward func(http.ResponseWriter, *http.Request, string, string) (bool, error)
 	if cl != nil {
-		if err := cl.start(ctx, reg); err != nil {
+		if err := cl.startController(reg); err != nil {
 			return fmt.Errorf("serve: %w", err)
 		}
 		forward = cl.router.Forward

@@ -20,7 +20,8 @@ import (
 	"github.com/airlockhq/airlock/internal/store"
 )
 
-// LabelNode marks the Nodes of airlock node agents.
+// LabelNode marks the Nodes of airlock node agents; the RuntimeClass
+// airlock selects them (deploy/runtimeclass.yaml).
 const LabelNode = "airlock.dev/node"
 
 // Router sends the calls an API replica gets for a sandbox to the node

@@ -39,9 +39,6 @@ import (
 )
 
 const (
-	// LabelNode marks the Nodes of airlock node agents; the RuntimeClass
-	// airlock selects them (deploy/runtimeclass.yaml).
-	LabelNode = cluster.LabelNode
 	// TaintKey and TaintValue make the taint that keeps every Pod but a
 	// sandbox's (whose RuntimeClass tolerates it) off an airlock Node.
 	TaintKey   = "virtual-kubelet.io/provider"
@@ -234,7 +231,7 @@ func (a *Agent) nodeObject() *corev1.Node {
 		ObjectMeta: metav1.ObjectMeta{
 			Name: cfg.Name,
 			Labels: map[string]string{
-				LabelNode:                "true",
+				cluster.LabelNode:        "true",
 				"type":                   "virtual-kubelet",
 				"kubernetes.io/role":     "agent",
 				"kubernetes.io/hostname": cfg.Name,

@@ -67,7 +67,7 @@ func sandboxOf(pod *corev1.Pod) (string, error) {
 func (p *provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	id, err := sandboxOf(pod)
 	if err == nil {
-		err = p.realize(ctx, id)
+		err = p.svc.Realize(ctx, id)
 	}
 	if errors.Is(err, errdefs.ErrNotFound) || err != nil && id == "" {
 		p.refused.WithLabelValues("unknown").Inc()
@@ -83,19 +83,6 @@ func (p *provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	p.pods[podKey(pod.Namespace, pod.Name)] = pod.DeepCopy()
 	p.mu.Unlock()
 	return nil
-}
-
-// realize makes the sandbox's VM, unless the sandbox has ended: then
-// there is nothing to make, and the controller deletes its Pod.
-func (p *provider) realize(ctx context.Context, id string) error {
-	sb, err := p.st.GetSandbox(ctx, id)
-	if err != nil {
-		return err
-	}
-	if sb.State == apiv1.StateDeleted || sb.State == apiv1.StateFailed {
-		return nil
-	}
-	return p.svc.Realize(ctx, id)
 }
 
 // UpdatePod keeps the newer Pod: nothing of a sandbox comes from a Pod

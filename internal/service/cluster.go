@@ -17,8 +17,10 @@ import (
 // operation pending. The node claims the row first, so that of two nodes
 // given the same sandbox one makes it. A sandbox this node already runs
 // or is making is left as it is: Realize may be called again for it, as
-// when its Pod is made anew after an eviction. It returns once the create
-// is under way; the operation records how it ends.
+// when its Pod is made anew after an eviction. A sandbox that has ended
+// (deleted, failed) has nothing to make, and its Pod goes with the next
+// pass of the controller. It returns once the create is under way; the
+// operation records how it ends.
 func (s *Service) Realize(ctx context.Context, id string) error {
 	if s.cfg.Node == "" {
 		return fmt.Errorf("sandbox %s: only a cluster node's service realizes sandboxes: %w", id, errdefs.ErrPrecondition)
@@ -29,6 +31,9 @@ func (s *Service) Realize(ctx context.Context, id string) error {
 	sb, err := s.st.GetSandbox(ctx, id)
 	if err != nil {
 		return err
+	}
+	if sb.State == apiv1.StateDeleted || sb.State == apiv1.StateFailed {
+		return nil
 	}
 	if sb.State != apiv1.StateCreating {
 		return fmt.Errorf("sandbox %s is %s with no VM on node %s, and only a creating sandbox is made: %w", id, sb.State, s.cfg.Node, errdefs.ErrPrecondition)
@@ -44,23 +49,13 @@ func (s *Service) Realize(ctx context.Context, id string) error {
 	if node != s.cfg.Node {
 		return fmt.Errorf("sandbox %s is node %s's, not %s's: %w", id, node, s.cfg.Node, errdefs.ErrConflict)
 	}
+	// The admitting replica pinned the template by digest.
 	pol := storedPolicy(sb)
-	ref := sb.TemplateDigest
-	if ref == "" {
-		ref = sb.TemplateRef
-	}
 	s.reclaimMu.RLock()
 	defer s.reclaimMu.RUnlock()
-	spec, tpl, err := s.rt.Resolve(sandbox.Spec{Template: ref, VCPUs: sb.VCPUs, MemoryMiB: sb.MemoryMiB, DiskMiB: sb.DiskMiB, Network: &pol})
+	spec, tpl, err := s.rt.Resolve(sandbox.Spec{Template: sb.TemplateDigest, VCPUs: sb.VCPUs, MemoryMiB: sb.MemoryMiB, DiskMiB: sb.DiskMiB, Network: &pol})
 	if err != nil {
-		return s.failCreate(sb, op, fmt.Errorf("node %s cannot make template %s: %w", s.cfg.Node, ref, err))
-	}
-	spec.Template = tpl.Digest
-	if sb.TemplateDigest == "" {
-		sb.TemplateDigest = tpl.Digest
-		if err := s.st.UpdateSandbox(ctx, sb); err != nil {
-			return err
-		}
+		return s.failCreate(sb, op, fmt.Errorf("node %s cannot make template %s (%s): %w", s.cfg.Node, sb.TemplateRef, sb.TemplateDigest, err))
 	}
 	cctx, c, err := s.admitCreate(id)
 	if errors.Is(err, errMaking) {
@@ -129,7 +124,7 @@ func (s *Service) admitToCluster(ctx context.Context, sb store.Sandbox, op store
 	}
 	s.m.opStarted(op.Kind)
 	if s.cfg.Admitted != nil {
-		s.cfg.Admitted(sb.ID)
+		s.cfg.Admitted()
 	}
 	return apiv1.SandboxOperation{Sandbox: s.sandboxView(sb), Operation: opView(op)}, nil
 }

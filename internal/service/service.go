@@ -109,9 +109,8 @@ type Config struct {
 	// that node before they reach the service (internal/api's Forward).
 	// It recovers nothing at start and leaves leases to the nodes.
 	Front bool
-	// Admitted is called with the ID of each sandbox a Front service
-	// records.
-	Admitted func(id string)
+	// Admitted is called after a Front service records a sandbox.
+	Admitted func()
 	// NodeDown, for a Front service, says why a node cannot be reached
 	// now ("" when it can); a sandbox on such a node is shown with
 	// Unavailable set to the reason.
