@@ -18,6 +18,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/airlockhq/airlock/internal/api"
@@ -395,14 +396,14 @@ func waitStoreOp(t *testing.T, st *store.Store, id string) store.Operation {
 
 // podRunning waits for the sandbox's Pod, other than the one with UID
 // old, to be bound to node-a and running with the node's address.
-func podRunning(t *testing.T, kc kubernetes.Interface, id string, old any) {
+func podRunning(t *testing.T, kc kubernetes.Interface, id string, old types.UID) {
 	t.Helper()
 	testenv.Eventually(t, 60*time.Second, "pod of "+id+" running on node-a", func() (bool, string) {
 		p, err := kc.CoreV1().Pods(clusterNS).Get(context.Background(), id, metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
-		if old != "" && string(p.UID) == fmt.Sprint(old) {
+		if old != "" && p.UID == old {
 			return false, "still the old pod"
 		}
 		return p.Spec.NodeName == "node-a" && p.Status.Phase == corev1.PodRunning && p.Status.PodIP == "127.0.0.1",
@@ -441,7 +442,7 @@ func TestClusterReplicas(t *testing.T) {
 	// Each node offers 3 CPUs, and a sandbox asks for one and the VMM's
 	// tenth: the second lands on the emptier node, the other one.
 	on := map[string]string{}
-	var ids []string
+	var sbxs []string
 	for i, r := range []*server{a, b} {
 		var res apiv1.SandboxOperation
 		r.must(t, 202, "POST", "/v1/sandboxes", tc.key, apiv1.CreateSandbox{Template: "tiny", VCPUs: 1}, &res)
@@ -454,18 +455,18 @@ func TestClusterReplicas(t *testing.T) {
 			t.Fatal(err)
 		}
 		on[res.Sandbox.ID] = node
-		ids = append(ids, res.Sandbox.ID)
+		sbxs = append(sbxs, res.Sandbox.ID)
 		var sb apiv1.Sandbox
 		other.must(t, 200, "GET", "/v1/sandboxes/"+res.Sandbox.ID, tc.key, nil, &sb)
 		if sb.State != apiv1.StateRunning {
 			t.Fatalf("sandbox %s is %s", sb.ID, sb.State)
 		}
 	}
-	if on[ids[0]] == on[ids[1]] || nodes[on[ids[0]]] == nil || nodes[on[ids[1]]] == nil {
+	if on[sbxs[0]] == on[sbxs[1]] || nodes[on[sbxs[0]]] == nil || nodes[on[sbxs[1]]] == nil {
 		t.Fatalf("placement %v: want one sandbox on each node", on)
 	}
 
-	for _, id := range ids {
+	for _, id := range sbxs {
 		for _, r := range []*server{a, b} {
 			if out := r.run(t, tc.key, id, apiv1.CommandRequest{Cmd: "hostname >/dev/null; echo through"}); out.stdout != "through\n" || out.exit.ExitCode != 0 {
 				t.Fatalf("exec in %s through a replica: %+v", id, out)
@@ -479,7 +480,7 @@ func TestClusterReplicas(t *testing.T) {
 	}
 
 	t.Run("replica killed mid-stream", func(t *testing.T) {
-		id := ids[0]
+		id := sbxs[0]
 		var sess apiv1.CommandSession
 		a.must(t, 201, "POST", "/v1/sandboxes/"+id+"/commands", tc.key,
 			apiv1.CommandRequest{Cmd: "for i in 1 2 3 4 5 6; do echo line$i; sleep 0.5; done"}, &sess)
@@ -499,7 +500,7 @@ func TestClusterReplicas(t *testing.T) {
 	})
 
 	t.Run("suspend and wake through the replicas", func(t *testing.T) {
-		id := ids[1]
+		id := sbxs[1]
 		a.lifecycle(t, id, "suspend")
 		if sb := b.state(t, id); sb.State != apiv1.StateSuspended {
 			t.Fatalf("after suspend: %s", sb.State)
@@ -515,7 +516,7 @@ func TestClusterReplicas(t *testing.T) {
 
 	t.Run("a node that died", func(t *testing.T) {
 		var seen time.Duration
-		id := ids[1]
+		id := sbxs[1]
 		dead := on[id]
 		n := nodes[dead]
 		n.stop(syscall.SIGKILL)
@@ -541,7 +542,9 @@ func TestClusterReplicas(t *testing.T) {
 		if status != 503 || !strings.Contains(string(body), "node "+dead+" has not renewed its lease") {
 			t.Errorf("exec while its node is down: %d %s", status, body)
 		}
-		testenv.Eventually(t, 10*time.Second, "the dead node tainted", func() (bool, string) {
+		// The leader taints it; if the replica killed above led, the other
+		// takes over once that Lease expires (15 s).
+		testenv.Eventually(t, 30*time.Second, "the dead node tainted", func() (bool, string) {
 			node, err := tc.kc.CoreV1().Nodes().Get(ctx, dead, metav1.GetOptions{})
 			return err == nil && slices.ContainsFunc(node.Spec.Taints, func(tn corev1.Taint) bool { return tn.Key == cluster.TaintUnreachable }),
 				fmt.Sprintf("%v %v", err, node.Spec.Taints)
@@ -552,7 +555,7 @@ func TestClusterReplicas(t *testing.T) {
 		if op := b.waitOp(t, tc.key, res.Operation.ID); op.Status != apiv1.OpSucceeded {
 			t.Fatalf("create while %s is down: %+v", dead, op.Error)
 		}
-		if node, _ := testStore(t, tc.storeURL).SandboxNode(ctx, res.Sandbox.ID); node != on[ids[0]] {
+		if node, _ := testStore(t, tc.storeURL).SandboxNode(ctx, res.Sandbox.ID); node != on[sbxs[0]] {
 			t.Errorf("a create while %s is down went to %q", dead, node)
 		}
 		var del apiv1.SandboxOperation
@@ -614,18 +617,18 @@ func TestClusterReplicas(t *testing.T) {
 	})
 
 	t.Run("bad input through a replica", func(t *testing.T) {
-		if status, b := a.call(t, "POST", "/v1/sandboxes/"+newID("sbx")+"/exec", tc.key, apiv1.CommandRequest{Cmd: "true"}); status != 404 {
+		if status, b := a.call(t, "POST", "/v1/sandboxes/"+ids.New("sbx")+"/exec", tc.key, apiv1.CommandRequest{Cmd: "true"}); status != 404 {
 			t.Errorf("exec in an unknown sandbox: %d %s", status, b)
 		}
-		if status, b := a.call(t, "GET", "/v1/commands/"+newID("cmd"), tc.key, nil); status != 404 {
+		if status, b := a.call(t, "GET", "/v1/commands/"+ids.New("cmd"), tc.key, nil); status != 404 {
 			t.Errorf("an unknown command: %d %s", status, b)
 		}
-		if status, b := a.call(t, "POST", "/v1/sandboxes/"+ids[0]+"/exec", "", apiv1.CommandRequest{Cmd: "true"}); status != 401 {
+		if status, b := a.call(t, "POST", "/v1/sandboxes/"+sbxs[0]+"/exec", "", apiv1.CommandRequest{Cmd: "true"}); status != 401 {
 			t.Errorf("exec without a key: %d %s", status, b)
 		}
 	})
 
-	for _, id := range ids {
+	for _, id := range sbxs {
 		var res apiv1.SandboxOperation
 		b.must(t, 202, "DELETE", "/v1/sandboxes/"+id, tc.key, nil, &res)
 		if op := a.waitOp(t, tc.key, res.Operation.ID); op.Status != apiv1.OpSucceeded {
@@ -651,5 +654,3 @@ func testStore(t *testing.T, url string) *store.Store {
 	t.Cleanup(func() { st.Close() })
 	return st
 }
-
-func newID(prefix string) string { return ids.New(prefix) }
