@@ -39,13 +39,13 @@ func fast(cfg Config) Config {
 	return cfg
 }
 
-// setup starts a control plane with deploy/ applied, and a store on a
+// setup starts a control plane with deploy.Base applied, and a store on a
 // fresh PostgreSQL database.
 func setup(t *testing.T, users ...string) (*kubetest.ControlPlane, kubernetes.Interface, *store.Store) {
 	t.Helper()
 	pg := testenv.SharedPostgres(t)
 	cp := kubetest.Start(t, users...)
-	cp.MustKubectl(t, "", "apply", "--server-side", "-k", "../../deploy")
+	cp.ApplyBase(t)
 	// No kube-controller-manager here to make the namespace's default
 	// service account.
 	cp.MustKubectl(t, "", "create", "serviceaccount", "default")
