@@ -36,7 +36,7 @@ const (
 	serverUser = "system:serviceaccount:airlock:airlock-server"
 )
 
-// testCluster is a control plane with kube-scheduler and deploy/ applied,
+// testCluster is a control plane with kube-scheduler and deploy.Base applied,
 // and a PostgreSQL store whose migrations and admin key a first server
 // made (and stopped).
 type testCluster struct {
@@ -46,7 +46,8 @@ type testCluster struct {
 	key      string // the admin key
 	owner    string // its ID
 	tpl      apiv1.Template
-	token    string // the internal token
+	token    string            // the internal token
+	keys     map[string][]byte // every server's and node's secrets key and E2B token key
 }
 
 func newTestCluster(t *testing.T) *testCluster {
@@ -54,7 +55,7 @@ func newTestCluster(t *testing.T) *testCluster {
 	pg := testenv.SharedPostgres(t)
 	cp := kubetest.Start(t, nodeUser, serverUser)
 	cp.StartScheduler(t)
-	cp.MustKubectl(t, "", "apply", "--server-side", "-k", "../deploy")
+	cp.ApplyBase(t)
 	// No kube-controller-manager here to make the namespace's default
 	// service account, which Pod admission looks up.
 	cp.MustKubectl(t, "", "-n", clusterNS, "create", "serviceaccount", "default")
@@ -70,6 +71,10 @@ func newTestCluster(t *testing.T) *testCluster {
 	tok := make([]byte, 32)
 	rand.Read(tok)
 	c.token = hex.EncodeToString(tok)
+	c.keys = map[string][]byte{"secrets.key": make([]byte, 32), "e2b-token.key": make([]byte, 32)}
+	for _, k := range c.keys {
+		rand.Read(k)
+	}
 	return c
 }
 
@@ -91,8 +96,8 @@ func (c *testCluster) replica(t *testing.T) *server {
 }
 
 // launch runs an airlock command of the cluster (command "" for serve)
-// on a data directory of its own, with the store and the internal token,
-// until the test ends.
+// on a data directory of its own, with the store, the internal token and
+// the cluster's keys, until the test ends.
 func (c *testCluster) launch(t *testing.T, command string, args []string) *server {
 	t.Helper()
 	home, err := newHome()
@@ -106,6 +111,11 @@ func (c *testCluster) launch(t *testing.T, command string, args []string) *serve
 	tokenFile := filepath.Join(home, "node.token")
 	if err := os.WriteFile(tokenFile, []byte(c.token+"\n"), 0o600); err != nil {
 		t.Fatal(err)
+	}
+	for name, k := range c.keys {
+		if err := os.WriteFile(filepath.Join(home, name), k, 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	s := &server{home: home, addr: addr, url: "http://" + addr, key: c.key, command: command,
 		args: append([]string{"--store", c.storeURL, "--namespace", clusterNS, "--token-file", tokenFile}, args...)}

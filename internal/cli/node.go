@@ -22,9 +22,11 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/airlockhq/airlock/internal/api"
+	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/node"
 	"github.com/airlockhq/airlock/internal/sandbox"
+	"github.com/airlockhq/airlock/internal/secrets"
 	"github.com/airlockhq/airlock/internal/service"
 	"github.com/airlockhq/airlock/internal/store"
 )
@@ -154,14 +156,17 @@ func runNode(ctx context.Context, env *Env, args []string) error {
 	if err := checkClusterToken(ctx, st, token); err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
-	if err := waitAPIServer(ctx, client, *kubeWait, log); err != nil {
-		return fmt.Errorf("node: %w", err)
-	}
 	if err := os.MkdirAll(env.Dir.Root, 0o755); err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
 	box, tokenKey, err := openKeys(env)
 	if err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+	if err := checkClusterKeys(ctx, st, env.Dir, tokenKey); err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+	if err := waitAPIServer(ctx, client, *kubeWait, log); err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
 	reg := newRegistry()
@@ -280,6 +285,37 @@ func checkClusterToken(ctx context.Context, st *store.Store, token string) error
 	}
 	if subtle.ConstantTimeCompare([]byte(got), []byte(want)) != 1 {
 		return fmt.Errorf("the internal token is not the cluster's: this store's cluster started with another; give every server and node the same token: %w", errdefs.ErrInvalid)
+	}
+	return nil
+}
+
+// checkClusterKeys makes sure that the data directory's secrets key and
+// E2B token key are the cluster's: the store keeps fingerprints of the
+// keys the first server or node started with, and a later one with other
+// keys is refused, since a secret one replica sealed would not open on
+// the node that injects it, nor a token one signed on another.
+func checkClusterKeys(ctx context.Context, st *store.Store, dir datadir.Dir, tokenKey []byte) error {
+	secretsKey, err := secrets.LoadOrCreateKey(dir.SecretsKey(), secrets.KeySize)
+	if err != nil {
+		return err
+	}
+	for _, k := range []struct {
+		setting, path string
+		key           []byte
+	}{
+		{"secrets_key_sha256", dir.SecretsKey(), secretsKey},
+		{"e2b_token_key_sha256", dir.E2BTokenKey(), tokenKey},
+	} {
+		sum := sha256.Sum256(append([]byte("airlock key fingerprint\x00"), k.key...))
+		want := hex.EncodeToString(sum[:])
+		got, err := st.EnsureSetting(ctx, k.setting, want)
+		if err != nil {
+			return err
+		}
+		if subtle.ConstantTimeCompare([]byte(got), []byte(want)) != 1 {
+			return fmt.Errorf("%s is not the cluster's key: its first server or node started with another; give every server and node the same file (docs/kubernetes.md): %w",
+				k.path, errdefs.ErrPrecondition)
+		}
 	}
 	return nil
 }

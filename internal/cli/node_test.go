@@ -91,10 +91,11 @@ func TestNodeStartChecks(t *testing.T) {
 	if err := os.WriteFile(kc, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	home := "home"
 	run := func(token, wait string) (string, time.Duration, error) {
 		t.Setenv("AIRLOCK_NODE_TOKEN", token)
 		var out, errb bytes.Buffer
-		env := &Env{Stdout: &out, Stderr: &errb, Dir: datadir.Dir{Root: filepath.Join(dir, "home")}, Log: slog.New(slog.NewTextHandler(&errb, nil))}
+		env := &Env{Stdout: &out, Stderr: &errb, Dir: datadir.Dir{Root: filepath.Join(dir, home)}, Log: slog.New(slog.NewTextHandler(&errb, nil))}
 		start := time.Now()
 		err := Run(t.Context(), env, []string{"node", "--listen", "127.0.0.1:0", "--name", "host-a", "--kubeconfig", kc,
 			"--store", storeURL, "--kube-wait", wait})
@@ -121,5 +122,29 @@ func TestNodeStartChecks(t *testing.T) {
 	// The first token is still the cluster's.
 	if _, _, err := run(first, "0s"); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Errorf("the first token again: %v", err)
+	}
+
+	// A data directory with keys of its own is refused: what the cluster
+	// sealed would not open there.
+	home = "other"
+	if _, _, err := run(first, "0s"); !errors.Is(err, errdefs.ErrPrecondition) || ExitCode(err) != 2 ||
+		!strings.Contains(Message(err), "secrets.key is not the cluster's key") {
+		t.Errorf("another secrets key: %v", err)
+	}
+	secretsKey, _ := os.ReadFile(filepath.Join(dir, "home", "secrets.key"))
+	if err := os.WriteFile(filepath.Join(dir, "other", "secrets.key"), secretsKey, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := run(first, "0s"); !errors.Is(err, errdefs.ErrPrecondition) ||
+		!strings.Contains(Message(err), "e2b-token.key is not the cluster's key") {
+		t.Errorf("the cluster's secrets key and another E2B token key: %v", err)
+	}
+	// With the cluster's keys, a directory of its own is one more node.
+	tokenKey, _ := os.ReadFile(filepath.Join(dir, "home", "e2b-token.key"))
+	if err := os.WriteFile(filepath.Join(dir, "other", "e2b-token.key"), tokenKey, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := run(first, "0s"); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Errorf("the cluster's keys in another directory: %v", err)
 	}
 }

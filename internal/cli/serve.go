@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -212,10 +211,18 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 		return fmt.Errorf("serve: open store: %w", err)
 	}
 	defer st.Close()
+	box, tokenKey, err := openKeys(env)
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
 	lostStore := make(chan error, 1)
 	var cl *clusterFront
 	if *clusterMode != "" {
-		// Replicas share the store; the sandboxes are the nodes'.
+		// Replicas share the store, and so its secrets' key; the sandboxes
+		// are the nodes'.
+		if err := checkClusterKeys(ctx, st, env.Dir, tokenKey); err != nil {
+			return fmt.Errorf("serve: %w", err)
+		}
 		cl, err = startClusterFront(ctx, st, *kubeconfig, *namespace, token, *kubeWait, log)
 		if err != nil {
 			return fmt.Errorf("serve: %w", err)
@@ -234,10 +241,6 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 		} else if n > 0 {
 			log.Info("released the idempotency keys of requests the last server did not answer", "keys", n)
 		}
-	}
-	box, tokenKey, err := openKeys(env)
-	if err != nil {
-		return fmt.Errorf("serve: %w", err)
 	}
 	reg := newRegistry()
 	sc := service.Config{
@@ -371,7 +374,7 @@ func openKeys(env *Env) (*secrets.Box, []byte, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	tokenKey, err := secrets.LoadOrCreateKey(filepath.Join(env.Dir.Root, "e2b-token.key"), 32)
+	tokenKey, err := secrets.LoadOrCreateKey(env.Dir.E2BTokenKey(), 32)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -73,3 +73,6 @@ func (d Dir) AccelVerdict() string { return filepath.Join(d.Root, "accel.json") 
 
 // SecretsKey is the key that seals stored secrets (mode 0600).
 func (d Dir) SecretsKey() string { return filepath.Join(d.Root, "secrets.key") }
+
+// E2BTokenKey is the key that signs the E2B envd access tokens.
+func (d Dir) E2BTokenKey() string { return filepath.Join(d.Root, "e2b-token.key") }
