@@ -7,7 +7,7 @@ export PATH := $(dir $(GO)):$(PATH)
 BIN := bin
 export CGO_ENABLED := 0
 
-.PHONY: all build setup run test unit e2e soak bench vet clean
+.PHONY: all build setup run cluster cluster-down test unit e2e soak bench vet clean
 
 all: build
 
@@ -23,6 +23,21 @@ AIRLOCK_LISTEN ?= 127.0.0.1:7700
 AIRLOCK_SERVE_FLAGS ?=
 run: setup
 	$(BIN)/airlock serve --listen $(AIRLOCK_LISTEN) $(AIRLOCK_SERVE_FLAGS)
+
+# A whole cluster on this machine (docs/kubernetes.md): etcd,
+# kube-apiserver and kube-scheduler built by tools/kube/build.sh (about 20
+# minutes the first time, cached after), a PostgreSQL, two node agents and
+# two API replicas, until Ctrl-C or `make cluster-down` (from another
+# shell), which also removes its files. It prints AIRLOCK_URL and
+# AIRLOCK_API_KEY, and writes them to $(AIRLOCK_CLUSTER_DIR)/env.
+AIRLOCK_CLUSTER_DIR ?= /var/lib/airlock-cluster
+cluster: setup
+	@scripts/ensure-postgres.sh
+	@tools/kube/build.sh >/dev/null
+	$(BIN)/airlock localcluster --dir $(AIRLOCK_CLUSTER_DIR) --kube-bin $$(tools/kube/build.sh)
+
+cluster-down: build
+	$(BIN)/airlock localcluster down --dir $(AIRLOCK_CLUSTER_DIR)
 
 vet:
 	$(GO) vet ./...

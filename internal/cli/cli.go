@@ -87,6 +87,7 @@ func commands() []command {
 		{"setup", "install what airlock needs and build the guest and templates", runSetup},
 		{"serve", "serve the HTTP API (see docs/api.md)", runServe},
 		{"node", "run this host as a node of an airlock cluster on Kubernetes (see docs/kubernetes.md)", runNode},
+		{"localcluster", "run a whole cluster on this machine, for trying cluster mode (make cluster)", runLocalCluster},
 		{"run", "boot a sandbox, run one command in it, and remove it", runRun},
 		{"bench", "measure boot, lifecycle, exec, throughput and the API against baselines", runBench},
 		{"sandbox", "create, list, show, save and remove sandboxes on a server", runSandbox},
