@@ -79,8 +79,11 @@ soak: setup
 # a fresh machine too instead of skipping for want of boot artifacts.
 test: vet setup unit e2e
 
+# The cluster_ scenarios run a local cluster on the Kubernetes binaries.
 bench: setup
-	$(BIN)/airlock bench
+	@scripts/ensure-postgres.sh
+	@tools/kube/build.sh >/dev/null
+	$(BIN)/airlock bench --kube-bin $$(tools/kube/build.sh)
 
 clean:
 	rm -rf $(BIN)

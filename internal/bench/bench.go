@@ -38,6 +38,7 @@ import (
 
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/localcluster"
 	"github.com/airlockhq/airlock/internal/localpg"
 	"github.com/airlockhq/airlock/internal/sandbox"
 	"github.com/airlockhq/airlock/internal/template"
@@ -71,6 +72,10 @@ const (
 
 	ScenarioPGCreate  = "postgres_create_to_first_output"
 	ScenarioPGExecRTT = "postgres_exec_rtt"
+
+	ScenarioClusterCreate  = "cluster_create_to_first_output"
+	ScenarioClusterExecRTT = "cluster_exec_rtt"
+	ScenarioClusterCreates = "cluster_creates_per_second"
 )
 
 // Scenarios lists every scenario in the order Run runs them.
@@ -78,8 +83,13 @@ func Scenarios() []string {
 	return []string{ScenarioBoot, ScenarioSnapshot, ScenarioWarmPool, ScenarioJail, ScenarioExecRTT, ScenarioThroughput,
 		ScenarioNetThroughput, ScenarioNetConnect, ScenarioNetDNS, ScenarioPause,
 		ScenarioSuspend, ScenarioIdlePSS, ScenarioConcurrent, ScenarioTemplateBuild, ScenarioImageCreate,
-		ScenarioE2BCreate, ScenarioE2BExecRTT, ScenarioPGCreate, ScenarioPGExecRTT, ScenarioAPICreate, ScenarioAPIExecRTT}
+		ScenarioE2BCreate, ScenarioE2BExecRTT, ScenarioPGCreate, ScenarioPGExecRTT,
+		ScenarioClusterCreate, ScenarioClusterExecRTT, ScenarioClusterCreates, ScenarioAPICreate, ScenarioAPIExecRTT}
 }
+
+// clusterScenarios are those that run a local cluster, which needs
+// Config.KubeBin.
+var clusterScenarios = []string{ScenarioClusterCreate, ScenarioClusterExecRTT, ScenarioClusterCreates}
 
 // Defaults of the Config fields left zero.
 const (
@@ -158,6 +168,13 @@ type Config struct {
 	// SDK (npm e2b), which the e2b_ scenarios run under node. Default
 	// DefaultE2BSDK, relative to the working directory.
 	E2BSDK string
+	// KubeBin is the directory of etcd, kube-apiserver and
+	// kube-scheduler (tools/kube/build.sh prints it), for the cluster_
+	// scenarios' local cluster. Required when they are selected.
+	KubeBin string
+	// Airlock is the airlock binary the local cluster's nodes and
+	// replicas run. Default: this process's executable.
+	Airlock string
 	// Scenarios selects the scenarios to run by name; empty means all.
 	// They run in the order of Scenarios() whatever the order here.
 	Scenarios []string
@@ -208,6 +225,15 @@ func (c *Config) Validate() error {
 	for _, s := range c.Scenarios {
 		if !slices.Contains(Scenarios(), s) {
 			errs = append(errs, fmt.Errorf("unknown scenario %q: choose from %s", s, strings.Join(Scenarios(), ", ")))
+		}
+	}
+	if c.KubeBin == "" {
+		for _, s := range clusterScenarios {
+			if c.selected(s) {
+				errs = append(errs, fmt.Errorf("scenario %s runs a local cluster and needs the Kubernetes binaries "+
+					"(tools/kube/build.sh builds them and prints their directory): give their directory, or leave the cluster_ scenarios out", s))
+				break
+			}
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -289,6 +315,12 @@ type runner struct {
 	// by close. Only Run's goroutine touches them.
 	pg    *localpg.Cluster
 	pgAPI *apiServer
+	// cluster is the cluster_ scenarios' local cluster, in clusterDir,
+	// and clusterSrv a client of its first replica; started on first use
+	// and stopped by close. Only Run's goroutine touches them.
+	cluster    *localcluster.Cluster
+	clusterDir string
+	clusterSrv *apiServer
 }
 
 // Run runs the selected scenarios one after another and reports them. Every
@@ -345,6 +377,9 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		{ScenarioE2BExecRTT, r.e2bExecRTT},
 		{ScenarioPGCreate, r.pgCreate},
 		{ScenarioPGExecRTT, r.pgExecRTT},
+		{ScenarioClusterCreate, r.clusterCreate},
+		{ScenarioClusterExecRTT, r.clusterExecRTT},
+		{ScenarioClusterCreates, r.clusterCreates},
 		{ScenarioAPICreate, r.apiCreate},
 		{ScenarioAPIExecRTT, r.apiExecRTT},
 	}
@@ -394,7 +429,7 @@ func (r *runner) sandbox(ctx context.Context) (*sandbox.Sandbox, error) {
 // of them there are. The fleet scenarios call it first, so that no other
 // VM runs beside theirs; a later scenario that needs one starts it again.
 func (r *runner) close() error {
-	errs := []error{r.closePostgres()}
+	errs := []error{r.closeCluster(), r.closePostgres()}
 	if r.api != nil {
 		errs = append(errs, r.api.close())
 		r.api = nil

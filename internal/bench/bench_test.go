@@ -19,10 +19,12 @@ func TestConfigValidate(t *testing.T) {
 		cfg     Config
 		wantErr string // empty: valid
 	}{
-		{"zero values take defaults", Config{Dir: dir}, ""},
+		{"zero values take defaults", Config{Dir: dir, KubeBin: "/kube"}, ""},
 		{"everything set", Config{Dir: dir, Accel: "tcg", Template: "base", BootRuns: 1, ExecRuns: 1, ThroughputMiB: 1,
 			Scenarios: []string{ScenarioThroughput, ScenarioBoot}, BootTimeout: time.Second}, ""},
-		{"all scenarios by name", Config{Dir: dir, Scenarios: Scenarios()}, ""},
+		{"all scenarios by name", Config{Dir: dir, KubeBin: "/kube", Scenarios: Scenarios()}, ""},
+		{"all scenarios without the Kubernetes binaries", Config{Dir: dir}, "scenario cluster_create_to_first_output runs a local cluster"},
+		{"a cluster scenario without them", Config{Dir: dir, Scenarios: []string{ScenarioClusterCreates}}, "scenario cluster_creates_per_second runs a local cluster"},
 		{"no data directory", Config{}, "data directory is required"},
 		{"negative boot runs", Config{Dir: dir, BootRuns: -1}, "boot runs must not be negative"},
 		{"negative exec runs", Config{Dir: dir, ExecRuns: -5}, "exec runs must not be negative"},

@@ -51,6 +51,28 @@ func summarize(ds []time.Duration) Measurement {
 	}
 }
 
+// summarizeRates turns rates, one per sample, into a Measurement with
+// three decimal places.
+func summarizeRates(rates []float64) Measurement {
+	if len(rates) == 0 {
+		return Measurement{}
+	}
+	sorted := slices.Clone(rates)
+	slices.Sort(sorted)
+	var sum float64
+	for _, v := range sorted {
+		sum += v
+	}
+	return Measurement{
+		Runs: len(sorted),
+		Min:  roundTo(sorted[0], 3),
+		P50:  roundTo(percentile(sorted, 50), 3),
+		P99:  roundTo(percentile(sorted, 99), 3),
+		Max:  roundTo(sorted[len(sorted)-1], 3),
+		Mean: roundTo(sum/float64(len(sorted)), 3),
+	}
+}
+
 // summarizeKiB turns sizes in KiB, one per sample, into a Measurement in
 // MiB with KiB precision.
 func summarizeKiB(kibs []int64) Measurement {

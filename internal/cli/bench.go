@@ -66,6 +66,14 @@ the ratios compare across runs):
                               of commands.run('echo hi') vs the same over the native API
   e2b_exec_rtt                E2B's JS SDK: commands.run('true') round trip vs the
                               native API's exec of the same /bin/bash -l -c true
+  postgres_create_to_first_output, postgres_exec_rtt
+                              the API scenarios' create and exec on a server whose
+                              store is PostgreSQL vs one whose store is SQLite
+  cluster_create_to_first_output, cluster_exec_rtt
+                              the same through an API replica of a local cluster
+                              (2 nodes, 2 replicas) vs a single-host server
+  cluster_creates_per_second  N creates at once through the local cluster with
+                              both nodes schedulable vs with one cordoned
   api_create_to_first_output  HTTP API create, command, attach to the first stdout
                               of echo hi vs runtime create and exec in-process
   api_exec_rtt                HTTP API exec of true (and a command session to its
@@ -84,6 +92,9 @@ The e2b_ scenarios serve E2B's API beside it and run E2B's SDK (npm e2b)
 under node, timed inside node; they need node and the SDK installed in
 --e2b-sdk DIR's node_modules (default e2e/e2bsdk, from the source tree:
 cd e2e/e2bsdk && npm ci), and fail saying so without them.
+The cluster_ scenarios run ` + "`airlock localcluster`" + `'s cluster (etcd,
+kube-apiserver, kube-scheduler, PostgreSQL) from --kube-bin DIR and fail
+at the start, saying so, without it.
 A floor is the same work in the same VM without airlock, reported as a
 variant of its scenario with a baseline of its own.
 The create scenarios snapshot_create_to_first_output,
@@ -103,6 +114,7 @@ Progress goes to stderr.
   airlock bench --only idle_pss,concurrent_create --sandboxes 10
   airlock bench --only template_build,image_template_create_to_first_output --build-runs 2
   airlock bench --only e2b_create_to_first_output,e2b_exec_rtt --e2b-sdk e2e/e2bsdk
+  airlock bench --only cluster_exec_rtt --kube-bin $(tools/kube/build.sh)
   airlock bench --json -o bench.json`
 
 func runBench(ctx context.Context, env *Env, args []string) error {
@@ -118,6 +130,7 @@ func runBench(ctx context.Context, env *Env, args []string) error {
 	snapshotRuns := fs.Int("snapshot-runs", bench.DefaultSnapshotRuns, "samples per side in the snapshot_create_to_first_output, warm_pool_create_to_first_output and jail_cost scenarios")
 	buildRuns := fs.Int("build-runs", bench.DefaultTemplateBuildRuns, "builds per side (cold, cached, baseline) in the template_build scenario")
 	e2bSDK := fs.String("e2b-sdk", bench.DefaultE2BSDK, "`dir` whose node_modules holds E2B's JS SDK (npm e2b), for the e2b_ scenarios")
+	kubeBin := fs.String("kube-bin", os.Getenv("AIRLOCK_KUBE_BIN"), "`dir` of etcd, kube-apiserver and kube-scheduler (tools/kube/build.sh prints it), for the cluster_ scenarios (default: $AIRLOCK_KUBE_BIN)")
 	only := fs.String("only", "", "comma-separated `scenarios` to run (default: all): "+strings.Join(bench.Scenarios(), ", "))
 	accel := fs.String("accel", "auto", "accelerator: auto, kvm or tcg")
 	asJSON := fs.Bool("json", false, "print JSON even on a terminal")
@@ -144,7 +157,7 @@ func runBench(ctx context.Context, env *Env, args []string) error {
 		Dir: env.Dir, Accel: *accel, Template: *tpl,
 		BootRuns: *runs, ExecRuns: *execRuns, ThroughputMiB: *mib, APIRuns: *apiRuns,
 		PauseRuns: *pauseRuns, SuspendRuns: *suspendRuns, Sandboxes: *sandboxes, SnapshotRuns: *snapshotRuns,
-		TemplateBuildRuns: *buildRuns, E2BSDK: *e2bSDK, Scenarios: splitScenarios(*only),
+		TemplateBuildRuns: *buildRuns, E2BSDK: *e2bSDK, KubeBin: *kubeBin, Scenarios: splitScenarios(*only),
 		Progress: env.Stderr, Log: env.Log,
 	}
 	if err := cfg.Validate(); err != nil {

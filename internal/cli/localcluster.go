@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -22,6 +23,9 @@ etcd, kube-apiserver and kube-scheduler (from --kube-bin, which
 tools/kube/build.sh builds), a throwaway PostgreSQL, airlock's namespace,
 RuntimeClass and RBAC, --nodes node agents on data directories of their
 own and --replicas API replicas, all on loopback ports and under --dir.
+Each node offers --node-cpus vCPUs (four times this host's CPUs by
+default: sandboxes mostly idle, and the nodes share the host); a create
+beyond what the nodes fit waits, its Pod Pending, until one is deleted.
 
 Once it is up it prints, and writes to DIR/env, what a client needs:
 
@@ -45,6 +49,7 @@ func runLocalCluster(ctx context.Context, env *Env, args []string) error {
 	kubeBin := fs.String("kube-bin", os.Getenv("AIRLOCK_KUBE_BIN"), "`directory` of etcd, kube-apiserver and kube-scheduler (default: $AIRLOCK_KUBE_BIN)")
 	nodes := fs.Int("nodes", 2, "how many node agents")
 	replicas := fs.Int("replicas", 2, "how many API replicas")
+	nodeCPUs := fs.Int("node-cpus", 4*runtime.NumCPU(), "vCPUs each node offers sandboxes (kube-scheduler places no more than fit)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -53,6 +58,9 @@ func runLocalCluster(ctx context.Context, env *Env, args []string) error {
 	}
 	if *nodes < 1 || *nodes > 8 || *replicas < 1 || *replicas > 8 {
 		return fmt.Errorf("localcluster: --nodes and --replicas must be between 1 and 8: %w", errdefs.ErrInvalid)
+	}
+	if *nodeCPUs < 1 {
+		return fmt.Errorf("localcluster: --node-cpus must be at least 1: %w", errdefs.ErrInvalid)
 	}
 	if *kubeBin == "" {
 		return fmt.Errorf("localcluster: --kube-bin (or $AIRLOCK_KUBE_BIN) is needed: tools/kube/build.sh builds the binaries and prints their directory: %w", errdefs.ErrInvalid)
@@ -93,7 +101,7 @@ func runLocalCluster(ctx context.Context, env *Env, args []string) error {
 	// The cluster's files go in a directory under dir, so that the pid
 	// file stays until everything is stopped.
 	c, err := localcluster.Start(sctx, localcluster.Config{Dir: filepath.Join(*dir, "cluster"), KubeBin: *kubeBin,
-		Airlock: self, Source: env.Dir, Nodes: *nodes, Replicas: *replicas, Log: env.Stderr})
+		Airlock: self, Source: env.Dir, Nodes: *nodes, Replicas: *replicas, NodeCPUs: *nodeCPUs, Log: env.Stderr})
 	if err != nil {
 		removeLocalCluster(*dir)
 		return fmt.Errorf("localcluster: %w", err)

@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -58,7 +59,12 @@ type Config struct {
 	Source datadir.Dir
 	// Nodes and Replicas are how many node agents and API replicas run.
 	Nodes, Replicas int
-	// NodeArgs are more flags for every node (--cpus, --max-sandboxes).
+	// NodeCPUs is the vCPUs each node offers sandboxes: kube-scheduler
+	// places no more sandboxes on a node than their vCPUs (and the
+	// RuntimeClass's overhead) fit. Default: four times this host's CPUs,
+	// since sandboxes mostly idle; the nodes share them.
+	NodeCPUs int
+	// NodeArgs are more flags for every node (--max-sandboxes).
 	NodeArgs []string
 	// Log gets a line per step; nil discards them.
 	Log io.Writer
@@ -96,6 +102,9 @@ type proc struct {
 func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
 	if cfg.Log == nil {
 		cfg.Log = io.Discard
+	}
+	if cfg.NodeCPUs == 0 {
+		cfg.NodeCPUs = 4 * runtime.NumCPU()
 	}
 	if cfg.Nodes < 1 || cfg.Replicas < 1 {
 		return nil, errors.New("a local cluster needs at least one node and one replica")
@@ -208,7 +217,8 @@ func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
 		if err != nil {
 			return c, err
 		}
-		args := append(append([]string{"node", "--name", name, "--listen", addr, "--kubeconfig", nodeKube}, common...), cfg.NodeArgs...)
+		args := append(append([]string{"node", "--name", name, "--listen", addr, "--kubeconfig", nodeKube,
+			"--cpus", strconv.Itoa(cfg.NodeCPUs)}, common...), cfg.NodeArgs...)
 		if _, err := c.launch(ctx, name, keys, "airlock node "+name+" serving", args); err != nil {
 			return c, err
 		}
@@ -229,20 +239,15 @@ func (c *Cluster) Log(name string) string {
 	return string(b)
 }
 
-// StopNode stops a node agent (its VMs keep running, as they would on a
-// host), for a bench that compares one node with two.
-func (c *Cluster) StopNode(name string) {
-	c.mu.Lock()
-	var p *proc
-	for _, q := range c.procs {
-		if q.name == name {
-			p = q
-		}
+// Cordon marks a node unschedulable, or schedulable again: kube-scheduler
+// then binds no new sandbox Pod to it, and those it runs stay.
+func (c *Cluster) Cordon(name string, on bool) error {
+	verb := "uncordon"
+	if on {
+		verb = "cordon"
 	}
-	c.mu.Unlock()
-	if p != nil {
-		p.stop()
-	}
+	_, err := c.cp.Kubectl("", verb, name)
+	return err
 }
 
 // Stop stops the replicas, then the nodes, kills the VMs they left
