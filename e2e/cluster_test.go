@@ -611,6 +611,18 @@ func TestClusterReplicas(t *testing.T) {
 		if sb.State != apiv1.StateCreating {
 			t.Errorf("an unplaced sandbox is %s", sb.State)
 		}
+		// It says why it waits, as kube-scheduler put it.
+		if sb.Unavailable == nil || sb.Unavailable.Code != apiv1.CodeResourceExhausted ||
+			!strings.Contains(sb.Unavailable.Message, "no node can take this sandbox yet") || !strings.Contains(sb.Unavailable.Message, "Insufficient cpu") {
+			t.Errorf("an unplaced sandbox's unavailable: %+v", sb.Unavailable)
+		}
+		var list apiv1.List[apiv1.Sandbox]
+		a.must(t, 200, "GET", "/v1/sandboxes", tc.key, nil, &list)
+		for _, it := range list.Items {
+			if it.ID == res.Sandbox.ID && (it.Unavailable == nil || !strings.Contains(it.Unavailable.Message, "Insufficient cpu")) {
+				t.Errorf("the list's unplaced sandbox: %+v", it.Unavailable)
+			}
+		}
 		// Its delete is the replica's own: no node has it.
 		var del apiv1.SandboxOperation
 		b.must(t, 202, "DELETE", "/v1/sandboxes/"+res.Sandbox.ID, tc.key, nil, &del)

@@ -47,7 +47,7 @@ func startClusterFront(ctx context.Context, st *store.Store, kubeconfig, namespa
 		return nil, err
 	}
 	cctx, cancel := context.WithCancel(ctx)
-	router, err := cluster.NewRouter(cctx, client, st, token, log)
+	router, err := cluster.NewRouter(cctx, client, namespace, st, token, log)
 	if err != nil {
 		cancel()
 		return nil, err

@@ -251,7 +251,7 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 		MinFreeDiskBytes: minFreeDisk.n, Warm: warm,
 	}
 	if cl != nil {
-		sc.Front, sc.Admitted, sc.NodeDown = true, cl.admitted, cl.router.NodeDown
+		sc.Front, sc.Admitted, sc.NodeDown, sc.Unplaced = true, cl.admitted, cl.router.NodeDown, cl.router.Unplaced
 	}
 	rt, svc, err := startService(ctx, sandbox.Config{Dir: env.Dir, Accel: *accel, Log: log, Unjailed: unjailed, UIDs: uids,
 		Network: sandbox.NetworkConfig{DNSUpstream: *dnsUpstream}}, sc, reg)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/airlockhq/airlock/internal/api"
@@ -30,16 +31,18 @@ const LabelNode = "airlock.dev/node"
 // Streams are passed through as they come (no buffering), so an attach
 // cut by a replica's death resumes through another with Last-Event-ID.
 type Router struct {
-	st    *store.Store
-	nodes *nodeWatch
-	token string
-	log   *slog.Logger
-	proxy *httputil.ReverseProxy
+	client    kubernetes.Interface
+	namespace string // of the sandbox Pods
+	st        *store.Store
+	nodes     *nodeWatch
+	token     string
+	log       *slog.Logger
+	proxy     *httputil.ReverseProxy
 }
 
 // NewRouter watches the airlock Nodes until ctx ends and returns a Router
-// once it has listed them.
-func NewRouter(ctx context.Context, client kubernetes.Interface, st *store.Store, token string, log *slog.Logger) (*Router, error) {
+// once it has listed them. The sandbox Pods are in namespace.
+func NewRouter(ctx context.Context, client kubernetes.Interface, namespace string, st *store.Store, token string, log *slog.Logger) (*Router, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -47,7 +50,7 @@ func NewRouter(ctx context.Context, client kubernetes.Interface, st *store.Store
 	if err != nil {
 		return nil, err
 	}
-	r := &Router{st: st, nodes: nodes, token: token, log: log}
+	r := &Router{client: client, namespace: namespace, st: st, nodes: nodes, token: token, log: log}
 	r.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(pr.In.Context().Value(targetKey{}).(*url.URL))
@@ -116,6 +119,25 @@ func (r *Router) endpoint(node string) (*url.URL, error) {
 // NodeDown says why a node cannot be reached now, "" if it can: for
 // service.Config.NodeDown.
 func (r *Router) NodeDown(node string) string { return r.nodes.down(node, time.Now()) }
+
+// Unplaced says why kube-scheduler has not bound the Pod of sandbox id
+// ("" when it has, when there is no Pod yet, or when the apiserver does
+// not answer within a second): the scheduler's message, such as "0/2
+// nodes are available: 2 Insufficient cpu".
+func (r *Router) Unplaced(ctx context.Context, id string) string {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	pod, err := r.client.CoreV1().Pods(r.namespace).Get(ctx, id, metav1.GetOptions{})
+	if err != nil || pod.Spec.NodeName != "" {
+		return ""
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+			return "no node can take this sandbox yet; its create waits until one can: " + c.Message
+		}
+	}
+	return ""
+}
 
 // Endpoint is the base URL of the internal API of a Node an airlock node
 // agent registered: its InternalIP and kubelet port.

@@ -430,14 +430,20 @@ func (s *Service) GetSandbox(ctx context.Context, p Principal, id string) (apiv1
 		if err != nil {
 			return apiv1.Sandbox{}, err
 		}
-		s.markUnavailable(&v, node)
+		s.markUnavailable(ctx, &v, node)
 	}
 	return v, nil
 }
 
 // markUnavailable sets v.Unavailable if the node that runs the sandbox is
-// down (cluster mode).
-func (s *Service) markUnavailable(v *apiv1.Sandbox, node string) {
+// down, or if no node can take up a sandbox being created (cluster mode).
+func (s *Service) markUnavailable(ctx context.Context, v *apiv1.Sandbox, node string) {
+	if node == "" && v.State == apiv1.StateCreating && s.cfg.Unplaced != nil {
+		if why := s.cfg.Unplaced(ctx, v.ID); why != "" {
+			v.Unavailable = &apiv1.Status{Code: apiv1.CodeResourceExhausted, Message: why}
+		}
+		return
+	}
 	if node == "" || node == store.ReplicaClaim || s.cfg.NodeDown == nil || v.State == apiv1.StateDeleted || v.State == apiv1.StateFailed {
 		return
 	}
@@ -502,7 +508,7 @@ func (s *Service) ListSandboxes(ctx context.Context, p Principal, f SandboxFilte
 			break
 		}
 		v := s.sandboxView(sb)
-		s.markUnavailable(&v, nodes[sb.ID])
+		s.markUnavailable(ctx, &v, nodes[sb.ID])
 		out.Items = append(out.Items, v)
 	}
 	return out, nil

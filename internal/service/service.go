@@ -115,6 +115,10 @@ type Config struct {
 	// now ("" when it can); a sandbox on such a node is shown with
 	// Unavailable set to the reason.
 	NodeDown func(node string) string
+	// Unplaced, for a Front service, says why a sandbox no node has taken
+	// up waits ("" when it does not, as far as it knows); the sandbox is
+	// shown with Unavailable set to the reason.
+	Unplaced func(ctx context.Context, id string) string
 }
 
 // Validate checks the configuration and fills in defaults.
