@@ -12,7 +12,6 @@ package localcluster
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -32,6 +31,7 @@ import (
 
 	"github.com/airlockhq/airlock/deploy"
 	"github.com/airlockhq/airlock/internal/datadir"
+	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/ids"
 	"github.com/airlockhq/airlock/internal/localkube"
 	"github.com/airlockhq/airlock/internal/localpg"
@@ -107,16 +107,16 @@ func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
 		cfg.NodeCPUs = 4 * runtime.NumCPU()
 	}
 	if cfg.Nodes < 1 || cfg.Replicas < 1 {
-		return nil, errors.New("a local cluster needs at least one node and one replica")
+		return nil, fmt.Errorf("a local cluster needs at least one node and one replica: %w", errdefs.ErrInvalid)
 	}
 	if _, err := os.Stat(cfg.Source.Kernel()); err != nil {
-		return nil, fmt.Errorf("%s is not set up (no kernel): run `airlock setup` (make setup) first", cfg.Source.Root)
+		return nil, fmt.Errorf("%s is not set up (no kernel): run `airlock setup` (make setup) first: %w", cfg.Source.Root, errdefs.ErrPrecondition)
 	}
 	if err := localkube.Check(cfg.KubeBin, "etcd", "kube-apiserver", "kube-scheduler"); err != nil {
 		return nil, err
 	}
 	if entries, err := os.ReadDir(cfg.Dir); err == nil && len(entries) > 0 {
-		return nil, fmt.Errorf("%s is not empty: a local cluster runs there or one was not stopped (Remove clears it)", cfg.Dir)
+		return nil, fmt.Errorf("%s is not empty: a local cluster runs there or one was not stopped (Remove clears it): %w", cfg.Dir, errdefs.ErrConflict)
 	}
 	// The postgres user traverses it to its own directory.
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {

@@ -32,6 +32,7 @@ import (
 
 	"k8s.io/client-go/rest"
 
+	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/ids"
 )
 
@@ -67,11 +68,11 @@ var ErrNoBinaries = errors.New("Kubernetes binaries missing")
 func Check(bin string, names ...string) error {
 	for _, name := range names {
 		if _, err := os.Stat(filepath.Join(bin, name)); bin == "" || err != nil {
-			return fmt.Errorf("%w: no %s in %q: tools/kube/build.sh builds it and prints the directory", ErrNoBinaries, name, bin)
+			return fmt.Errorf("%w: no %s in %q: tools/kube/build.sh builds it and prints the directory: %w", ErrNoBinaries, name, bin, errdefs.ErrPrecondition)
 		}
 	}
 	if _, err := exec.LookPath("kubectl"); err != nil {
-		return fmt.Errorf("%w: no kubectl on PATH", ErrNoBinaries)
+		return fmt.Errorf("%w: no kubectl on PATH: %w", ErrNoBinaries, errdefs.ErrPrecondition)
 	}
 	return nil
 }
