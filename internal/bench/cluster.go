@@ -124,7 +124,7 @@ func (r *runner) clusterCreate(ctx context.Context) (Result, error) {
 // clusterExecRTT times POST /v1/sandboxes/{id}/exec through a replica of
 // the local cluster, which forwards it to the sandbox's node, against the
 // single-host server, interleaved.
-func (r *runner) clusterExecRTT(ctx context.Context) (_ Result, err error) {
+func (r *runner) clusterExecRTT(ctx context.Context) (Result, error) {
 	cl, err := r.clusterAPI(ctx)
 	if err != nil {
 		return Result{}, err
@@ -133,37 +133,15 @@ func (r *runner) clusterExecRTT(ctx context.Context) (_ Result, err error) {
 	if err != nil {
 		return Result{}, err
 	}
-	var ids [2]string
-	for i, s := range []*apiServer{cl, single} {
-		id, cerr := s.createSandbox(ctx, r.cfg.Template)
-		if id != "" {
-			defer func() { err = errors.Join(err, s.deleteSandbox(id)) }()
-		}
-		if cerr != nil {
-			return Result{}, cerr
-		}
-		ids[i] = id
-	}
-	argv := []string{"true"}
-	exec := func(s *apiServer, id string) measure {
-		return timed(func(ctx context.Context) error {
-			ctx, cancel := context.WithTimeout(ctx, execTimeout)
-			defer cancel()
-			return apiExec(ctx, s.client, id, argv)
-		})
-	}
-	sides := []side{{"cluster exec run", exec(cl, ids[0])}, {"single-host exec run", exec(single, ids[1])}}
-	n := r.cfg.ExecRuns
-	ds, err := r.warmRounds(ctx, ScenarioClusterExecRTT, n, 10, sides)
+	a, b, err := r.pairedExecRTT(ctx, ScenarioClusterExecRTT, [2]*apiServer{cl, single}, [2]string{"cluster", "single-host"})
 	if err != nil {
 		return Result{}, err
 	}
-	a, b := summarize(ds[0]), summarize(ds[1])
 	notes := fmt.Sprintf("airlock: POST /v1/sandboxes/{id}/exec of argv %v until its answer, through an API replica "+
 		"of a local cluster, which finds the sandbox's node and forwards the call to the node's internal API; "+
 		"baseline: the same on a single-host server (SQLite) in this process; one running %s sandbox on each; "+
 		"%d runs each after %d untimed, interleaved; ratio of p50s; p50 difference %+.2f ms",
-		argv, r.tpl.Ref(), n, execWarmup, a.P50-b.P50)
+		pairedExecArgv, r.tpl.Ref(), r.cfg.ExecRuns, execWarmup, a.P50-b.P50)
 	return Result{Name: ScenarioClusterExecRTT, Unit: "ms", Airlock: a, Baseline: b, Ratio: ratio(a.P50, b.P50), Notes: notes}, nil
 }
 

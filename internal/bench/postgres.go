@@ -96,13 +96,31 @@ func (r *runner) pgCreate(ctx context.Context) (Result, error) {
 // pgExecRTT times POST /v1/sandboxes/{id}/exec on a server whose store is
 // PostgreSQL against one whose store is SQLite, interleaved. An exec
 // authenticates its key and records its command in the store.
-func (r *runner) pgExecRTT(ctx context.Context) (_ Result, err error) {
+func (r *runner) pgExecRTT(ctx context.Context) (Result, error) {
 	pg, lite, err := r.storeServers(ctx)
 	if err != nil {
 		return Result{}, err
 	}
+	a, b, err := r.pairedExecRTT(ctx, ScenarioPGExecRTT, [2]*apiServer{pg, lite}, [2]string{"postgres", "sqlite"})
+	if err != nil {
+		return Result{}, err
+	}
+	notes := fmt.Sprintf("airlock: POST /v1/sandboxes/{id}/exec of argv %v until its answer, on a server in this "+
+		"process whose store is PostgreSQL (a throwaway local cluster over loopback, fsync off); baseline: the same on "+
+		"a server whose store is SQLite; one running %s sandbox on each; %d runs each after %d untimed, interleaved; "+
+		"ratio of p50s; p50 difference %+.2f ms", pairedExecArgv, r.tpl.Ref(), r.cfg.ExecRuns, execWarmup, a.P50-b.P50)
+	return Result{Name: ScenarioPGExecRTT, Unit: "ms", Airlock: a, Baseline: b, Ratio: ratio(a.P50, b.P50), Notes: notes}, nil
+}
+
+// pairedExecArgv is what pairedExecRTT runs.
+var pairedExecArgv = []string{"true"}
+
+// pairedExecRTT times POST /v1/sandboxes/{id}/exec of pairedExecArgv on
+// two servers, one running sandbox on each, interleaved after a warm-up;
+// labels name the sides in progress lines.
+func (r *runner) pairedExecRTT(ctx context.Context, scenario string, servers [2]*apiServer, labels [2]string) (_, _ Measurement, err error) {
 	var ids [2]string
-	for i, s := range []*apiServer{pg, lite} {
+	for i, s := range servers {
 		// cerr, not err: an err declared here would shadow the result
 		// that the deferred delete joins its error into.
 		id, cerr := s.createSandbox(ctx, r.cfg.Template)
@@ -110,28 +128,21 @@ func (r *runner) pgExecRTT(ctx context.Context) (_ Result, err error) {
 			defer func() { err = errors.Join(err, s.deleteSandbox(id)) }()
 		}
 		if cerr != nil {
-			return Result{}, cerr
+			return Measurement{}, Measurement{}, cerr
 		}
 		ids[i] = id
 	}
-	argv := []string{"true"}
 	exec := func(s *apiServer, id string) measure {
 		return timed(func(ctx context.Context) error {
 			ctx, cancel := context.WithTimeout(ctx, execTimeout)
 			defer cancel()
-			return apiExec(ctx, s.client, id, argv)
+			return apiExec(ctx, s.client, id, pairedExecArgv)
 		})
 	}
-	sides := []side{{"postgres exec run", exec(pg, ids[0])}, {"sqlite exec run", exec(lite, ids[1])}}
-	n := r.cfg.ExecRuns
-	ds, err := r.warmRounds(ctx, ScenarioPGExecRTT, n, 10, sides)
+	sides := []side{{labels[0] + " exec run", exec(servers[0], ids[0])}, {labels[1] + " exec run", exec(servers[1], ids[1])}}
+	ds, err := r.warmRounds(ctx, scenario, r.cfg.ExecRuns, 10, sides)
 	if err != nil {
-		return Result{}, err
+		return Measurement{}, Measurement{}, err
 	}
-	a, b := summarize(ds[0]), summarize(ds[1])
-	notes := fmt.Sprintf("airlock: POST /v1/sandboxes/{id}/exec of argv %v until its answer, on a server in this "+
-		"process whose store is PostgreSQL (a throwaway local cluster over loopback, fsync off); baseline: the same on "+
-		"a server whose store is SQLite; one running %s sandbox on each; %d runs each after %d untimed, interleaved; "+
-		"ratio of p50s; p50 difference %+.2f ms", argv, r.tpl.Ref(), n, execWarmup, a.P50-b.P50)
-	return Result{Name: ScenarioPGExecRTT, Unit: "ms", Airlock: a, Baseline: b, Ratio: ratio(a.P50, b.P50), Notes: notes}, nil
+	return summarize(ds[0]), summarize(ds[1]), nil
 }

@@ -59,7 +59,7 @@ func TestTemplateBuildRunsConfig(t *testing.T) {
 		{maxTemplateBuildRuns + 1, "template build runs 51 is above the limit of 50"},
 	}
 	for _, tt := range tests {
-		err := (&Config{Dir: dir, TemplateBuildRuns: tt.runs}).Validate()
+		err := (&Config{Dir: dir, KubeBin: "/kube", TemplateBuildRuns: tt.runs}).Validate()
 		switch {
 		case tt.wantErr == "" && err != nil:
 			t.Errorf("Validate(TemplateBuildRuns %d) = %v", tt.runs, err)
