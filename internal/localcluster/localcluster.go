@@ -301,8 +301,8 @@ func (c *Cluster) launch(ctx context.Context, name string, keys map[string][]byt
 			return nil, err
 		}
 	}
-	for name, key := range keys {
-		if err := os.WriteFile(filepath.Join(home, name), key, 0o600); err != nil {
+	for file, key := range keys {
+		if err := os.WriteFile(filepath.Join(home, file), key, 0o600); err != nil {
 			return nil, err
 		}
 	}
