@@ -160,8 +160,11 @@ const exclusiveKey = "airlock.serve"
 // Only keepExclusive touches conn until done closes; then release does.
 type exclusiveLock struct {
 	conn *sql.Conn // nil while the lock is lost to a broken connection
-	stop chan struct{}
-	done chan struct{}
+	// every is ExclusiveCheckInterval when the lock was taken, read once
+	// so that a later change (a test's) does not race the checks.
+	every time.Duration
+	stop  chan struct{}
+	done  chan struct{}
 }
 
 // release lets go of the lock at once (the server would only notice a
@@ -212,7 +215,7 @@ func (s *Store) Exclusive(ctx context.Context, lost func(error)) error {
 	if err != nil {
 		return err
 	}
-	l := &exclusiveLock{conn: c, stop: make(chan struct{}), done: make(chan struct{})}
+	l := &exclusiveLock{conn: c, every: ExclusiveCheckInterval, stop: make(chan struct{}), done: make(chan struct{})}
 	s.exclusive = l
 	go s.keepExclusive(l, lost)
 	return nil
@@ -242,7 +245,7 @@ func (s *Store) takeExclusive(ctx context.Context) (*sql.Conn, error) {
 // cannot be reached, on each tick until it can.
 func (s *Store) keepExclusive(l *exclusiveLock, lost func(error)) {
 	defer close(l.done)
-	t := time.NewTicker(ExclusiveCheckInterval)
+	t := time.NewTicker(l.every)
 	defer t.Stop()
 	for {
 		select {
@@ -250,7 +253,7 @@ func (s *Store) keepExclusive(l *exclusiveLock, lost func(error)) {
 			return
 		case <-t.C:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), ExclusiveCheckInterval)
+		ctx, cancel := context.WithTimeout(context.Background(), l.every)
 		err := l.check(ctx, s)
 		cancel()
 		if err != nil {
