@@ -89,15 +89,23 @@ func (r *runner) closeCluster() error {
 	return errors.Join(errs...)
 }
 
+// clusterServers returns the two servers the cluster_ scenarios compare:
+// the local cluster's first replica and the API scenarios' single host.
+func (r *runner) clusterServers(ctx context.Context) (cl, single *apiServer, err error) {
+	if cl, err = r.clusterAPI(ctx); err != nil {
+		return nil, nil, err
+	}
+	if single, err = r.apiServer(ctx); err != nil {
+		return nil, nil, err
+	}
+	return cl, single, nil
+}
+
 // clusterCreate times api_create_to_first_output through a replica of
 // the local cluster against the single-host server of the api_ scenarios,
 // in alternation.
 func (r *runner) clusterCreate(ctx context.Context) (Result, error) {
-	cl, err := r.clusterAPI(ctx)
-	if err != nil {
-		return Result{}, err
-	}
-	single, err := r.apiServer(ctx)
+	cl, single, err := r.clusterServers(ctx)
 	if err != nil {
 		return Result{}, err
 	}
@@ -125,11 +133,7 @@ func (r *runner) clusterCreate(ctx context.Context) (Result, error) {
 // the local cluster, which forwards it to the sandbox's node, against the
 // single-host server, interleaved.
 func (r *runner) clusterExecRTT(ctx context.Context) (Result, error) {
-	cl, err := r.clusterAPI(ctx)
-	if err != nil {
-		return Result{}, err
-	}
-	single, err := r.apiServer(ctx)
+	cl, single, err := r.clusterServers(ctx)
 	if err != nil {
 		return Result{}, err
 	}
