@@ -24,6 +24,7 @@ import (
 	"github.com/airlockhq/airlock/internal/api"
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/cluster"
+	"github.com/airlockhq/airlock/internal/digest"
 	"github.com/airlockhq/airlock/internal/ids"
 	"github.com/airlockhq/airlock/internal/kubetest"
 	"github.com/airlockhq/airlock/internal/store"
@@ -82,8 +83,31 @@ func newTestCluster(t *testing.T) *testCluster {
 // service account.
 func (c *testCluster) node(t *testing.T, name string, args ...string) *server {
 	t.Helper()
+	return c.startNode(t, name, args)
+}
+
+// bareNode starts an `airlock node` of the cluster whose data directory
+// has no templates or snapshots of its own to start with.
+func (c *testCluster) bareNode(t *testing.T, name string, args ...string) *server {
+	t.Helper()
+	bare := func(home string) error {
+		for _, d := range []string{"templates", "snapshots"} {
+			if err := os.Remove(filepath.Join(home, d)); err != nil {
+				return err
+			}
+			if err := os.Mkdir(filepath.Join(home, d), 0o755); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return c.startNode(t, name, args, bare)
+}
+
+func (c *testCluster) startNode(t *testing.T, name string, args []string, prepare ...func(home string) error) *server {
+	t.Helper()
 	n := c.launch(t, "node", append([]string{"--name", name, "--kubeconfig", c.cp.KubeconfigAs(t, nodeUser),
-		"--lease-duration", "4s"}, args...))
+		"--lease-duration", "4s"}, args...), prepare...)
 	n.header = http.Header{api.NodeTokenHeader: {c.token}}
 	return n
 }
@@ -97,12 +121,18 @@ func (c *testCluster) replica(t *testing.T) *server {
 
 // launch runs an airlock command of the cluster (command "" for serve)
 // on a data directory of its own, with the store, the internal token and
-// the cluster's keys, until the test ends.
-func (c *testCluster) launch(t *testing.T, command string, args []string) *server {
+// the cluster's keys, until the test ends. prepare, if given, changes the
+// data directory first.
+func (c *testCluster) launch(t *testing.T, command string, args []string, prepare ...func(home string) error) *server {
 	t.Helper()
 	home, err := newHome()
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, p := range prepare {
+		if err := p(home); err != nil {
+			t.Fatal(err)
+		}
 	}
 	addr, err := freeAddr()
 	if err != nil {
@@ -675,4 +705,61 @@ func testStore(t *testing.T, url string) *store.Store {
 	}
 	t.Cleanup(func() { st.Close() })
 	return st
+}
+
+// TestClusterTemplates: a node that lacks the template a sandbox was
+// admitted with fetches its image by digest, checks it and keeps it: the
+// first node, with no other to ask, from the API replica; the second
+// from the first. Each then makes the sandbox from its own copy.
+func TestClusterTemplates(t *testing.T) {
+	tc := newTestCluster(t)
+	ctx := context.Background()
+	r := tc.replica(t)
+	st := testStore(t, tc.storeURL)
+
+	create := func(t *testing.T, want string) string {
+		t.Helper()
+		var res apiv1.SandboxOperation
+		r.must(t, 202, "POST", "/v1/sandboxes", tc.key, apiv1.CreateSandbox{Template: "tiny"}, &res)
+		if op := r.waitOp(t, tc.key, res.Operation.ID); op.Status != apiv1.OpSucceeded {
+			t.Fatalf("create on a node without the template: %+v", op.Error)
+		}
+		if node, err := st.SandboxNode(ctx, res.Sandbox.ID); err != nil || node != want {
+			t.Fatalf("sandbox on %q (%v), want %s", node, err, want)
+		}
+		if out := r.run(t, tc.key, res.Sandbox.ID, apiv1.CommandRequest{Cmd: "echo made"}); out.stdout != "made\n" {
+			t.Fatalf("exec: %+v", out)
+		}
+		return res.Sandbox.ID
+	}
+	// fetched checks that the node keeps its own copy of the image, whole.
+	fetched := func(t *testing.T, n *server, from string) {
+		t.Helper()
+		hex := strings.TrimPrefix(tc.tpl.Digest, "sha256:")
+		img := filepath.Join(n.home, "templates", "sha256-"+hex+".ext4")
+		fi, err := os.Lstat(img)
+		if err != nil || !fi.Mode().IsRegular() {
+			t.Fatalf("the node's copy %s: %v %v", img, fi, err)
+		}
+		sum, _, err := digest.File(ctx, img)
+		if err != nil || sum != hex {
+			t.Fatalf("the node's copy hashes to %s (%v), want %s", sum, err, hex)
+		}
+		status, body := n.call(t, "GET", "/metrics", tc.key, nil)
+		want := `airlock_node_template_fetches_total{from="` + from + `",result="fetched"} 1`
+		if status != 200 || !strings.Contains(string(body), want) {
+			t.Fatalf("the node's metrics (%d) lack %s:\n%s", status, want, grepLines(string(body), "template_fetch"))
+		}
+	}
+
+	b := tc.bareNode(t, "node-b", "--templates-from", r.url)
+	create(t, "node-b")
+	fetched(t, b, "server")
+
+	// With node-b cordoned, the next create goes to node-c, which asks
+	// node-b first.
+	c := tc.bareNode(t, "node-c")
+	tc.cp.MustKubectl(t, "", "cordon", "node-b")
+	create(t, "node-c")
+	fetched(t, c, "node")
 }

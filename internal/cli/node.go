@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"runtime"
@@ -22,6 +23,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/airlockhq/airlock/internal/api"
+	"github.com/airlockhq/airlock/internal/cluster"
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/node"
@@ -29,6 +31,7 @@ import (
 	"github.com/airlockhq/airlock/internal/secrets"
 	"github.com/airlockhq/airlock/internal/service"
 	"github.com/airlockhq/airlock/internal/store"
+	"github.com/airlockhq/airlock/internal/template"
 )
 
 const nodeAbout = `Runs this host as a node of an airlock cluster on Kubernetes (see
@@ -52,6 +55,12 @@ on every server and node) as well as an API key.
 
 The store keeps the hash of the token the cluster's first node started
 with; a node with another token is refused at start.
+
+A sandbox's template is pinned by digest when a server admits it. A node
+that lacks that image fetches it from the cluster's other nodes, then
+from --templates-from (the API servers' address), checks it against its
+sha256 digest and keeps it; the node serves its own images to the others
+the same way, behind the internal token.
 
 An unreachable store or apiserver is retried for --store-wait and
 --kube-wait at start. Sandboxes keep running when the node stops; the
@@ -85,12 +94,17 @@ func runNode(ctx context.Context, env *Env, args []string) error {
 	dnsUpstream := fs.String("dns-upstream", "", "resolver `HOST:PORT` the gateways ask (default: the host's, from /etc/resolv.conf)")
 	minFreeDisk := sizeFlag{n: 2 << 30}
 	fs.Var(&minFreeDisk, "min-free-disk", "free `size` to keep on the data directory's filesystem: creates and wakes are refused below it; 0: no check")
+	templatesFrom := fs.String("templates-from", "", "comma-separated base `URLs` of API servers to fetch template images from when no other node has them (in Kubernetes: the Service, http://airlock.airlock.svc)")
 	jailOpts := addJailFlags(fs)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("node: unexpected argument %q: %w", fs.Arg(0), errdefs.ErrInvalid)
+	}
+	sources, err := templateSources(*templatesFrom)
+	if err != nil {
+		return fmt.Errorf("node: --templates-from: %w", err)
 	}
 	unjailed, uids, err := jailOpts.parse()
 	if err != nil {
@@ -170,11 +184,17 @@ func runNode(ctx context.Context, env *Env, args []string) error {
 		return fmt.Errorf("node: %w", err)
 	}
 	reg := newRegistry()
+	fetcher, err := cluster.NewFetcher(ctx, cluster.FetcherConfig{Templates: template.Open(env.Dir), Node: *name,
+		Client: client, Sources: sources, Token: token, Log: log, Registry: reg})
+	if err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
 	_, svc, err := startService(ctx, sandbox.Config{Dir: env.Dir, Accel: *accel, Log: log, Unjailed: unjailed, UIDs: uids,
 		Network: sandbox.NetworkConfig{DNSUpstream: *dnsUpstream}}, service.Config{
 		Dir: env.Dir, Store: st, Log: log, Node: *name,
 		MaxSandboxes: *maxSandboxes, MaxStarts: *maxStarts, MaxQueuedStarts: *maxQueued,
 		DefaultEgress: *defaultEgress, Secrets: box, TokenKey: tokenKey, MinFreeDiskBytes: minFreeDisk.n,
+		FetchTemplate: fetcher.Fetch,
 	}, reg)
 	if err != nil {
 		return fmt.Errorf("node: %w", err)
@@ -200,7 +220,10 @@ func runNode(ctx context.Context, env *Env, args []string) error {
 	}
 
 	apiSrv := api.New(api.Config{Service: svc, Store: st, Log: log, Registry: reg, Secrets: box, PingInterval: *ping})
-	httpSrv := &http.Server{Handler: api.RequireNodeToken(token, apiSrv), ReadHeaderTimeout: 10 * time.Second}
+	mux := http.NewServeMux()
+	mux.Handle("/", apiSrv)
+	mux.Handle(cluster.TemplatesPath, cluster.ServeTemplates(template.Open(env.Dir)))
+	httpSrv := &http.Server{Handler: api.RequireNodeToken(token, mux), ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 2)
 	go func() { errc <- httpSrv.Serve(ln) }()
 	actx, acancel := context.WithCancel(ctx)
@@ -389,4 +412,22 @@ func hostMemory() int64 {
 		return 0
 	}
 	return int64(si.Totalram) * int64(si.Unit)
+}
+
+// templateSources parses --templates-from: base URLs, http or https,
+// with a host and nothing after the path.
+func templateSources(list string) ([]*url.URL, error) {
+	var out []*url.URL
+	for _, s := range strings.Split(list, ",") {
+		s = strings.TrimSpace(s)
+		if s == "" {
+			continue
+		}
+		u, err := url.Parse(s)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+			return nil, fmt.Errorf("%q is not a base URL such as http://airlock.airlock.svc: %w", s, errdefs.ErrInvalid)
+		}
+		out = append(out, u)
+	}
+	return out, nil
 }

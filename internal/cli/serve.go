@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/airlockhq/airlock/internal/api"
+	"github.com/airlockhq/airlock/internal/cluster"
 	"github.com/airlockhq/airlock/internal/e2b"
 	"github.com/airlockhq/airlock/internal/e2b/envd"
 	"github.com/airlockhq/airlock/internal/errdefs"
@@ -24,6 +25,7 @@ import (
 	"github.com/airlockhq/airlock/internal/secrets"
 	"github.com/airlockhq/airlock/internal/service"
 	"github.com/airlockhq/airlock/internal/store"
+	"github.com/airlockhq/airlock/internal/template"
 )
 
 const serveAbout = `Serves airlock's HTTP API (see docs/api.md) until SIGTERM or SIGINT.
@@ -277,7 +279,15 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	}
 	apiSrv := api.New(api.Config{Service: svc, Store: st, Log: log, Registry: reg, Secrets: box,
 		MetricsOpen: isLoopback(ln.Addr()), PingInterval: *ping, Forward: forward})
-	httpSrv := &http.Server{Handler: apiSrv, ReadHeaderTimeout: 10 * time.Second}
+	var handler http.Handler = apiSrv
+	if cl != nil {
+		// The nodes fetch the template images they lack from here too.
+		mux := http.NewServeMux()
+		mux.Handle("/", apiSrv)
+		mux.Handle(cluster.TemplatesPath, api.RequireNodeToken(token, cluster.ServeTemplates(template.Open(env.Dir))))
+		handler = mux
+	}
+	httpSrv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 2)
 	go func() { errc <- httpSrv.Serve(ln) }()
 	pctx, pcancel := context.WithCancel(ctx)

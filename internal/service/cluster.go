@@ -53,7 +53,11 @@ func (s *Service) Realize(ctx context.Context, id string) error {
 	pol := storedPolicy(sb)
 	s.reclaimMu.RLock()
 	defer s.reclaimMu.RUnlock()
-	spec, tpl, err := s.rt.Resolve(sandbox.Spec{Template: sb.TemplateDigest, VCPUs: sb.VCPUs, MemoryMiB: sb.MemoryMiB, DiskMiB: sb.DiskMiB, Network: &pol})
+	want := sandbox.Spec{Template: sb.TemplateDigest, VCPUs: sb.VCPUs, MemoryMiB: sb.MemoryMiB, DiskMiB: sb.DiskMiB, Network: &pol}
+	if s.cfg.FetchTemplate != nil && !s.hasTemplate(sb.TemplateDigest) {
+		return s.realizeFetched(id, sb, op, want)
+	}
+	spec, tpl, err := s.rt.Resolve(want)
 	if err != nil {
 		return s.failCreate(sb, op, fmt.Errorf("node %s cannot make template %s (%s): %w", s.cfg.Node, sb.TemplateRef, sb.TemplateDigest, err))
 	}
@@ -71,6 +75,61 @@ func (s *Service) Realize(ctx context.Context, id string) error {
 	go s.runCreate(cctx, c, sb, op, spec)
 	s.log.Info("realizing sandbox", "sandbox", id, "operation", op.ID, "template", tpl.Ref())
 	return nil
+}
+
+// hasTemplate says whether this node stores the image dgst.
+func (s *Service) hasTemplate(dgst string) bool {
+	ts := s.rt.Templates()
+	if ts == nil {
+		return false
+	}
+	_, err := ts.Resolve(dgst)
+	return err == nil
+}
+
+// realizeFetched makes a sandbox whose template image this node lacks:
+// it takes the sandbox's place among the creates, then, apart from the
+// Pod's worker (an image may take minutes), fetches the image from the
+// cluster (Config.FetchTemplate) and goes on as Realize does. The
+// fetched image is not reclaimed meanwhile: the sandbox's row names it.
+// A fetch that fails fails the create with the reason.
+func (s *Service) realizeFetched(id string, sb store.Sandbox, op store.Operation, want sandbox.Spec) error {
+	cctx, c, err := s.admitCreate(id)
+	if errors.Is(err, errMaking) {
+		return nil
+	}
+	if err != nil {
+		return s.failCreate(sb, op, fmt.Errorf("node %s: %w", s.cfg.Node, err))
+	}
+	s.log.Info("template not on this node: fetching it", "sandbox", id, "template", sb.TemplateDigest)
+	go func() {
+		spec, err := s.fetchAndResolve(cctx, sb, want)
+		if err != nil {
+			s.unadmit(id, c)
+			s.failCreate(sb, op, fmt.Errorf("node %s cannot make template %s (%s): %w", s.cfg.Node, sb.TemplateRef, sb.TemplateDigest, err))
+			close(c.done)
+			return
+		}
+		s.countState("", sb.State)
+		s.m.opStarted(op.Kind)
+		s.runCreate(cctx, c, sb, op, spec)
+	}()
+	return nil
+}
+
+// fetchAndResolve fetches the sandbox's template image and resolves the
+// sandbox's spec with it.
+func (s *Service) fetchAndResolve(ctx context.Context, sb store.Sandbox, want sandbox.Spec) (sandbox.Spec, error) {
+	if _, err := s.cfg.FetchTemplate(ctx, sb.TemplateDigest); err != nil {
+		return sandbox.Spec{}, err
+	}
+	s.reclaimMu.RLock()
+	defer s.reclaimMu.RUnlock()
+	spec, tpl, err := s.rt.Resolve(want)
+	if err == nil {
+		s.log.Info("realizing sandbox", "sandbox", sb.ID, "template", tpl.Ref())
+	}
+	return spec, err
 }
 
 // holds says whether this service runs, or is making, the sandbox.

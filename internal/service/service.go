@@ -30,6 +30,7 @@ import (
 	"github.com/airlockhq/airlock/internal/sandbox"
 	"github.com/airlockhq/airlock/internal/secrets"
 	"github.com/airlockhq/airlock/internal/store"
+	"github.com/airlockhq/airlock/internal/template"
 )
 
 // Config configures a Service.
@@ -119,6 +120,10 @@ type Config struct {
 	// up waits ("" when it does not, as far as it knows); the sandbox is
 	// shown with Unavailable set to the reason.
 	Unplaced func(ctx context.Context, id string) string
+	// FetchTemplate, for a Node service, gets a template image the node
+	// lacks, by digest, from the cluster (cluster.TemplateFetcher), so
+	// that a sandbox of any ready template can be made on any node.
+	FetchTemplate func(ctx context.Context, digest string) (template.Template, error)
 }
 
 // Validate checks the configuration and fills in defaults.

@@ -311,14 +311,15 @@ func (s *Service) PutBuildContext(ctx context.Context, r io.Reader, limit int64)
 
 // recoverBuilds fails the builds an earlier server left unfinished: their
 // sandboxes died with it.
-// noClusterTemplates refuses to make templates on a cluster node: a
-// node's templates are those its host has, and sharing new ones between
-// nodes is not built yet.
+// noClusterTemplates refuses to make templates in cluster mode: the
+// templates a replica admits creates with are those in its own data
+// directory (nodes fetch their images by digest), and a catalogue that
+// replicas share is not built yet.
 func (s *Service) noClusterTemplates() error {
 	if s.cfg.Node == "" && !s.cfg.Front {
 		return nil
 	}
-	return fmt.Errorf("templates cannot be built or saved in cluster mode yet: build them with a single-host airlock and install them on every node: %w", errdefs.ErrPrecondition)
+	return fmt.Errorf("templates cannot be built or saved in cluster mode yet: build them with a single-host airlock and put them in every API server's data directory (the nodes fetch their images from there): %w", errdefs.ErrPrecondition)
 }
 
 func (s *Service) recoverBuilds(ctx context.Context) error {

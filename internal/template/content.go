@@ -265,6 +265,12 @@ func (s *Store) PutImage(ctx context.Context, path string, defaults Settings) (T
 	if err != nil {
 		return Template{}, fmt.Errorf("store image: %w", err)
 	}
+	return s.install(path, sum, size, defaults)
+}
+
+// install moves the image at path, whose content hashes to sum and is
+// size bytes, into the store with its settings (see PutImage).
+func (s *Store) install(path, sum string, size int64, defaults Settings) (Template, error) {
 	dgst := "sha256:" + sum
 	img := s.imagePath(sum)
 	if _, err := os.Stat(img); errors.Is(err, fs.ErrNotExist) {

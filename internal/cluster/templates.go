@@ -1,0 +1,283 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/airlockhq/airlock/internal/api"
+	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/template"
+)
+
+// TemplatesPath is where a node or an API replica serves its template
+// images to the cluster's nodes, behind the internal token:
+//
+//	GET TemplatesPath + "sha256:<hex>"        the image's template.Export (JSON)
+//	GET TemplatesPath + "sha256:<hex>/image"  the image's bytes
+const TemplatesPath = "/internal/v1/templates/"
+
+// ServeTemplates serves the images of ts under TemplatesPath. Put it
+// behind api.RequireNodeToken: it is for the cluster's nodes only.
+func ServeTemplates(ts *template.Store) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			api.WriteError(w, fmt.Errorf("%s %s: templates are only read here, with GET: %w", r.Method, r.URL.Path, errdefs.ErrInvalid))
+			return
+		}
+		rest, ok := strings.CutPrefix(r.URL.Path, TemplatesPath)
+		dgst, image := strings.CutSuffix(rest, "/image")
+		if !ok {
+			api.WriteError(w, fmt.Errorf("%s is not a template's path: %w", r.URL.Path, errdefs.ErrNotFound))
+			return
+		}
+		e, f, err := ts.Export(dgst)
+		if err != nil {
+			api.WriteError(w, err)
+			return
+		}
+		defer f.Close()
+		if !image {
+			w.Header().Set("Content-Type", "application/json")
+			json.NewEncoder(w).Encode(e)
+			return
+		}
+		w.Header().Set("Content-Type", "application/octet-stream")
+		http.ServeContent(w, r, "", time.Time{}, f)
+	})
+}
+
+// FetchTimeout bounds one template's fetch from all its peers.
+var FetchTimeout = 30 * time.Minute
+
+// TemplateFetcher gets a node the template images it lacks, by digest,
+// from the cluster's other nodes (those whose agents are up) and then
+// from its sources (the API replicas' Service). Each image is checked
+// against its digest before it is stored (template.Store.PutFetched),
+// so a source can withhold an image but never pass off another.
+type TemplateFetcher struct {
+	ts      *template.Store
+	self    string // this node's name: not asked
+	token   string
+	sources []*url.URL
+	nodes   *nodeWatch // nil: the sources only
+	client  *http.Client
+	log     *slog.Logger
+	fetches *prometheus.CounterVec
+	bytes   *prometheus.CounterVec
+
+	mu       sync.Mutex
+	inflight map[string]*fetch // by digest
+}
+
+// fetch is one digest's fetch, shared by the creates that wait for it.
+type fetch struct {
+	done chan struct{}
+	t    template.Template
+	err  error
+}
+
+// FetcherConfig configures a TemplateFetcher.
+type FetcherConfig struct {
+	// Templates is the node's store, which fetched images go into.
+	Templates *template.Store
+	// Node is this node's name; Client, if set, lists the others.
+	Node   string
+	Client kubernetes.Interface
+	// Sources are base URLs asked after the nodes: the API replicas'.
+	Sources []*url.URL
+	// Token is the cluster's internal token.
+	Token string
+	Log   *slog.Logger
+	// Registry gets the fetcher's metrics; nil registers none.
+	Registry prometheus.Registerer
+}
+
+// NewFetcher starts watching the airlock Nodes until ctx ends, when cfg
+// has a client, and returns once they are listed.
+func NewFetcher(ctx context.Context, cfg FetcherConfig) (*TemplateFetcher, error) {
+	if cfg.Templates == nil || cfg.Token == "" {
+		return nil, errors.New("template fetcher: a template store and the internal token are needed")
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	f := &TemplateFetcher{ts: cfg.Templates, self: cfg.Node, token: cfg.Token, sources: cfg.Sources, log: cfg.Log,
+		// The image may be large: only the wait for each answer is bounded.
+		client:   &http.Client{Transport: &http.Transport{ResponseHeaderTimeout: 10 * time.Second, Proxy: nil}},
+		inflight: map[string]*fetch{},
+		fetches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "airlock_node_template_fetches_total",
+			Help: "Template images this node asked a peer for, by peer (node: another node; server: a --templates-from source) and result (fetched, absent: the peer lacks it, failed: any other answer, a wrong hash among them).",
+		}, []string{"from", "result"}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "airlock_node_template_fetched_bytes_total",
+			Help: "Bytes of the template images this node fetched and kept, by peer (node or server).",
+		}, []string{"from"})}
+	if cfg.Registry != nil {
+		cfg.Registry.MustRegister(f.fetches, f.bytes)
+	}
+	if cfg.Client != nil {
+		w, err := watchNodes(ctx, cfg.Client)
+		if err != nil {
+			return nil, err
+		}
+		f.nodes = w
+	}
+	return f, nil
+}
+
+// Fetch stores template dgst from the first peer that has it, and
+// returns it. Calls for one digest at once share one fetch. A digest no
+// peer has is errdefs.ErrNotFound, with what each peer answered.
+func (f *TemplateFetcher) Fetch(ctx context.Context, dgst string) (template.Template, error) {
+	f.mu.Lock()
+	c, ok := f.inflight[dgst]
+	if !ok {
+		c = &fetch{done: make(chan struct{})}
+		f.inflight[dgst] = c
+		go func() {
+			// Not the caller's context: a create that gives up does not
+			// cut a fetch others wait for.
+			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), FetchTimeout)
+			c.t, c.err = f.fetch(fctx, dgst)
+			cancel()
+			f.mu.Lock()
+			delete(f.inflight, dgst)
+			f.mu.Unlock()
+			close(c.done)
+		}()
+	}
+	f.mu.Unlock()
+	select {
+	case <-c.done:
+		return c.t, c.err
+	case <-ctx.Done():
+		return template.Template{}, ctx.Err()
+	}
+}
+
+// peer is one place a template may be fetched from.
+type peer struct {
+	name string
+	kind string // node or server
+	base *url.URL
+}
+
+// peers are the other airlock nodes whose agents are up, by name, then
+// the sources.
+func (f *TemplateFetcher) peers() []peer {
+	var out []peer
+	if f.nodes != nil {
+		nodes, _ := f.nodes.nodes.List(labels.Everything())
+		now := time.Now()
+		for _, n := range nodes {
+			if n.Name == f.self || f.nodes.down(n.Name, now) != "" {
+				continue
+			}
+			if u, err := Endpoint(n); err == nil {
+				out = append(out, peer{"node " + n.Name, "node", u})
+			}
+		}
+		slices.SortFunc(out, func(a, b peer) int { return strings.Compare(a.name, b.name) })
+	}
+	for _, u := range f.sources {
+		out = append(out, peer{u.String(), "server", u})
+	}
+	return out
+}
+
+func (f *TemplateFetcher) fetch(ctx context.Context, dgst string) (template.Template, error) {
+	peers := f.peers()
+	if len(peers) == 0 {
+		return template.Template{}, fmt.Errorf("template %s is not on this node and there is no other node or source to fetch it from: %w", dgst, errdefs.ErrNotFound)
+	}
+	var tried []string
+	for _, p := range peers {
+		start := time.Now()
+		t, err := f.fetchFrom(ctx, p, dgst)
+		switch {
+		case err == nil:
+			f.fetches.WithLabelValues(p.kind, "fetched").Inc()
+			f.bytes.WithLabelValues(p.kind).Add(float64(t.SizeBytes))
+		case errors.Is(err, errdefs.ErrNotFound):
+			f.fetches.WithLabelValues(p.kind, "absent").Inc()
+		default:
+			f.fetches.WithLabelValues(p.kind, "failed").Inc()
+		}
+		if err == nil {
+			f.log.Info("fetched a template", "template", dgst, "from", p.name, "bytes", t.SizeBytes, "took", time.Since(start).Round(time.Millisecond).String())
+			return t, nil
+		}
+		if !errors.Is(err, errdefs.ErrNotFound) {
+			f.log.Warn("fetch a template", "template", dgst, "from", p.name, "err", err)
+		}
+		tried = append(tried, fmt.Sprintf("%s: %v", p.name, err))
+	}
+	return template.Template{}, fmt.Errorf("template %s is not on this node and no peer gave it (%s): %w", dgst, strings.Join(tried, "; "), errdefs.ErrNotFound)
+}
+
+// fetchFrom reads the image's Export, then its bytes, into the store.
+func (f *TemplateFetcher) fetchFrom(ctx context.Context, p peer, dgst string) (template.Template, error) {
+	var e template.Export
+	resp, err := f.get(ctx, p.base.JoinPath(TemplatesPath, dgst))
+	if err != nil {
+		return template.Template{}, err
+	}
+	err = json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&e)
+	resp.Body.Close()
+	if err != nil {
+		return template.Template{}, fmt.Errorf("read its settings: %w", err)
+	}
+	if e.Digest != dgst {
+		return template.Template{}, fmt.Errorf("asked for %s, it described %s: %w", dgst, e.Digest, errdefs.ErrInvalid)
+	}
+	if resp, err = f.get(ctx, p.base.JoinPath(TemplatesPath, dgst, "image")); err != nil {
+		return template.Template{}, err
+	}
+	defer resp.Body.Close()
+	return f.ts.PutFetched(ctx, e, resp.Body)
+}
+
+// get is a GET with the internal token; an answer other than 200 is an
+// error with its message, errdefs.ErrNotFound for a 404.
+func (f *TemplateFetcher) get(ctx context.Context, u *url.URL) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set(api.NodeTokenHeader, f.token)
+	resp, err := f.client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", err, errdefs.ErrUnavailable)
+	}
+	if resp.StatusCode == http.StatusOK {
+		return resp, nil
+	}
+	defer resp.Body.Close()
+	var body apiv1.ErrorBody
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	msg := strings.TrimSpace(string(b))
+	if json.Unmarshal(b, &body) == nil && body.Error.Message != "" {
+		msg = body.Error.Message
+	}
+	class := errdefs.ErrUnavailable
+	if resp.StatusCode == http.StatusNotFound {
+		class = errdefs.ErrNotFound
+	}
+	return nil, fmt.Errorf("%s: %s: %w", resp.Status, msg, class)
+}
