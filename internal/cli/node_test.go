@@ -55,6 +55,10 @@ func TestNodeFlags(t *testing.T) {
 		{append(base, "--advertise", "not-an-ip", "--kubeconfig", kc), "kubeconfig"},
 		{append(base, "--kubeconfig", kc), "--kubeconfig " + kc},
 		{append(base, "extra"), "unexpected argument"},
+		{append(base, "--templates-from", "ftp://airlock"), "is not a base URL"},
+		{append(base, "--templates-from", "http://a/?x=1"), "is not a base URL"},
+		{append(base, "--templates-from", "http://u:p@a"), "is not a base URL"},
+		{append(base, "--templates-from", "airlock.svc"), "is not a base URL"},
 	} {
 		var out, errb bytes.Buffer
 		env := &Env{Stdout: &out, Stderr: &errb, Dir: datadir.Dir{Root: t.TempDir()}}
