@@ -150,8 +150,8 @@ func codeForStatus(status int) string {
 	return apiv1.CodeInternal
 }
 
-// readError turns a non-2xx answer into an *Error and closes its body.
-func readError(resp *http.Response) error {
+// ReadError turns a non-2xx answer into an *Error and closes its body.
+func ReadError(resp *http.Response) error {
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	var body apiv1.ErrorBody
@@ -239,7 +239,7 @@ func (c *Client) do(ctx context.Context, r request) (*http.Response, error) {
 		return nil, fmt.Errorf("%s %s: %w", r.method, r.path, err)
 	}
 	if (resp.StatusCode < 200 || resp.StatusCode > 299) && !(o.upgrade != "" && resp.StatusCode == http.StatusSwitchingProtocols) {
-		return nil, readError(resp)
+		return nil, ReadError(resp)
 	}
 	return resp, nil
 }

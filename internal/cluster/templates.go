@@ -19,7 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/airlockhq/airlock/internal/api"
-	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/apiclient"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/template"
 )
@@ -253,8 +253,8 @@ func (f *TemplateFetcher) fetchFrom(ctx context.Context, p peer, dgst string) (t
 	return f.ts.PutFetched(ctx, e, resp.Body)
 }
 
-// get is a GET with the internal token; an answer other than 200 is an
-// error with its message, errdefs.ErrNotFound for a 404.
+// get is a GET with the internal token; an answer other than 200 is
+// the server's error (apiclient.ReadError), errdefs.ErrNotFound for a 404.
 func (f *TemplateFetcher) get(ctx context.Context, u *url.URL) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {
@@ -265,19 +265,8 @@ func (f *TemplateFetcher) get(ctx context.Context, u *url.URL) (*http.Response, 
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", err, errdefs.ErrUnavailable)
 	}
-	if resp.StatusCode == http.StatusOK {
-		return resp, nil
+	if resp.StatusCode != http.StatusOK {
+		return nil, apiclient.ReadError(resp)
 	}
-	defer resp.Body.Close()
-	var body apiv1.ErrorBody
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	msg := strings.TrimSpace(string(b))
-	if json.Unmarshal(b, &body) == nil && body.Error.Message != "" {
-		msg = body.Error.Message
-	}
-	class := errdefs.ErrUnavailable
-	if resp.StatusCode == http.StatusNotFound {
-		class = errdefs.ErrNotFound
-	}
-	return nil, fmt.Errorf("%s: %s: %w", resp.Status, msg, class)
+	return resp, nil
 }

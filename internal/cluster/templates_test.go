@@ -150,7 +150,7 @@ func TestTemplateFetcher(t *testing.T) {
 	}
 	wrongToken, _ := NewFetcher(ctx, FetcherConfig{Templates: template.Open(datadir.Dir{Root: t.TempDir()}), Token: strings.Repeat("z", 32),
 		Sources: []*url.URL{parse(good.URL)}})
-	if _, err := wrongToken.Fetch(ctx, orig.Digest); err == nil || !strings.Contains(err.Error(), "401") {
+	if _, err := wrongToken.Fetch(ctx, orig.Digest); err == nil || !strings.Contains(err.Error(), "is not this node's") {
 		t.Errorf("fetch with another cluster's token: %v", err)
 	}
 	none, _ := NewFetcher(ctx, FetcherConfig{Templates: template.Open(datadir.Dir{Root: t.TempDir()}), Token: testToken})
