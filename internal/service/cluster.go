@@ -54,10 +54,10 @@ func (s *Service) Realize(ctx context.Context, id string) error {
 	s.reclaimMu.RLock()
 	defer s.reclaimMu.RUnlock()
 	want := sandbox.Spec{Template: sb.TemplateDigest, VCPUs: sb.VCPUs, MemoryMiB: sb.MemoryMiB, DiskMiB: sb.DiskMiB, Network: &pol}
-	if s.cfg.FetchTemplate != nil && !s.hasTemplate(sb.TemplateDigest) {
+	spec, tpl, err := s.rt.Resolve(want)
+	if errors.Is(err, errdefs.ErrNotFound) && s.cfg.FetchTemplate != nil {
 		return s.realizeFetched(id, sb, op, want)
 	}
-	spec, tpl, err := s.rt.Resolve(want)
 	if err != nil {
 		return s.failCreate(sb, op, fmt.Errorf("node %s cannot make template %s (%s): %w", s.cfg.Node, sb.TemplateRef, sb.TemplateDigest, err))
 	}
@@ -75,16 +75,6 @@ func (s *Service) Realize(ctx context.Context, id string) error {
 	go s.runCreate(cctx, c, sb, op, spec)
 	s.log.Info("realizing sandbox", "sandbox", id, "operation", op.ID, "template", tpl.Ref())
 	return nil
-}
-
-// hasTemplate says whether this node stores the image dgst.
-func (s *Service) hasTemplate(dgst string) bool {
-	ts := s.rt.Templates()
-	if ts == nil {
-		return false
-	}
-	_, err := ts.Resolve(dgst)
-	return err == nil
 }
 
 // realizeFetched makes a sandbox whose template image this node lacks:
