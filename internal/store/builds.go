@@ -31,9 +31,11 @@ type Build struct {
 	CreatedAt time.Time
 	// FinishedAt is when it ended; nil until then.
 	FinishedAt *time.Time
+	// Node is the cluster node that runs it, "" on a single host.
+	Node string
 }
 
-const buildColumns = "id, owner, name, tag, status, digest, request, error, created_at, finished_at"
+const buildColumns = "id, owner, name, tag, status, digest, request, error, created_at, finished_at, node"
 
 // InsertBuild stores b and the operation that runs it, in one transaction.
 func (s *Store) InsertBuild(ctx context.Context, b Build, op Operation) error {
@@ -52,8 +54,8 @@ func (s *Store) InsertBuild(ctx context.Context, b Build, op Operation) error {
 		return fmt.Errorf("insert build %s: %w", b.ID, err)
 	}
 	err = s.inTx(ctx, func(t *tx) error {
-		_, err := t.ExecContext(ctx, "INSERT INTO builds ("+buildColumns+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-			b.ID, b.Owner, b.Name, b.Tag, b.Status, b.Digest, req, bErr, nanos(b.CreatedAt), nullNanos(b.FinishedAt))
+		_, err := t.ExecContext(ctx, "INSERT INTO builds ("+buildColumns+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+			b.ID, b.Owner, b.Name, b.Tag, b.Status, b.Digest, req, bErr, nanos(b.CreatedAt), nullNanos(b.FinishedAt), b.Node)
 		if isUniqueViolation(err) {
 			return fmt.Errorf("the ID is taken: %w", errdefs.ErrConflict)
 		}
@@ -147,7 +149,7 @@ func scanBuild(r scanner) (Build, error) {
 	var req, bErr sql.NullString
 	var created int64
 	var finished sql.NullInt64
-	if err := r.Scan(&b.ID, &b.Owner, &b.Name, &b.Tag, &b.Status, &b.Digest, &req, &bErr, &created, &finished); err != nil {
+	if err := r.Scan(&b.ID, &b.Owner, &b.Name, &b.Tag, &b.Status, &b.Digest, &req, &bErr, &created, &finished, &b.Node); err != nil {
 		return Build{}, err
 	}
 	var err error

@@ -27,12 +27,12 @@ func testBuilds(t *testing.T, b backend) {
 	if _, err := s.GetOperation(ctx, "op1b"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("the refused build's operation was stored: %v", err)
 	}
-	b2 := Build{ID: "bld2", Owner: "key2", Name: "web", Tag: "v1", Status: "building", CreatedAt: t0.Add(time.Second)}
+	b2 := Build{ID: "bld2", Owner: "key2", Name: "web", Tag: "v1", Status: "building", CreatedAt: t0.Add(time.Second), Node: "host-b"}
 	if err := s.InsertBuild(ctx, b2, op("op2", "bld2")); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := s.LatestBuild(ctx, "web", "v1"); err != nil || got.ID != "bld2" {
-		t.Errorf("LatestBuild = %s, %v; want bld2", got.ID, err)
+	if got, err := s.LatestBuild(ctx, "web", "v1"); err != nil || got.ID != "bld2" || got.Node != "host-b" {
+		t.Errorf("LatestBuild = %s on %q, %v; want bld2 on host-b", got.ID, got.Node, err)
 	}
 	if _, err := s.LatestBuild(ctx, "web", "v2"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("LatestBuild of a tag never built: %v", err)
@@ -53,7 +53,7 @@ func testBuilds(t *testing.T, b backend) {
 	}
 	got, err := s.GetBuild(ctx, "bld1")
 	if err != nil || got.Status != "ready" || got.Digest != "sha256:aa" || got.FinishedAt == nil || !got.FinishedAt.Equal(fin) ||
-		string(got.Request) != `{"name":"web"}` || got.Error != nil {
+		string(got.Request) != `{"name":"web"}` || got.Error != nil || got.Node != "" {
 		t.Errorf("GetBuild(bld1) = %+v, %v", got, err)
 	}
 	if o, err := s.GetOperation(ctx, "op2"); err != nil || o.Status != "failed" || o.Error == nil || o.Error.Message != "step 1 exited with code 3" {
@@ -86,5 +86,54 @@ func testTemplatesInUse(t *testing.T, b backend) {
 	got, err := s.TemplatesInUse(ctx)
 	if err != nil || len(got) != 2 || !got["sha256:aa"] || !got["sha256:bb"] || got["sha256:cc"] {
 		t.Errorf("TemplatesInUse = %v, %v; want aa and bb, not the deleted sandbox's cc", got, err)
+	}
+}
+
+// testTemplateTags: a tag points at one image at a time, a new put moves
+// it, a delete removes only it; bad tags change nothing.
+func testTemplateTags(t *testing.T, b backend) {
+	ctx := context.Background()
+	s := b.newStore(t)
+	if _, err := s.GetTemplateTag(ctx, "web", "v1"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("an empty catalogue's web:v1: %v, want not found", err)
+	}
+	v1 := TemplateTag{Name: "web", Tag: "v1", Digest: "sha256:aa", SizeBytes: 4096, Settings: json.RawMessage(`{"vcpus":1}`), Owner: "key1", CreatedAt: t0}
+	if err := s.PutTemplateTag(ctx, v1); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutTemplateTag(ctx, TemplateTag{Name: "web", Tag: "v2", Digest: "sha256:aa", Settings: json.RawMessage(`{}`), Owner: "key1"}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.GetTemplateTag(ctx, "web", "v1")
+	if err != nil || got.Digest != "sha256:aa" || got.SizeBytes != 4096 || string(got.Settings) != `{"vcpus":1}` || got.Owner != "key1" || !got.CreatedAt.Equal(t0) {
+		t.Errorf("web:v1 = %+v, %v", got, err)
+	}
+	moved := v1
+	moved.Digest, moved.SizeBytes, moved.Owner, moved.CreatedAt = "sha256:bb", 8192, "key2", t0.Add(time.Minute)
+	if err := s.PutTemplateTag(ctx, moved); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.GetTemplateTag(ctx, "web", "v1"); err != nil || got.Digest != "sha256:bb" || got.SizeBytes != 8192 || got.Owner != "key2" {
+		t.Errorf("web:v1 after the move = %+v, %v", got, err)
+	}
+	for _, bad := range []TemplateTag{
+		{Tag: "v1", Digest: "sha256:cc", Settings: json.RawMessage(`{}`)},
+		{Name: "web", Tag: "v\x00", Digest: "sha256:cc", Settings: json.RawMessage(`{}`)},
+		{Name: "web", Tag: "v3", Settings: json.RawMessage(`{}`)},
+		{Name: "web", Tag: "v3", Digest: "sha256:cc", Settings: json.RawMessage(`{"vcpus":`)},
+	} {
+		if err := s.PutTemplateTag(ctx, bad); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("put %+v: %v, want invalid", bad, err)
+		}
+	}
+	if err := s.DeleteTemplateTag(ctx, "web", "v2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteTemplateTag(ctx, "web", "v2"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("a second delete: %v, want not found", err)
+	}
+	tags, err := s.ListTemplateTags(ctx)
+	if err != nil || len(tags) != 1 || tags[0].Name+":"+tags[0].Tag != "web:v1" || tags[0].Digest != "sha256:bb" {
+		t.Errorf("catalogue %+v, %v; want only web:v1 at sha256:bb", tags, err)
 	}
 }

@@ -68,6 +68,7 @@ var conformance = []struct {
 	test func(t *testing.T, b backend)
 }{
 	{"Builds", testBuilds},
+	{"TemplateTags", testTemplateTags},
 	{"TemplatesInUse", testTemplatesInUse},
 	{"CommandRoundTrip", testCommandRoundTrip},
 	{"InsertCommandRefusals", testInsertCommandRefusals},

@@ -300,6 +300,42 @@ CREATE TABLE settings (
 	value TEXT NOT NULL
 );
 `},
+	{10, "create template_tags, add builds.node", `
+-- In cluster mode, the catalogue of the templates built or saved on nodes:
+-- the digest each name:tag names, with the image's settings (JSON
+-- template.Settings) and size, so that any API replica resolves it and any
+-- node fetches the image by digest. A single host keeps its tags in its
+-- template store and leaves this empty.
+CREATE TABLE template_tags (
+	seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+	name       TEXT    NOT NULL,
+	tag        TEXT    NOT NULL,
+	digest     TEXT    NOT NULL,
+	size_bytes INTEGER NOT NULL,
+	settings   TEXT    NOT NULL,
+	owner      TEXT    NOT NULL,
+	created_at INTEGER NOT NULL,
+	UNIQUE (name, tag)
+) STRICT;
+CREATE INDEX template_tags_digest ON template_tags (digest);
+-- The node that runs, or ran, the build ('' on a single host): its log is
+-- there.
+ALTER TABLE builds ADD COLUMN node TEXT NOT NULL DEFAULT '';
+`, `
+CREATE TABLE template_tags (
+	seq        BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	name       TEXT   NOT NULL,
+	tag        TEXT   NOT NULL,
+	digest     TEXT   NOT NULL,
+	size_bytes BIGINT NOT NULL,
+	settings   TEXT   NOT NULL,
+	owner      TEXT   NOT NULL,
+	created_at BIGINT NOT NULL,
+	UNIQUE (name, tag)
+);
+CREATE INDEX template_tags_digest ON template_tags (digest);
+ALTER TABLE builds ADD COLUMN node TEXT NOT NULL DEFAULT '';
+`},
 }
 
 // schemaVersion reads the version of the schema: SQLite's PRAGMA

@@ -36,6 +36,30 @@ var migrationTests = []migrationTest{
 	{version: 7, before: fillSchema1, after: checkSchema7},
 	{version: 8, before: fillSchema1, after: checkSchema8},
 	{version: 9, before: fillSchema1, after: checkSchema9},
+	{version: 10, before: fillBuilds9, after: checkSchema10},
+}
+
+// fillBuilds9 stores a build as servers before migration 10 did.
+func fillBuilds9(t *testing.T, db *sql.DB) {
+	if _, err := db.Exec("INSERT INTO builds (id, owner, name, tag, status, digest, created_at) VALUES ('bld1', 'key1', 'web', 'v1', 'ready', 'sha256:aa', 1)"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkSchema10: a build from before ran on no node, the catalogue is
+// empty, and a tag can be written.
+func checkSchema10(t *testing.T, db *sql.DB) {
+	s := &Store{db: &conn{db: db, eng: sqliteEngine}}
+	ctx := context.Background()
+	if b, err := s.GetBuild(ctx, "bld1"); err != nil || b.Node != "" || b.Digest != "sha256:aa" {
+		t.Fatalf("build after migration 10: %+v, %v", b, err)
+	}
+	if tags, err := s.ListTemplateTags(ctx); err != nil || len(tags) != 0 {
+		t.Fatalf("catalogue after migration 10: %v, %v; want empty", tags, err)
+	}
+	if err := s.PutTemplateTag(ctx, TemplateTag{Name: "web", Tag: "v1", Digest: "sha256:aa", Settings: []byte("{}")}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // checkSchema9: a store from before has no settings, and one can be set.
