@@ -4,8 +4,11 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net/http"
 	"os"
@@ -24,10 +27,13 @@ import (
 	"github.com/airlockhq/airlock/internal/api"
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/cluster"
+	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/digest"
+	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/ids"
 	"github.com/airlockhq/airlock/internal/kubetest"
 	"github.com/airlockhq/airlock/internal/store"
+	"github.com/airlockhq/airlock/internal/template"
 	"github.com/airlockhq/airlock/internal/testenv"
 )
 
@@ -90,7 +96,16 @@ func (c *testCluster) node(t *testing.T, name string, args ...string) *server {
 // has no templates or snapshots of its own to start with.
 func (c *testCluster) bareNode(t *testing.T, name string, args ...string) *server {
 	t.Helper()
-	bare := func(home string) error {
+	return c.ownNode(t, name, nil, args...)
+}
+
+// ownNode starts an `airlock node` of the cluster whose data directory
+// has templates and snapshots of its own: at first only the templates
+// named, linked from the shared data directory. What it builds or
+// fetches then is its own.
+func (c *testCluster) ownNode(t *testing.T, name string, templates []string, args ...string) *server {
+	t.Helper()
+	own := func(home string) error {
 		for _, d := range []string{"templates", "snapshots"} {
 			if err := os.Remove(filepath.Join(home, d)); err != nil {
 				return err
@@ -99,9 +114,15 @@ func (c *testCluster) bareNode(t *testing.T, name string, args ...string) *serve
 				return err
 			}
 		}
+		mine, shared := template.Open(datadir.Dir{Root: home}), template.Open(dataDir())
+		for _, ref := range templates {
+			if _, err := mine.Link(shared, ref); err != nil {
+				return err
+			}
+		}
 		return nil
 	}
-	return c.startNode(t, name, args, bare)
+	return c.startNode(t, name, args, own)
 }
 
 func (c *testCluster) startNode(t *testing.T, name string, args []string, prepare ...func(home string) error) *server {
@@ -762,4 +783,147 @@ func TestClusterTemplates(t *testing.T) {
 	tc.cp.MustKubectl(t, "", "cordon", "node-b")
 	create(t, "node-c")
 	fetched(t, c, "node")
+}
+
+// TestClusterBuilds: a template build sent to an API replica runs on a
+// node, and its result goes into the cluster's catalogue, not into any
+// data directory: the other replica shows it and its build log (read on
+// the node that ran the build); a sandbox made from it on the other node
+// runs from the image that node fetched from the first; a save of that
+// sandbox runs on its node and is published alike; a delete through a
+// replica removes the tag for the whole cluster. What cluster mode does
+// not do (build contexts, replacing or deleting a provisioned template)
+// it refuses with the reason, and records nothing.
+func TestClusterBuilds(t *testing.T) {
+	tc := newTestCluster(t)
+	ctx := context.Background()
+	st := testStore(t, tc.storeURL)
+	a, b := tc.ownNode(t, "node-a", []string{"tiny"}), tc.ownNode(t, "node-b", []string{"tiny"})
+	r1, r2 := tc.replica(t), tc.replica(t)
+	nodeOf := map[string]*server{"node-a": a, "node-b": b}
+
+	// A replica sends a build to a node once it has seen one come up.
+	req := apiv1.CreateTemplate{Name: "clustered", From: "tiny", Steps: []apiv1.BuildStep{{Run: "echo cluster-built > /built"}}}
+	var res apiv1.TemplateOperation
+	testenv.Eventually(t, 30*time.Second, "a replica takes the build", func() (bool, string) {
+		status, body := r1.call(t, "POST", "/v1/templates", tc.key, req)
+		if status == 202 {
+			return json.Unmarshal(body, &res) == nil, string(body)
+		}
+		return status != 503, fmt.Sprintf("%d %s", status, body)
+	})
+	if res.Template.Status != apiv1.TemplateBuilding {
+		t.Fatalf("POST /v1/templates: %+v", res)
+	}
+	if op := r2.waitOp(t, tc.key, res.Operation.ID); op.Status != apiv1.OpSucceeded {
+		t.Fatalf("the build: %+v\nlog:\n%s", op.Error, r2.buildLogText(t, "clustered"))
+	}
+	rec, err := st.LatestBuild(ctx, "clustered", "latest")
+	if err != nil || rec.Node != "node-a" { // the two are idle: the first by name
+		t.Fatalf("the build ran on %q (%v), want node-a", rec.Node, err)
+	}
+	var tpl apiv1.Template
+	r2.must(t, 200, "GET", "/v1/templates/clustered", tc.key, nil, &tpl)
+	if tpl.Status != apiv1.TemplateReady || tpl.Digest != rec.Digest || tpl.Source == nil || tpl.Source.From != "tiny" || tpl.BuildID != rec.ID {
+		t.Fatalf("the other replica shows %+v, want the ready build %+v", tpl, rec)
+	}
+	var list apiv1.List[apiv1.Template]
+	r2.must(t, 200, "GET", "/v1/templates?limit=100", tc.key, nil, &list)
+	if !slices.ContainsFunc(list.Items, func(v apiv1.Template) bool { return v.Name == "clustered" && v.Digest == tpl.Digest }) {
+		t.Errorf("the other replica's list lacks clustered: %+v", list.Items)
+	}
+	lines, end := r2.buildLog(t, "clustered")
+	if end.Status != apiv1.TemplateReady || !slices.ContainsFunc(lines, func(l apiv1.BuildLogLine) bool {
+		return strings.Contains(l.Text, "built clustered:latest as "+tpl.Digest)
+	}) {
+		t.Errorf("the build log through the other replica: %+v, end %+v", lines, end)
+	}
+	// The node keeps the image and names it in the catalogue only.
+	hex := strings.TrimPrefix(tpl.Digest, "sha256:")
+	if _, err := os.Stat(filepath.Join(a.home, "templates", "sha256-"+hex+".ext4")); err != nil {
+		t.Errorf("the built image on node-a: %v", err)
+	}
+	if _, err := os.Lstat(filepath.Join(a.home, "templates", "refs", "clustered")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("node-a tagged the build in its data directory: %v", err)
+	}
+	if tag, err := st.GetTemplateTag(ctx, "clustered", "latest"); err != nil || tag.Digest != tpl.Digest || tag.Owner != tc.owner {
+		t.Errorf("the catalogue's clustered:latest: %+v, %v", tag, err)
+	}
+
+	create := func(t *testing.T, r *server, ref, want string) string {
+		t.Helper()
+		var res apiv1.SandboxOperation
+		r.must(t, 202, "POST", "/v1/sandboxes", tc.key, apiv1.CreateSandbox{Template: ref}, &res)
+		if op := r.waitOp(t, tc.key, res.Operation.ID); op.Status != apiv1.OpSucceeded {
+			t.Fatalf("create from %s: %+v\n%s's output:\n%s", ref, op.Error, want, nodeOf[want].output())
+		}
+		if node, err := st.SandboxNode(ctx, res.Sandbox.ID); err != nil || node != want {
+			t.Fatalf("sandbox from %s on %q (%v), want %s", ref, node, err, want)
+		}
+		if res.Sandbox.Template.Ref != ref+":latest" {
+			t.Errorf("the sandbox's template %q, want %s:latest", res.Sandbox.Template, ref)
+		}
+		return res.Sandbox.ID
+	}
+	tc.cp.MustKubectl(t, "", "cordon", "node-a")
+	sbx := create(t, r2, "clustered", "node-b")
+	if out := r1.run(t, tc.key, sbx, apiv1.CommandRequest{Cmd: "cat /built; echo saved > /saved"}); out.stdout != "cluster-built\n" {
+		t.Fatalf("a sandbox of the build on node-b: %+v", out)
+	}
+	if status, body := b.call(t, "GET", "/metrics", tc.key, nil); status != 200 ||
+		!strings.Contains(string(body), `airlock_node_template_fetches_total{from="node",result="fetched"} 1`) {
+		t.Errorf("node-b did not fetch the build from node-a (%d):\n%s", status, grepLines(string(body), "template_fetch"))
+	}
+
+	// A save runs on the sandbox's node, and is published as a build is.
+	var saved apiv1.TemplateOperation
+	r1.must(t, 202, "POST", "/v1/sandboxes/"+sbx+"/template", tc.key, apiv1.SaveTemplate{Name: "clustered-save"}, &saved)
+	if op := r2.waitOp(t, tc.key, saved.Operation.ID); op.Status != apiv1.OpSucceeded {
+		t.Fatalf("the save: %+v", op.Error)
+	}
+	if rec, err := st.LatestBuild(ctx, "clustered-save", "latest"); err != nil || rec.Node != "node-b" {
+		t.Fatalf("the save ran on %q (%v), want node-b", rec.Node, err)
+	}
+	// With no node taking work, a build is refused, and nothing recorded.
+	tc.cp.MustKubectl(t, "", "cordon", "node-b")
+	time.Sleep(2 * time.Second) // for the replica's watch of the Nodes to see it: a build it sent would run
+	if status, body := r2.call(t, "POST", "/v1/templates", tc.key, apiv1.CreateTemplate{Name: "nowhere", From: "tiny"}); status != 503 ||
+		!strings.Contains(string(body), "no airlock node is up and taking work") {
+		t.Errorf("a build with both nodes cordoned: %d %s", status, body)
+	}
+	if _, err := st.LatestBuild(ctx, "nowhere", "latest"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("a build no node took was recorded: %v", err)
+	}
+	tc.cp.MustKubectl(t, "", "uncordon", "node-a")
+	from := create(t, r1, "clustered-save", "node-a")
+	if out := r2.run(t, tc.key, from, apiv1.CommandRequest{Cmd: "cat /built /saved"}); out.stdout != "cluster-built\nsaved\n" {
+		t.Fatalf("a sandbox of the save on node-a: %+v", out)
+	}
+
+	// What a cluster does not do is refused, and changes nothing.
+	if status, body := r1.call(t, "PUT", "/v1/build-contexts", tc.key, "not a tar"); status != 400 || !strings.Contains(string(body), "not carried to a cluster's nodes") {
+		t.Errorf("a build context upload: %d %s", status, body)
+	}
+	for _, name := range []string{"tiny"} {
+		if status, body := r1.call(t, "POST", "/v1/templates", tc.key, apiv1.CreateTemplate{Name: name, From: "tiny"}); status != 409 || !strings.Contains(string(body), "provisioned") {
+			t.Errorf("a build over the provisioned %s: %d %s", name, status, body)
+		}
+		if status, body := r2.call(t, "DELETE", "/v1/templates/"+name+":latest", tc.key, nil); status != 409 || !strings.Contains(string(body), "provisioned") {
+			t.Errorf("a delete of the provisioned %s: %d %s", name, status, body)
+		}
+	}
+	if _, err := st.LatestBuild(ctx, "tiny", "latest"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("a refused build was recorded: %v", err)
+	}
+
+	// A delete through one replica is seen by the other; the sandbox made
+	// from the template goes on.
+	r2.must(t, 204, "DELETE", "/v1/templates/clustered:latest", tc.key, nil, nil)
+	r1.must(t, 404, "GET", "/v1/templates/clustered:latest", tc.key, nil, nil)
+	if status, body := r1.call(t, "POST", "/v1/sandboxes", tc.key, apiv1.CreateSandbox{Template: "clustered"}); status != 404 {
+		t.Errorf("a create from the deleted template: %d %s", status, body)
+	}
+	if out := r1.run(t, tc.key, sbx, apiv1.CommandRequest{Cmd: "cat /built"}); out.stdout != "cluster-built\n" {
+		t.Errorf("the sandbox of the deleted template: %+v", out)
+	}
 }

@@ -312,8 +312,8 @@ func (s *Server) serve(w *statusWriter, r *http.Request, rt route) error {
 			return fmt.Errorf("metrics need an admin key: %w", errdefs.ErrPermission)
 		}
 	}
-	if kind := forwardKind(rt); kind != "" && s.cfg.Forward != nil {
-		if done, err := s.cfg.Forward(w, r, kind, r.PathValue("id")); done || err != nil {
+	if kind, param := forwardKind(rt); kind != "" && s.cfg.Forward != nil {
+		if done, err := s.cfg.Forward(w, r, kind, r.PathValue(param)); done || err != nil {
 			return err
 		}
 	}
@@ -329,24 +329,32 @@ func (s *Server) serve(w *statusWriter, r *http.Request, rt route) error {
 	return rt.handle(w, r, p)
 }
 
-// What Forward is offered.
+// What Forward is offered, and the id it is given: a sandbox's ID, a
+// command's, none for a build to start, a template ref for a build log.
 const (
-	ForwardSandbox = "sandbox"
-	ForwardCommand = "command"
+	ForwardSandbox  = "sandbox"
+	ForwardCommand  = "command"
+	ForwardBuild    = "build"
+	ForwardBuildLog = "build-log"
 )
 
-// forwardKind says what of a route's call Forward is offered: the calls
-// on one sandbox but reading its record, and those on one command.
-func forwardKind(rt route) string {
+// forwardKind says what of a route's call Forward is offered, and the
+// path parameter that names it: the calls on one sandbox but reading its
+// record, those on one command, a template build and a build's log.
+func forwardKind(rt route) (kind, param string) {
 	switch {
 	case rt.method == http.MethodGet && rt.path == "/v1/sandboxes/{id}":
-		return ""
+		return "", ""
 	case strings.HasPrefix(rt.path, "/v1/sandboxes/{id}"):
-		return ForwardSandbox
+		return ForwardSandbox, "id"
 	case strings.HasPrefix(rt.path, "/v1/commands/{id}"):
-		return ForwardCommand
+		return ForwardCommand, "id"
+	case rt.method == http.MethodPost && rt.path == "/v1/templates":
+		return ForwardBuild, ""
+	case rt.path == "/v1/templates/{ref}/build-log":
+		return ForwardBuildLog, "ref"
 	}
-	return ""
+	return "", ""
 }
 
 func bearer(r *http.Request) (string, error) {

@@ -275,6 +275,7 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 		if err := cl.startController(reg); err != nil {
 			return fmt.Errorf("serve: %w", err)
 		}
+		cl.router.BuildNode = svc.BuildNode
 		forward = cl.router.Forward
 	}
 	apiSrv := api.New(api.Config{Service: svc, Store: st, Log: log, Registry: reg, Secrets: box,

@@ -14,9 +14,11 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/airlockhq/airlock/internal/api"
+	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/store"
 )
@@ -38,6 +40,10 @@ type Router struct {
 	token     string
 	log       *slog.Logger
 	proxy     *httputil.ReverseProxy
+	// BuildNode, if set, names the node that ran, or runs, the build of a
+	// template ref ("" for none, or an errdefs.ErrNotFound error): a
+	// build's log is there.
+	BuildNode func(ctx context.Context, ref string) (string, error)
 }
 
 // NewRouter watches the airlock Nodes until ctx ends and returns a Router
@@ -61,7 +67,7 @@ func NewRouter(ctx context.Context, client kubernetes.Interface, namespace strin
 		ErrorHandler: func(w http.ResponseWriter, req *http.Request, err error) {
 			node, _ := req.Context().Value(nodeKey{}).(string)
 			log.Warn("route to a node failed", "node", node, "path", req.URL.Path, "err", err)
-			api.WriteError(w, fmt.Errorf("node %s, which runs this sandbox, did not answer (%v): retry shortly: %w", node, err, errdefs.ErrUnavailable))
+			api.WriteError(w, fmt.Errorf("node %s, to which this call goes, did not answer (%v): retry shortly: %w", node, err, errdefs.ErrUnavailable))
 		},
 	}
 	return r, nil
@@ -73,30 +79,52 @@ type (
 )
 
 // Forward is api.Config.Forward: it routes a call on a sandbox, or on a
-// command, to the sandbox's node. A sandbox no node has taken up yet, or
-// one the store does not know, is left to this server.
+// command, to the sandbox's node, a template build to the node that
+// pickBuildNode picks, and a build's log to the node that ran the build.
+// A sandbox no node has taken up yet, one the store does not know, and a
+// build no node ran are left to this server.
 func (r *Router) Forward(w http.ResponseWriter, req *http.Request, kind, id string) (bool, error) {
 	ctx := req.Context()
-	sbx := id
-	if kind == api.ForwardCommand {
-		cmd, err := r.st.GetCommand(ctx, id)
-		if errors.Is(err, errdefs.ErrNotFound) {
-			return false, nil
-		}
-		if err != nil {
+	var node, what string
+	var err error
+	switch kind {
+	case api.ForwardBuild:
+		if node, err = r.pickBuildNode(ctx); err != nil {
 			return false, err
 		}
-		sbx = cmd.SandboxID
-	}
-	node, err := r.st.SandboxNode(ctx, sbx)
-	if errors.Is(err, errdefs.ErrNotFound) || err == nil && (node == "" || node == store.ReplicaClaim) {
-		return false, nil
+		what = "the build"
+	case api.ForwardBuildLog:
+		if r.BuildNode == nil {
+			return false, nil
+		}
+		node, err = r.BuildNode(ctx, id)
+		if errors.Is(err, errdefs.ErrNotFound) || err == nil && node == "" {
+			return false, nil
+		}
+		what = "the log of the build of " + id
+	default:
+		sbx := id
+		if kind == api.ForwardCommand {
+			cmd, err := r.st.GetCommand(ctx, id)
+			if errors.Is(err, errdefs.ErrNotFound) {
+				return false, nil
+			}
+			if err != nil {
+				return false, err
+			}
+			sbx = cmd.SandboxID
+		}
+		node, err = r.st.SandboxNode(ctx, sbx)
+		if errors.Is(err, errdefs.ErrNotFound) || err == nil && (node == "" || node == store.ReplicaClaim) {
+			return false, nil
+		}
+		what = "sandbox " + sbx
 	}
 	if err != nil {
 		return false, err
 	}
 	if why := r.nodes.down(node, time.Now()); why != "" {
-		return false, fmt.Errorf("sandbox %s is unavailable: %s; retry later: %w", sbx, why, errdefs.ErrUnavailable)
+		return false, fmt.Errorf("%s is unavailable: %s; retry later: %w", what, why, errdefs.ErrUnavailable)
 	}
 	target, err := r.endpoint(node)
 	if err != nil {
@@ -105,6 +133,40 @@ func (r *Router) Forward(w http.ResponseWriter, req *http.Request, kind, id stri
 	ctx = context.WithValue(context.WithValue(ctx, targetKey{}, target), nodeKey{}, node)
 	r.proxy.ServeHTTP(w, req.WithContext(ctx))
 	return true, nil
+}
+
+// pickBuildNode picks the node a template build runs on: of the airlock
+// Nodes whose agent is up and that take new sandboxes (not cordoned, not
+// tainted unreachable), the one with the fewest sandboxes not deleted,
+// then by name.
+func (r *Router) pickBuildNode(ctx context.Context) (string, error) {
+	nodes, err := r.nodes.nodes.List(labels.Everything())
+	if err != nil {
+		return "", err
+	}
+	placed, err := r.st.SandboxNodes(ctx, apiv1.StateCreating, apiv1.StateRunning, apiv1.StatePaused, apiv1.StateSuspending,
+		apiv1.StateSuspended, apiv1.StateWaking, apiv1.StateDeleting)
+	if err != nil {
+		return "", err
+	}
+	load := map[string]int{}
+	for _, n := range placed {
+		load[n]++
+	}
+	now := time.Now()
+	best := ""
+	for _, n := range nodes {
+		if n.Spec.Unschedulable || hasTaint(n, TaintUnreachable) || r.nodes.down(n.Name, now) != "" {
+			continue
+		}
+		if best == "" || load[n.Name] < load[best] || load[n.Name] == load[best] && n.Name < best {
+			best = n.Name
+		}
+	}
+	if best == "" {
+		return "", fmt.Errorf("no airlock node is up and taking work to run the build: start or uncordon one, then retry: %w", errdefs.ErrUnavailable)
+	}
+	return best, nil
 }
 
 // endpoint is the base URL of a node's internal API, from its Node.

@@ -305,6 +305,15 @@ func (r *Runtime) Resolve(spec Spec) (Spec, template.Template, error) {
 	if err != nil {
 		return spec, tpl, err
 	}
+	spec, err = r.Fit(spec, tpl)
+	return spec, tpl, err
+}
+
+// Fit fills what spec leaves unset from tpl's defaults and checks the
+// result against the host's limits, as Resolve does for a template the
+// runtime's store holds: for a template known from elsewhere, such as a
+// cluster's catalogue.
+func (r *Runtime) Fit(spec Spec, tpl template.Template) (Spec, error) {
 	if spec.VCPUs == 0 {
 		spec.VCPUs = tpl.VCPUs
 	}
@@ -330,9 +339,9 @@ func (r *Runtime) Resolve(spec Spec) (Spec, template.Template, error) {
 		errs = append(errs, "an aux port needs a cold boot")
 	}
 	if len(errs) > 0 {
-		return spec, tpl, fmt.Errorf("%s: %w", strings.Join(errs, "; "), errdefs.ErrInvalid)
+		return spec, fmt.Errorf("%s: %w", strings.Join(errs, "; "), errdefs.ErrInvalid)
 	}
-	return spec, tpl, nil
+	return spec, nil
 }
 
 // Sandbox is a sandbox whose VM runs (or is paused) and that this process

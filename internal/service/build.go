@@ -95,6 +95,9 @@ type plan struct {
 	diskMiB   int
 	auth      *apiv1.RegistryAuth
 	network   policy.Policy
+	// base is the template a build from one starts from, as checkBase
+	// resolved it.
+	base template.Template
 	// warnings say what of a Dockerfile was ignored.
 	warnings []string
 	// saveFrom is the sandbox whose disk a save copies, empty for
@@ -106,7 +109,7 @@ type plan struct {
 // CreateTemplate checks a build request, records the build and its
 // operation, and runs it in the background.
 func (s *Service) CreateTemplate(ctx context.Context, p Principal, req apiv1.CreateTemplate) (apiv1.TemplateOperation, error) {
-	if err := s.noClusterTemplates(); err != nil {
+	if err := s.noReplicaBuilds(); err != nil {
 		return apiv1.TemplateOperation{}, err
 	}
 	pl, err := s.planBuild(ctx, req)
@@ -162,6 +165,9 @@ func (s *Service) planBuild(ctx context.Context, req apiv1.CreateTemplate) (plan
 		for _, st := range req.Steps {
 			pl.steps = append(pl.steps, stepFromAPI(st))
 		}
+	}
+	if s.clustered() && (pl.context != "" || strings.HasPrefix(pl.from, "oci-archive:")) {
+		return pl, errNoClusterContexts
 	}
 	if len(pl.steps) > maxBuildSteps {
 		return pl, fmt.Errorf("%d steps is more than the %d a build may have: %w", len(pl.steps), maxBuildSteps, errdefs.ErrInvalid)
@@ -228,7 +234,8 @@ func (s *Service) checkBase(ctx context.Context, pl *plan) error {
 		_, _, err := s.contexts.Path(strings.TrimPrefix(pl.from, "oci-archive:"))
 		return err
 	default:
-		_, err := s.rt.Templates().Resolve(pl.from)
+		t, err := s.resolveTemplate(ctx, pl.from)
+		pl.base = t
 		return err
 	}
 }
@@ -245,6 +252,11 @@ func stepFromAPI(st apiv1.BuildStep) imagebuild.Step {
 // any tag, a user key a new one or one it built itself, so that a tenant
 // cannot replace a template others start from (a built-in above all).
 func (s *Service) mayWrite(ctx context.Context, p Principal, name, tag string) error {
+	if s.clustered() {
+		if t, err := s.rt.Templates().Resolve(name + ":" + tag); err == nil {
+			return fmt.Errorf("template %s is provisioned in the data directories, which a build in a cluster does not change: pick another name or tag: %w", t.Ref(), errdefs.ErrConflict)
+		}
+	}
 	if p.Admin() {
 		return nil
 	}
@@ -272,15 +284,13 @@ func (s *Service) startBuild(p Principal, pl plan, body []byte) (apiv1.TemplateO
 	}
 	now := s.now()
 	rec := store.Build{ID: ids.New("bld"), Owner: p.KeyID, Name: pl.name, Tag: pl.tag, Status: apiv1.TemplateBuilding,
-		Request: body, CreatedAt: now}
+		Request: body, CreatedAt: now, Node: s.cfg.Node}
 	op := store.Operation{ID: ids.New("op"), Kind: apiv1.OpBuild, TargetID: rec.ID, Owner: p.KeyID, Status: apiv1.OpPending, CreatedAt: now}
 	bctx, cancel := context.WithCancel(s.ctx)
 	run := &running{rec: rec, op: op, cancel: cancel, done: make(chan struct{}), pins: map[string]bool{}}
-	if pl.saveFrom == "" && !strings.HasPrefix(pl.from, "docker://") && !strings.HasPrefix(pl.from, "oci-archive:") {
-		if t, err := s.rt.Templates().Resolve(pl.from); err == nil {
-			run.base = t.Ref()
-			run.pins[t.Digest] = true
-		}
+	if pl.base.Digest != "" {
+		run.base = pl.base.Ref()
+		run.pins[pl.base.Digest] = true
 	}
 	if pl.context != "" {
 		run.contexts = append(run.contexts, pl.context)
@@ -362,7 +372,7 @@ func (s *Service) runBuild(ctx context.Context, run *running, pl plan) {
 		if err != nil {
 			return err
 		}
-		tpl, err = s.rt.Templates().Tag(pl.name, pl.tag, tpl.Digest)
+		tpl, err = s.tagBuilt(s.ctx, pl.name, pl.tag, tpl.Digest, run.rec.Owner)
 		return err
 	}()
 	if s.ctx.Err() != nil {

@@ -194,11 +194,11 @@ func (s *Service) buildBase(ctx context.Context, run *running, pl plan) (templat
 		}
 		key = cacheKey("archive", dgst)
 	default:
-		t, err := store.Resolve(pl.from)
+		t, err := store.Resolve(pl.base.Digest)
 		if err != nil {
 			return template.Template{}, err
 		}
-		run.log.infof(0, "base template %s is %s", t.Ref(), t.Digest)
+		run.log.infof(0, "base template %s is %s", pl.base.Ref(), t.Digest)
 		return t, nil
 	}
 	if t, ok := s.cached(run, key); ok {

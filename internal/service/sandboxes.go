@@ -99,7 +99,7 @@ func (s *Service) CreateSandbox(ctx context.Context, p Principal, req apiv1.Crea
 	// Reclaim until the sandbox's row names it.
 	s.reclaimMu.RLock()
 	defer s.reclaimMu.RUnlock()
-	spec, tpl, err := s.rt.Resolve(sandbox.Spec{Template: req.Template, VCPUs: req.VCPUs, MemoryMiB: req.MemoryMiB, DiskMiB: req.DiskMiB, Network: &pol})
+	spec, tpl, err := s.resolveSpec(ctx, sandbox.Spec{Template: req.Template, VCPUs: req.VCPUs, MemoryMiB: req.MemoryMiB, DiskMiB: req.DiskMiB, Network: &pol})
 	if err != nil {
 		return apiv1.SandboxOperation{}, err
 	}

@@ -82,6 +82,25 @@ func (s *Service) ListTemplates(ctx context.Context, limit int, pageToken string
 		v, _ := s.withBuild(ctx, &t, t.Name, t.Tag)
 		all = append(all, v)
 	}
+	if s.clustered() {
+		tags, err := s.st.ListTemplateTags(ctx)
+		if err != nil {
+			return apiv1.List[apiv1.Template]{}, err
+		}
+		for _, tag := range tags {
+			t, err := describedTag(tag)
+			if seen[t.Ref()] {
+				continue // a template store's tag shadows the catalogue's
+			}
+			if err != nil {
+				s.log.Warn("a catalogue entry that describes no template", "template", tag.Name+":"+tag.Tag, "err", err)
+				continue
+			}
+			seen[t.Ref()] = true
+			v, _ := s.withBuild(ctx, &t, t.Name, t.Tag)
+			all = append(all, v)
+		}
+	}
 	builds, err := s.st.ListBuilds(ctx, apiv1.TemplateBuilding, apiv1.TemplateFailed)
 	if err != nil {
 		return apiv1.List[apiv1.Template]{}, err
@@ -112,7 +131,7 @@ func (s *Service) GetTemplate(ctx context.Context, ref string) (apiv1.Template, 
 	if err != nil {
 		return apiv1.Template{}, err
 	}
-	t, err := s.rt.Templates().Resolve(ref)
+	t, _, err := s.findTemplate(ctx, ref)
 	if name == "" { // a digest
 		if err != nil {
 			return apiv1.Template{}, err
@@ -174,15 +193,23 @@ func (s *Service) DeleteTemplate(ctx context.Context, p Principal, ref string) e
 	if !strings.Contains(ref, ":") {
 		return fmt.Errorf("template %s: name the tag to delete (%s:%s): %w", ref, name, tag, errdefs.ErrInvalid)
 	}
-	t, err := s.rt.Templates().Resolve(ref)
+	t, catalogued, err := s.findTemplate(ctx, ref)
 	if err != nil {
 		return err
+	}
+	if s.clustered() && !catalogued {
+		return fmt.Errorf("template %s is provisioned in this server's data directory, not built in the cluster: remove it from every server's and node's data directory: %w", t.Ref(), errdefs.ErrConflict)
 	}
 	if !p.Admin() {
 		b, err := s.st.LatestBuild(ctx, name, tag)
 		if err != nil || b.Owner != p.KeyID {
 			return fmt.Errorf("template %s was not built with this key: only an admin key may delete it: %w", t.Ref(), errdefs.ErrPermission)
 		}
+	}
+	if catalogued {
+		// The builds run on the nodes, and each keeps what its own build
+		// reads (Reclaim).
+		return s.st.DeleteTemplateTag(ctx, name, tag)
 	}
 	s.mu.Lock()
 	for _, run := range s.builds {
@@ -220,7 +247,10 @@ func (s *Service) Reclaim(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	keep := map[string]bool{}
+	keep, err := s.catalogueDigests(ctx)
+	if err != nil {
+		return 0, err
+	}
 	for d := range inUse {
 		keep[d] = true
 	}
@@ -296,6 +326,9 @@ func (s *Service) Reclaim(ctx context.Context) (int64, error) {
 // PutBuildContext stores an uploaded build context (a tar), up to limit
 // bytes.
 func (s *Service) PutBuildContext(ctx context.Context, r io.Reader, limit int64) (apiv1.BuildContext, error) {
+	if s.clustered() {
+		return apiv1.BuildContext{}, errNoClusterContexts
+	}
 	id, dgst, err := s.contexts.Put(ctx, r, limit)
 	if err != nil {
 		return apiv1.BuildContext{}, err
@@ -309,28 +342,30 @@ func (s *Service) PutBuildContext(ctx context.Context, r io.Reader, limit int64)
 	return apiv1.BuildContext{ID: id, Digest: dgst, Size: size}, nil
 }
 
-// recoverBuilds fails the builds an earlier server left unfinished: their
-// sandboxes died with it.
-// noClusterTemplates refuses to make templates in cluster mode: the
-// templates a replica admits creates with are those in its own data
-// directory (nodes fetch their images by digest), and a catalogue that
-// replicas share is not built yet.
-func (s *Service) noClusterTemplates() error {
-	if s.cfg.Node == "" && !s.cfg.Front {
+// errNoClusterContexts refuses build contexts in cluster mode: one
+// uploaded to a replica would not reach the node that runs the build.
+var errNoClusterContexts = fmt.Errorf("build contexts are not carried to a cluster's nodes yet: build from a template or a docker:// image with RUN steps, or build on a single host: %w", errdefs.ErrInvalid)
+
+// noReplicaBuilds refuses to build on a cluster's API replica: its router
+// sends builds to a node, and saves to the sandbox's node.
+func (s *Service) noReplicaBuilds() error {
+	if !s.cfg.Front {
 		return nil
 	}
-	return fmt.Errorf("templates cannot be built or saved in cluster mode yet: build them with a single-host airlock and put them in every API server's data directory (the nodes fetch their images from there): %w", errdefs.ErrPrecondition)
+	return fmt.Errorf("an API replica does not build templates: its router sends builds and saves to a node, and none took this one: retry shortly: %w", errdefs.ErrUnavailable)
 }
 
+// recoverBuilds fails the builds an earlier server, or this node, left
+// unfinished: their sandboxes died with it.
 func (s *Service) recoverBuilds(ctx context.Context) error {
-	if s.cfg.Node != "" {
-		return nil // builds are refused on nodes (noClusterTemplates)
-	}
 	builds, err := s.st.ListBuilds(ctx, apiv1.TemplateBuilding)
 	if err != nil {
 		return err
 	}
 	for _, b := range builds {
+		if b.Node != s.cfg.Node {
+			continue // another node's
+		}
 		now := s.now()
 		st := store.Error{Code: apiv1.CodeUnavailable, Message: "the server stopped during the build: build again"}
 		b.Status, b.Error, b.FinishedAt = apiv1.TemplateFailed, &st, &now
@@ -367,7 +402,7 @@ func (s *Service) recoverBuilds(ctx context.Context) error {
 // running one is frozen only while its disk is copied. Other lifecycle
 // requests wait (delete) or are refused until the copy ends.
 func (s *Service) SaveSandbox(ctx context.Context, p Principal, id string, req apiv1.SaveTemplate) (apiv1.TemplateOperation, error) {
-	if err := s.noClusterTemplates(); err != nil {
+	if err := s.noReplicaBuilds(); err != nil {
 		return apiv1.TemplateOperation{}, err
 	}
 	tag := req.Tag

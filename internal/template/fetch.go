@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/airlockhq/airlock/internal/errdefs"
 )
@@ -99,4 +100,24 @@ func (s *Store) PutFetched(ctx context.Context, e Export, r io.Reader) (Template
 		return Template{}, fmt.Errorf("fetch template %s: %w", e.Digest, err)
 	}
 	return s.install(tmp, sum, n, e.Settings)
+}
+
+// Described is the template that an image's settings describe, for an
+// image stored elsewhere (a cluster's catalogue names it): its Image is
+// "". Settings that no store would hold are errdefs.ErrInvalid.
+func Described(name, tag string, e Export, created time.Time) (Template, error) {
+	if !digestRE.MatchString(e.Digest) {
+		return Template{}, fmt.Errorf("template %s:%s: digest %q is not sha256: and 64 lower-case hex digits: %w", name, tag, e.Digest, errdefs.ErrInvalid)
+	}
+	if err := e.Settings.validate(); err != nil {
+		return Template{}, fmt.Errorf("template %s:%s: %w", name, tag, err)
+	}
+	d := e.Settings
+	return Template{
+		Name: name, Tag: tag, Digest: e.Digest,
+		VCPUs: d.VCPUs, MemoryMiB: d.MemoryMiB, DiskMiB: d.DiskMiB,
+		StartCmd: d.StartCmd, ReadyPort: d.ReadyPort, ReadyPath: d.ReadyPath, Recipe: d.Recipe,
+		ReadyCmd: d.ReadyCmd, Config: d.Config, Source: d.Source, Parents: d.Parents,
+		SizeBytes: e.SizeBytes, CreatedAt: created,
+	}, nil
 }

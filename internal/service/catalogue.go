@@ -1,0 +1,155 @@
+package service
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/sandbox"
+	"github.com/airlockhq/airlock/internal/store"
+	"github.com/airlockhq/airlock/internal/template"
+)
+
+// In cluster mode a template built or saved on a node is not tagged in any
+// data directory: the node records its name:tag in the store's catalogue
+// (store.TemplateTag) with the image's settings, and keeps the image while
+// the catalogue names it. An API replica resolves a ref through its own
+// template store (the built-in templates, or what an operator put there)
+// and then through the catalogue; a node that needs the image fetches it
+// by digest from a peer (Config.FetchTemplate).
+
+// clustered says whether the service is a cluster's: a node's or an API
+// replica's.
+func (s *Service) clustered() bool { return s.cfg.Node != "" || s.cfg.Front }
+
+// findTemplate resolves ref (name[:tag] or digest) through the runtime's
+// template store and, in cluster mode, then through the catalogue. It
+// says whether the catalogue gave it; a template the catalogue gives has
+// no image here (its Image is ""). A ref neither knows is the template
+// store's errdefs.ErrNotFound error.
+func (s *Service) findTemplate(ctx context.Context, ref string) (template.Template, bool, error) {
+	t, err := s.rt.Templates().Resolve(ref)
+	if err == nil || !errors.Is(err, errdefs.ErrNotFound) || !s.clustered() {
+		return t, false, err
+	}
+	tag, cerr := s.catalogueTag(ctx, ref)
+	if errors.Is(cerr, errdefs.ErrNotFound) {
+		return t, false, err
+	}
+	if cerr != nil {
+		return t, false, cerr
+	}
+	ct, cerr := describedTag(tag)
+	return ct, cerr == nil, cerr
+}
+
+// catalogueTag returns the catalogue's entry for a name:tag, or the
+// newest entry that names a digest.
+func (s *Service) catalogueTag(ctx context.Context, ref string) (store.TemplateTag, error) {
+	name, tag, err := template.ParseRef(ref)
+	if err != nil {
+		return store.TemplateTag{}, err
+	}
+	if name != "" {
+		return s.st.GetTemplateTag(ctx, name, tag)
+	}
+	tags, err := s.st.ListTemplateTags(ctx)
+	if err != nil {
+		return store.TemplateTag{}, err
+	}
+	for i := len(tags) - 1; i >= 0; i-- {
+		if tags[i].Digest == tag {
+			return tags[i], nil
+		}
+	}
+	return store.TemplateTag{}, fmt.Errorf("template %s is not in the catalogue: %w", tag, errdefs.ErrNotFound)
+}
+
+// describedTag is the template a catalogue entry describes.
+func describedTag(t store.TemplateTag) (template.Template, error) {
+	e := template.Export{Digest: t.Digest, SizeBytes: t.SizeBytes}
+	if err := json.Unmarshal(t.Settings, &e.Settings); err != nil {
+		return template.Template{}, fmt.Errorf("template %s:%s: the catalogue's settings: %v: %w", t.Name, t.Tag, err, errdefs.ErrInvalid)
+	}
+	return template.Described(t.Name, t.Tag, e, t.CreatedAt)
+}
+
+// resolveTemplate is findTemplate for a template this service is to use:
+// on a node, a template from the catalogue resolves to its image here,
+// fetched first if the node lacks it.
+func (s *Service) resolveTemplate(ctx context.Context, ref string) (template.Template, error) {
+	t, catalogued, err := s.findTemplate(ctx, ref)
+	if err != nil || !catalogued || s.cfg.Node == "" {
+		return t, err
+	}
+	local, err := s.rt.Templates().Resolve(t.Digest)
+	if errors.Is(err, errdefs.ErrNotFound) && s.cfg.FetchTemplate != nil {
+		local, err = s.cfg.FetchTemplate(ctx, t.Digest)
+	}
+	if err != nil {
+		return template.Template{}, fmt.Errorf("template %s (%s) is not on node %s and could not be fetched: %w", t.Ref(), t.Digest, s.cfg.Node, err)
+	}
+	local.Name, local.Tag = t.Name, t.Tag
+	return local, nil
+}
+
+// resolveSpec is the runtime's Resolve, which in cluster mode also takes a
+// template from the catalogue.
+func (s *Service) resolveSpec(ctx context.Context, want sandbox.Spec) (sandbox.Spec, template.Template, error) {
+	spec, tpl, err := s.rt.Resolve(want)
+	if !errors.Is(err, errdefs.ErrNotFound) || !s.clustered() {
+		return spec, tpl, err
+	}
+	if tpl, err = s.resolveTemplate(ctx, spec.Template); err != nil {
+		return spec, tpl, err
+	}
+	spec, err = s.rt.Fit(spec, tpl)
+	return spec, tpl, err
+}
+
+// tagBuilt points name:tag at the image a build or save made: in the
+// template store on a single host; on a node, in the catalogue.
+func (s *Service) tagBuilt(ctx context.Context, name, tag, dgst, owner string) (template.Template, error) {
+	if s.cfg.Node == "" {
+		return s.rt.Templates().Tag(name, tag, dgst)
+	}
+	t, err := s.rt.Templates().Resolve(dgst)
+	if err != nil {
+		return t, err
+	}
+	settings, err := json.Marshal(t.Settings())
+	if err != nil {
+		return t, err
+	}
+	err = s.st.PutTemplateTag(ctx, store.TemplateTag{Name: name, Tag: tag, Digest: dgst, SizeBytes: t.SizeBytes,
+		Settings: settings, Owner: owner})
+	t.Name, t.Tag = name, tag
+	return t, err
+}
+
+// catalogueDigests returns the digests the catalogue names, none on a
+// single host: a node keeps those images (Reclaim).
+func (s *Service) catalogueDigests(ctx context.Context) (map[string]bool, error) {
+	out := map[string]bool{}
+	if !s.clustered() {
+		return out, nil
+	}
+	tags, err := s.st.ListTemplateTags(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range tags {
+		out[t.Digest] = true
+	}
+	return out, nil
+}
+
+// BuildNode names the node that ran, or runs, the build of a template ref
+// ("" on a single host): for cluster.Router, which sends a build's log
+// requests there.
+func (s *Service) BuildNode(ctx context.Context, ref string) (string, error) {
+	b, err := s.buildOf(ctx, ref)
+	return b.Node, err
+}
