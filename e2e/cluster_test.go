@@ -798,7 +798,8 @@ func TestClusterBuilds(t *testing.T) {
 	tc := newTestCluster(t)
 	ctx := context.Background()
 	st := testStore(t, tc.storeURL)
-	a, b := tc.ownNode(t, "node-a", []string{"tiny"}), tc.ownNode(t, "node-b", []string{"tiny"})
+	a := tc.ownNode(t, "node-a", []string{"tiny"}, "--reclaim-interval", "1s")
+	b := tc.ownNode(t, "node-b", []string{"tiny"}, "--reclaim-interval", "1s")
 	r1, r2 := tc.replica(t), tc.replica(t)
 	nodeOf := map[string]*server{"node-a": a, "node-b": b}
 
@@ -925,5 +926,41 @@ func TestClusterBuilds(t *testing.T) {
 	}
 	if out := r1.run(t, tc.key, sbx, apiv1.CommandRequest{Cmd: "cat /built"}); out.stdout != "cluster-built\n" {
 		t.Errorf("the sandbox of the deleted template: %+v", out)
+	}
+
+	// Each node keeps its copies while a sandbox or the catalogue names
+	// them, and reclaims them (--reclaim-interval) once neither does.
+	var savedTpl apiv1.Template
+	r1.must(t, 200, "GET", "/v1/templates/clustered-save", tc.key, nil, &savedTpl)
+	images := func(n *server) []string {
+		var held []string
+		for _, d := range []string{tpl.Digest, savedTpl.Digest} {
+			if _, err := os.Stat(filepath.Join(n.home, "templates", "sha256-"+strings.TrimPrefix(d, "sha256:")+".ext4")); err == nil {
+				held = append(held, d)
+			}
+		}
+		return held
+	}
+	r1.deleteSandbox(t, tc.key, sbx)
+	r2.deleteSandbox(t, tc.key, from)
+	for _, n := range []*server{a, b} {
+		// clustered goes (no tag, no sandbox); clustered-save stays.
+		testenv.Eventually(t, 20*time.Second, "the node reclaims the deleted template's image only", func() (bool, string) {
+			held := images(n)
+			return slices.Equal(held, []string{savedTpl.Digest}), fmt.Sprintf("holds %v", held)
+		})
+	}
+	time.Sleep(2 * time.Second) // more reclaims, which must keep it
+	for _, n := range []*server{a, b} {
+		if held := images(n); !slices.Equal(held, []string{savedTpl.Digest}) {
+			t.Errorf("a node holds %v while the catalogue names only clustered-save", held)
+		}
+	}
+	r1.must(t, 204, "DELETE", "/v1/templates/clustered-save:latest", tc.key, nil, nil)
+	for _, n := range []*server{a, b} {
+		testenv.Eventually(t, 20*time.Second, "the node reclaims the images", func() (bool, string) {
+			held := images(n)
+			return len(held) == 0, fmt.Sprintf("holds %v", held)
+		})
 	}
 }

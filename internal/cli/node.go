@@ -62,6 +62,14 @@ from --templates-from (the API servers' address), checks it against its
 sha256 digest and keeps it; the node serves its own images to the others
 the same way, behind the internal token.
 
+The servers send template builds to the nodes, and saves to the
+sandbox's node. A node runs them (--max-builds at once, pulling only
+from --trusted-registries if given) and records the result's name:tag in
+the store's catalogue, where every server and node finds it, rather than
+in its data directory. It keeps an image while the catalogue names it or
+a sandbox uses it, and reclaims the others after its own builds and
+deletes and every --reclaim-interval.
+
 An unreachable store or apiserver is retried for --store-wait and
 --kube-wait at start. Sandboxes keep running when the node stops; the
 next start re-adopts those recorded on it.
@@ -94,6 +102,9 @@ func runNode(ctx context.Context, env *Env, args []string) error {
 	dnsUpstream := fs.String("dns-upstream", "", "resolver `HOST:PORT` the gateways ask (default: the host's, from /etc/resolv.conf)")
 	minFreeDisk := sizeFlag{n: 2 << 30}
 	fs.Var(&minFreeDisk, "min-free-disk", "free `size` to keep on the data directory's filesystem: creates and wakes are refused below it; 0: no check")
+	trusted := fs.String("trusted-registries", "", "comma-separated registry `hosts` (HOST[:PORT]) template builds on this node may pull docker:// images from (default: any)")
+	maxBuilds := fs.Int("max-builds", 1, "most template builds running at once on this node (each boots a sandbox)")
+	reclaimEvery := fs.Duration("reclaim-interval", 5*time.Minute, "how often to remove the template images nothing in the cluster refers to any more")
 	templatesFrom := fs.String("templates-from", "", "comma-separated base `URLs` of API servers to fetch template images from when no other node has them (in Kubernetes: the Service, http://airlock.airlock.svc)")
 	jailOpts := addJailFlags(fs)
 	if err := parse(fs, args); err != nil {
@@ -134,6 +145,16 @@ func runNode(ctx context.Context, env *Env, args []string) error {
 	}
 	if *ping < 100*time.Millisecond {
 		return fmt.Errorf("node: --ping-interval must be at least 100ms: %w", errdefs.ErrInvalid)
+	}
+	if *maxBuilds < 1 {
+		return fmt.Errorf("node: --max-builds must be at least 1: %w", errdefs.ErrInvalid)
+	}
+	if *reclaimEvery < time.Second || *reclaimEvery > 24*time.Hour {
+		return fmt.Errorf("node: --reclaim-interval must be between 1s and 24h: %w", errdefs.ErrInvalid)
+	}
+	trustedRegistries, err := parseRegistries(*trusted)
+	if err != nil {
+		return fmt.Errorf("node: %w", err)
 	}
 	if err := checkNetworkFlags(*defaultEgress, *dnsUpstream); err != nil {
 		return fmt.Errorf("node: %w", err)
@@ -194,6 +215,7 @@ func runNode(ctx context.Context, env *Env, args []string) error {
 		Dir: env.Dir, Store: st, Log: log, Node: *name,
 		MaxSandboxes: *maxSandboxes, MaxStarts: *maxStarts, MaxQueuedStarts: *maxQueued,
 		DefaultEgress: *defaultEgress, Secrets: box, TokenKey: tokenKey, MinFreeDiskBytes: minFreeDisk.n,
+		TrustedRegistries: trustedRegistries, MaxBuilds: *maxBuilds, ReclaimEvery: *reclaimEvery,
 		FetchTemplate: fetcher.Fetch,
 	}, reg)
 	if err != nil {

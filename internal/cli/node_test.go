@@ -59,6 +59,9 @@ func TestNodeFlags(t *testing.T) {
 		{append(base, "--templates-from", "http://a/?x=1"), "is not a base URL"},
 		{append(base, "--templates-from", "http://u:p@a"), "is not a base URL"},
 		{append(base, "--templates-from", "airlock.svc"), "is not a base URL"},
+		{append(base, "--max-builds", "0"), "--max-builds must be at least 1"},
+		{append(base, "--reclaim-interval", "10ms"), "between 1s and 24h"},
+		{append(base, "--trusted-registries", "ghcr.io/x"), "is not a registry HOST[:PORT]"},
 	} {
 		var out, errb bytes.Buffer
 		env := &Env{Stdout: &out, Stderr: &errb, Dir: datadir.Dir{Root: t.TempDir()}}

@@ -78,9 +78,10 @@ cluster on Kubernetes (docs/kubernetes.md), all on one PostgreSQL store
 (--store): it records creates for kube-scheduler to place on the hosts
 that run airlock node, runs the cluster controller (one replica leads,
 through a Lease in --namespace), and routes every call on a sandbox to
-the node that runs it, with the cluster's internal token (--token-file or
-$AIRLOCK_NODE_TOKEN). It runs no VM itself; --warm and --e2b-listen are
-not served in cluster mode yet.
+the node that runs it, and template builds to a node, with the cluster's
+internal token (--token-file or $AIRLOCK_NODE_TOKEN). It runs no VM
+itself (--max-builds and --trusted-registries are the nodes' to set);
+--warm and --e2b-listen are not served in cluster mode yet.
 
   airlock serve --cluster kubernetes --store postgres://airlock@db/airlock --token-file /etc/airlock/token
 
@@ -128,15 +129,9 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	if *perSandbox < 0 {
 		return fmt.Errorf("serve: --metrics-per-sandbox must not be negative (0 turns the series off): %w", errdefs.ErrInvalid)
 	}
-	var trustedRegistries []string
-	for _, h := range strings.Split(*trusted, ",") {
-		if h = strings.TrimSpace(h); h == "" {
-			continue
-		}
-		if strings.ContainsAny(h, "/ @") {
-			return fmt.Errorf("serve: --trusted-registries: %q is not a registry HOST[:PORT]: %w", h, errdefs.ErrInvalid)
-		}
-		trustedRegistries = append(trustedRegistries, h)
+	trustedRegistries, err := parseRegistries(*trusted)
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
 	}
 	if *maxBuilds < 1 || *maxContext < 1 {
 		return fmt.Errorf("serve: --max-builds and --max-build-context must be at least 1: %w", errdefs.ErrInvalid)
@@ -450,4 +445,19 @@ func (f *warmFlag) Set(v string) error {
 		*f = append(*f, p)
 	}
 	return nil
+}
+
+// parseRegistries reads --trusted-registries: comma-separated HOST[:PORT].
+func parseRegistries(list string) ([]string, error) {
+	var out []string
+	for _, h := range strings.Split(list, ",") {
+		if h = strings.TrimSpace(h); h == "" {
+			continue
+		}
+		if strings.ContainsAny(h, "/ @") {
+			return nil, fmt.Errorf("--trusted-registries: %q is not a registry HOST[:PORT]: %w", h, errdefs.ErrInvalid)
+		}
+		out = append(out, h)
+	}
+	return out, nil
 }

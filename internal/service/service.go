@@ -124,6 +124,11 @@ type Config struct {
 	// lacks, by digest, from the cluster (cluster.TemplateFetcher), so
 	// that a sandbox of any ready template can be made on any node.
 	FetchTemplate func(ctx context.Context, digest string) (template.Template, error)
+	// ReclaimEvery, for a Node service, is how often it reclaims template
+	// storage (Reclaim) besides after its own builds and deletes: a
+	// template deleted through a replica, or a sandbox deleted on another
+	// node, may have been the last user of an image here. Default 5 min.
+	ReclaimEvery time.Duration
 }
 
 // Validate checks the configuration and fills in defaults.
@@ -148,6 +153,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Node != "" && c.Front {
 		return errors.New("a service is a cluster node's or an API replica's, not both")
+	}
+	if c.ReclaimEvery == 0 {
+		c.ReclaimEvery = 5 * time.Minute
 	}
 	if c.MaxBuilds == 0 {
 		c.MaxBuilds = 1
