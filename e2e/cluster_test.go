@@ -135,9 +135,9 @@ func (c *testCluster) startNode(t *testing.T, name string, args []string, prepar
 
 // replica starts an `airlock serve --cluster kubernetes` of the cluster,
 // as the servers' service account.
-func (c *testCluster) replica(t *testing.T) *server {
+func (c *testCluster) replica(t *testing.T, args ...string) *server {
 	t.Helper()
-	return c.launch(t, "", []string{"--cluster", "kubernetes", "--kubeconfig", c.cp.KubeconfigAs(t, serverUser)})
+	return c.launch(t, "", append([]string{"--cluster", "kubernetes", "--kubeconfig", c.cp.KubeconfigAs(t, serverUser)}, args...))
 }
 
 // launch runs an airlock command of the cluster (command "" for serve)
@@ -962,5 +962,52 @@ func TestClusterBuilds(t *testing.T) {
 			held := images(n)
 			return len(held) == 0, fmt.Sprintf("holds %v", held)
 		})
+	}
+}
+
+// TestClusterE2B: E2B's own SDK (e2e/e2bsdk/cluster.mjs) against two API
+// replicas' E2B API, neither of which runs a VM: a sandbox made through
+// one is driven through the other (connect, commands, a streamed
+// background command, files, info, list, kill), every call reaching the
+// node that runs it through the internal API.
+func TestClusterE2B(t *testing.T) {
+	nodeJS := needNode(t)
+	dir, err := filepath.Abs(e2bSDKDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	needSDKModules(t, dir)
+	tc := newTestCluster(t)
+	ctx := context.Background()
+	st := testStore(t, tc.storeURL)
+	tc.node(t, "node-a", "--e2b-domain", e2bSDKDomain)
+	var urls []string
+	var replicas []*server
+	for range 2 {
+		addr, err := freeAddr()
+		if err != nil {
+			t.Fatal(err)
+		}
+		replicas = append(replicas, tc.replica(t, "--e2b-listen", addr, "--e2b-domain", e2bSDKDomain))
+		urls = append(urls, "http://"+addr)
+	}
+	var k struct {
+		Key string `json:"key"`
+	}
+	replicas[0].must(t, 201, "POST", "/v1/keys", tc.key, map[string]string{"name": "e2b-cluster", "role": "user", "format": "e2b"}, &k)
+	res := runSDKScript(t, replicas[0], nodeJS, dir, "cluster.mjs", []string{
+		"E2E_REPLICA_ONE=" + urls[0], "E2E_REPLICA_TWO=" + urls[1], "E2B_API_KEY=" + k.Key, "E2B_DOMAIN=" + e2bSDKDomain,
+	}, 6*time.Minute)
+	// The sandbox was node-a's, and is deleted.
+	made := res["create through replica one"]
+	if len(made.Log) == 0 || !strings.HasPrefix(made.Log[0], "sandbox ") {
+		t.Fatalf("the create case logged %q, want the sandbox's ID", made.Log)
+	}
+	id := strings.TrimPrefix(made.Log[0], "sandbox ")
+	if node, err := st.SandboxNode(ctx, id); err != nil || node != "node-a" {
+		t.Errorf("sandbox %s ran on %q (%v), want node-a", id, node, err)
+	}
+	if sb, err := st.GetSandbox(ctx, id); err != nil || sb.State != apiv1.StateDeleted {
+		t.Errorf("sandbox %s after the kill: %s, %v", id, sb.State, err)
 	}
 }

@@ -25,6 +25,8 @@ import (
 	"github.com/airlockhq/airlock/internal/api"
 	"github.com/airlockhq/airlock/internal/cluster"
 	"github.com/airlockhq/airlock/internal/datadir"
+	"github.com/airlockhq/airlock/internal/e2b"
+	"github.com/airlockhq/airlock/internal/e2b/envd"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/node"
 	"github.com/airlockhq/airlock/internal/sandbox"
@@ -105,6 +107,7 @@ func runNode(ctx context.Context, env *Env, args []string) error {
 	trusted := fs.String("trusted-registries", "", "comma-separated registry `hosts` (HOST[:PORT]) template builds on this node may pull docker:// images from (default: any)")
 	maxBuilds := fs.Int("max-builds", 1, "most template builds running at once on this node (each boots a sandbox)")
 	reclaimEvery := fs.Duration("reclaim-interval", 5*time.Minute, "how often to remove the template images nothing in the cluster refers to any more")
+	e2bDomain := fs.String("e2b-domain", "", "sandbox `domain` E2B SDKs are told of in the answers this node gives through the servers' E2B API (as serve's --e2b-domain)")
 	templatesFrom := fs.String("templates-from", "", "comma-separated base `URLs` of API servers to fetch template images from when no other node has them (in Kubernetes: the Service, http://airlock.airlock.svc)")
 	jailOpts := addJailFlags(fs)
 	if err := parse(fs, args); err != nil {
@@ -145,6 +148,9 @@ func runNode(ctx context.Context, env *Env, args []string) error {
 	}
 	if *ping < 100*time.Millisecond {
 		return fmt.Errorf("node: --ping-interval must be at least 100ms: %w", errdefs.ErrInvalid)
+	}
+	if err := e2b.CheckDomain(*e2bDomain); err != nil {
+		return fmt.Errorf("node: --e2b-domain: %w", err)
 	}
 	if *maxBuilds < 1 {
 		return fmt.Errorf("node: --max-builds must be at least 1: %w", errdefs.ErrInvalid)
@@ -242,9 +248,18 @@ func runNode(ctx context.Context, env *Env, args []string) error {
 	}
 
 	apiSrv := api.New(api.Config{Service: svc, Store: st, Log: log, Registry: reg, Secrets: box, PingInterval: *ping})
+	envdSrv := envd.New(svc, log)
+	defer envdSrv.Close()
+	e2bSrv, err := e2b.New(e2b.Config{Service: svc, Log: log, Domain: *e2bDomain, Envd: envdSrv})
+	if err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
 	mux := http.NewServeMux()
 	mux.Handle("/", apiSrv)
 	mux.Handle(cluster.TemplatesPath, cluster.ServeTemplates(template.Open(env.Dir)))
+	// The replicas' E2B API sends the requests for this node's sandboxes
+	// here, their Host kept.
+	mux.Handle(cluster.E2BPath+"/", http.StripPrefix(cluster.E2BPath, e2bSrv))
 	httpSrv := &http.Server{Handler: api.RequireNodeToken(token, mux), ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 2)
 	go func() { errc <- httpSrv.Serve(ln) }()

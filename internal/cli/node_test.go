@@ -60,6 +60,7 @@ func TestNodeFlags(t *testing.T) {
 		{append(base, "--templates-from", "http://u:p@a"), "is not a base URL"},
 		{append(base, "--templates-from", "airlock.svc"), "is not a base URL"},
 		{append(base, "--max-builds", "0"), "--max-builds must be at least 1"},
+		{append(base, "--e2b-domain", "e2b.test/x"), "is not a domain name"},
 		{append(base, "--reclaim-interval", "10ms"), "between 1s and 24h"},
 		{append(base, "--trusted-registries", "ghcr.io/x"), "is not a registry HOST[:PORT]"},
 	} {

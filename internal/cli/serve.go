@@ -80,8 +80,9 @@ that run airlock node, runs the cluster controller (one replica leads,
 through a Lease in --namespace), and routes every call on a sandbox to
 the node that runs it, and template builds to a node, with the cluster's
 internal token (--token-file or $AIRLOCK_NODE_TOKEN). It runs no VM
-itself (--max-builds and --trusted-registries are the nodes' to set);
---warm and --e2b-listen are not served in cluster mode yet.
+itself (--max-builds and --trusted-registries are the nodes' to set).
+--e2b-listen serves E2B's API there too, sending each request for a
+sandbox to its node; --warm is not served in cluster mode yet.
 
   airlock serve --cluster kubernetes --store postgres://airlock@db/airlock --token-file /etc/airlock/token
 
@@ -152,8 +153,8 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 		if !store.IsPostgresURL(*storeAddr) {
 			return fmt.Errorf("serve: --cluster kubernetes needs the cluster's PostgreSQL store: give --store postgres://… (or $AIRLOCK_STORE): %w", errdefs.ErrInvalid)
 		}
-		if *e2bListen != "" || len(warm) > 0 {
-			return fmt.Errorf("serve: --e2b-listen and --warm are not served in cluster mode yet: %w", errdefs.ErrInvalid)
+		if len(warm) > 0 {
+			return fmt.Errorf("serve: --warm is not served in cluster mode yet: %w", errdefs.ErrInvalid)
 		}
 		if *kubeWait < 0 {
 			return fmt.Errorf("serve: --kube-wait must not be negative: %w", errdefs.ErrInvalid)
@@ -293,7 +294,11 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	if e2bLn != nil {
 		envdSrv := envd.New(svc, log)
 		defer envdSrv.Close()
-		h, err := e2b.New(e2b.Config{Service: svc, Log: log, Domain: *e2bDomain, Envd: envdSrv})
+		ec := e2b.Config{Service: svc, Log: log, Domain: *e2bDomain, Envd: envdSrv}
+		if cl != nil {
+			ec.Forward = cl.router.ForwardE2B
+		}
+		h, err := e2b.New(ec)
 		if err != nil {
 			return fmt.Errorf("serve: %w", err)
 		}

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -67,7 +68,15 @@ func NewRouter(ctx context.Context, client kubernetes.Interface, namespace strin
 		ErrorHandler: func(w http.ResponseWriter, req *http.Request, err error) {
 			node, _ := req.Context().Value(nodeKey{}).(string)
 			log.Warn("route to a node failed", "node", node, "path", req.URL.Path, "err", err)
-			api.WriteError(w, fmt.Errorf("node %s, to which this call goes, did not answer (%v): retry shortly: %w", node, err, errdefs.ErrUnavailable))
+			msg := fmt.Sprintf("node %s, to which this call goes, did not answer (%v): retry shortly", node, err)
+			if id, ok := req.Context().Value(e2bKey{}).(string); ok {
+				// E2B's proxy shape: the SDKs read a 502 as "not running".
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusBadGateway)
+				json.NewEncoder(w).Encode(map[string]any{"sandboxId": id, "message": msg, "code": http.StatusBadGateway})
+				return
+			}
+			api.WriteError(w, fmt.Errorf("%s: %w", msg, errdefs.ErrUnavailable))
 		},
 	}
 	return r, nil
@@ -76,7 +85,52 @@ func NewRouter(ctx context.Context, client kubernetes.Interface, namespace strin
 type (
 	targetKey struct{}
 	nodeKey   struct{}
+	e2bKey    struct{} // the sandbox ID of an E2B request
 )
+
+// E2BPath is where a node serves E2B's API (control plane and sandbox
+// traffic) for its own sandboxes, behind the internal token.
+const E2BPath = "/internal/e2b"
+
+// ForwardE2B is e2b.Config.Forward: it sends a request for one sandbox
+// through E2B's API to the sandbox's node, under E2BPath with its Host
+// kept (which names the sandbox and port for E2B's sandbox traffic). A
+// sandbox no node has taken up, or one the store does not know, is left
+// to this server.
+func (r *Router) ForwardE2B(w http.ResponseWriter, req *http.Request, id string) (bool, error) {
+	ctx := req.Context()
+	node, err := r.sandboxNode(ctx, id)
+	if node == "" || err != nil {
+		return false, err
+	}
+	return r.proxyTo(w, req.WithContext(context.WithValue(ctx, e2bKey{}, id)), node, "sandbox "+id, E2BPath)
+}
+
+// sandboxNode is the node that runs sandbox id, "" when none has taken
+// it up or the store does not know it.
+func (r *Router) sandboxNode(ctx context.Context, id string) (string, error) {
+	node, err := r.st.SandboxNode(ctx, id)
+	if errors.Is(err, errdefs.ErrNotFound) || err == nil && node == store.ReplicaClaim {
+		return "", nil
+	}
+	return node, err
+}
+
+// proxyTo sends req to node's internal API, under prefix, unless the
+// node is down (an errdefs.ErrUnavailable error that names what).
+func (r *Router) proxyTo(w http.ResponseWriter, req *http.Request, node, what, prefix string) (bool, error) {
+	if why := r.nodes.down(node, time.Now()); why != "" {
+		return false, fmt.Errorf("%s is unavailable: %s; retry later: %w", what, why, errdefs.ErrUnavailable)
+	}
+	target, err := r.endpoint(node)
+	if err != nil {
+		return false, err
+	}
+	target.Path = prefix
+	ctx := context.WithValue(context.WithValue(req.Context(), targetKey{}, target), nodeKey{}, node)
+	r.proxy.ServeHTTP(w, req.WithContext(ctx))
+	return true, nil
+}
 
 // Forward is api.Config.Forward: it routes a call on a sandbox, or on a
 // command, to the sandbox's node, a template build to the node that
@@ -114,8 +168,7 @@ func (r *Router) Forward(w http.ResponseWriter, req *http.Request, kind, id stri
 			}
 			sbx = cmd.SandboxID
 		}
-		node, err = r.st.SandboxNode(ctx, sbx)
-		if errors.Is(err, errdefs.ErrNotFound) || err == nil && (node == "" || node == store.ReplicaClaim) {
+		if node, err = r.sandboxNode(ctx, sbx); node == "" && err == nil {
 			return false, nil
 		}
 		what = "sandbox " + sbx
@@ -123,16 +176,7 @@ func (r *Router) Forward(w http.ResponseWriter, req *http.Request, kind, id stri
 	if err != nil {
 		return false, err
 	}
-	if why := r.nodes.down(node, time.Now()); why != "" {
-		return false, fmt.Errorf("%s is unavailable: %s; retry later: %w", what, why, errdefs.ErrUnavailable)
-	}
-	target, err := r.endpoint(node)
-	if err != nil {
-		return false, err
-	}
-	ctx = context.WithValue(context.WithValue(ctx, targetKey{}, target), nodeKey{}, node)
-	r.proxy.ServeHTTP(w, req.WithContext(ctx))
-	return true, nil
+	return r.proxyTo(w, req, node, what, "")
 }
 
 // pickBuildNode picks the node a template build runs on: of the airlock

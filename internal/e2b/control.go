@@ -85,7 +85,11 @@ func (s *Server) register() {
 			byPath[rt.path] = map[string]http.Handler{}
 			order = append(order, rt.path)
 		}
-		byPath[rt.path][rt.method] = s.authed(rt.handle)
+		h := rt.handle
+		if strings.Contains(rt.path, "{id}") {
+			h = s.forwarded(h)
+		}
+		byPath[rt.path][rt.method] = s.authed(h)
 	}
 	for _, p := range order {
 		handlers := byPath[p]
@@ -115,6 +119,18 @@ func (s *Server) register() {
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fmt.Errorf("no route %s %s: see docs/e2b.md: %w", r.Method, truncate(r.URL.Path, 100), errdefs.ErrNotFound))
 	})
+}
+
+// forwarded offers a call on one sandbox to Config.Forward before h.
+func (s *Server) forwarded(h handler) handler {
+	return func(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+		if s.cfg.Forward != nil {
+			if done, err := s.cfg.Forward(w, r, r.PathValue("id")); done || err != nil {
+				return err
+			}
+		}
+		return h(w, r, p)
+	}
 }
 
 // authed authenticates the X-API-Key header (any case) and runs h.

@@ -63,6 +63,12 @@ type Config struct {
 	// WaitTimeout bounds how long a create, connect, pause or kill waits
 	// for its operation before answering 504. Default 5 minutes.
 	WaitTimeout time.Duration
+	// Forward, if set, is offered every request for one sandbox: its
+	// traffic (envd and guest ports) and the control-plane routes that
+	// name it, after the API key is checked. It answers true when it
+	// served the request (a cluster's replica sends it to the sandbox's
+	// node: cluster.Router.ForwardE2B); false leaves it to this server.
+	Forward func(w http.ResponseWriter, r *http.Request, sandboxID string) (bool, error)
 }
 
 // Validate checks the configuration and fills in defaults.
@@ -82,8 +88,13 @@ func (c *Config) Validate() error {
 	if c.WaitTimeout < 0 {
 		return fmt.Errorf("wait timeout %v is negative: %w", c.WaitTimeout, errdefs.ErrInvalid)
 	}
-	if strings.ContainsAny(c.Domain, "/:@ ") {
-		return fmt.Errorf("E2B domain %q is not a domain name: %w", c.Domain, errdefs.ErrInvalid)
+	return CheckDomain(c.Domain)
+}
+
+// CheckDomain checks a sandbox domain given to SDKs (Config.Domain).
+func CheckDomain(d string) error {
+	if strings.ContainsAny(d, "/:@ ") {
+		return fmt.Errorf("E2B domain %q is not a domain name: %w", d, errdefs.ErrInvalid)
 	}
 	return nil
 }
@@ -124,6 +135,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case err != nil:
 		writeError(w, err)
 	case ok:
+		if s.cfg.Forward != nil {
+			if done, err := s.cfg.Forward(w, r, t.id); err != nil {
+				writeError(w, err)
+				return
+			} else if done {
+				return
+			}
+		}
 		s.serveSandbox(w, r, t)
 	default:
 		if p := r.URL.Path; p == "" || p[0] != '/' || path.Clean(p) != p {
