@@ -22,6 +22,7 @@ import (
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/e2b/envd"
+	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/guest"
 	"github.com/airlockhq/airlock/internal/ids"
 	"github.com/airlockhq/airlock/internal/sandbox"
@@ -91,7 +92,7 @@ type testServer struct {
 
 const testDomain = "e2b.test"
 
-func newTestServer(t *testing.T) *testServer {
+func newTestServer(t *testing.T, opts ...func(*Config)) *testServer {
 	t.Helper()
 	ctx := context.Background()
 	dir := datadir.Dir{Root: t.TempDir()}
@@ -148,7 +149,11 @@ func newTestServer(t *testing.T) *testServer {
 			t.Fatal(err)
 		}
 	}
-	srv, err := New(Config{Service: svc, Log: log, Domain: testDomain, Envd: ts.envd, WaitTimeout: 10 * time.Second})
+	cfg := Config{Service: svc, Log: log, Domain: testDomain, Envd: ts.envd, WaitTimeout: 10 * time.Second}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	srv, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -779,5 +784,67 @@ func TestConfig(t *testing.T) {
 	}
 	if _, err := New(Config{Service: &service.Service{}, Envd: &fakeEnvd{}, Domain: "http://x"}); err == nil {
 		t.Error("a domain with a scheme")
+	}
+}
+
+// TestForward: Config.Forward is offered the traffic of a sandbox and the
+// control-plane calls that name one, after the key is checked, and
+// nothing else; what it declines is served here, and its error is
+// answered in E2B's shape.
+func TestForward(t *testing.T) {
+	var mu sync.Mutex
+	var offered []string
+	ts := newTestServer(t, func(c *Config) {
+		c.Forward = func(w http.ResponseWriter, r *http.Request, id string) (bool, error) {
+			mu.Lock()
+			offered = append(offered, r.Method+" "+r.URL.Path+" "+id)
+			mu.Unlock()
+			switch id {
+			case "sbxremote":
+				w.WriteHeader(299)
+				return true, nil
+			case "sbxdown":
+				return false, fmt.Errorf("sandbox sbxdown is unavailable: node n1 is down: %w", errdefs.ErrUnavailable)
+			}
+			return false, nil
+		}
+	})
+	take := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		out := offered
+		offered = nil
+		return out
+	}
+	for _, c := range []struct {
+		method, path, key string
+		header            []string
+		status            int
+		offered           string
+	}{
+		{"GET", "/sandboxes/sbxremote", ts.alice, nil, 299, "GET /sandboxes/sbxremote sbxremote"},
+		{"DELETE", "/sandboxes/sbxremote", ts.alice, nil, 299, "DELETE /sandboxes/sbxremote sbxremote"},
+		{"POST", "/sandboxes/sbxremote/timeout", ts.alice, nil, 299, "POST /sandboxes/sbxremote/timeout sbxremote"},
+		{"DELETE", "/sandboxes/sbxremote", "", nil, 401, ""},
+		{"DELETE", "/sandboxes/sbxremote", "e2b_" + strings.Repeat("0", 40), nil, 401, ""},
+		{"GET", "/sandboxes/sbxlocal", ts.alice, nil, 404, "GET /sandboxes/sbxlocal sbxlocal"},
+		{"GET", "/sandboxes/sbxdown", ts.alice, nil, 503, "GET /sandboxes/sbxdown sbxdown"},
+		{"GET", "/v2/sandboxes", ts.alice, nil, 200, ""},
+		{"POST", "/process.Process/List", "", []string{"Host", "49983-sbxremote." + testDomain}, 299, "POST /process.Process/List sbxremote"},
+		{"GET", "/files", "", []string{"E2b-Sandbox-Id", "sbxremote"}, 299, "GET /files sbxremote"},
+		{"GET", "/", "", []string{"Host", "8080-sbxdown." + testDomain}, 503, "GET / sbxdown"},
+		{"GET", "/", "", []string{"Host", "8080-sbxlocal." + testDomain}, 502, "GET / sbxlocal"},
+	} {
+		a := ts.do(t, c.method, c.path, c.key, "", c.header...)
+		got := take()
+		if a.status != c.status || (c.offered == "") != (len(got) == 0) || len(got) > 1 || len(got) == 1 && got[0] != c.offered {
+			t.Errorf("%s %s %v: %d %s, offered %q; want %d, offered %q", c.method, c.path, c.header, a.status, a.body, got, c.status, c.offered)
+		}
+		if c.status == 503 {
+			var e Error
+			if json.Unmarshal(a.body, &e) != nil || e.Code != 503 || !strings.Contains(e.Message, "node n1 is down") {
+				t.Errorf("%s %s: the error %s is not E2B's shape with the reason", c.method, c.path, a.body)
+			}
+		}
 	}
 }
