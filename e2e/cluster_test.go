@@ -790,16 +790,17 @@ func TestClusterTemplates(t *testing.T) {
 // data directory: the other replica shows it and its build log (read on
 // the node that ran the build); a sandbox made from it on the other node
 // runs from the image that node fetched from the first; a save of that
-// sandbox runs on its node and is published alike; a delete through a
-// replica removes the tag for the whole cluster. What cluster mode does
-// not do (build contexts, replacing or deleting a provisioned template)
-// it refuses with the reason, and records nothing.
+// sandbox runs on its node and is published alike; a build context stays
+// on the node it was uploaded to, and the build that reads it runs there;
+// a delete through a replica removes the tag for the whole cluster. What
+// cluster mode does not do (replacing or deleting a provisioned
+// template) it refuses with the reason, and records nothing.
 func TestClusterBuilds(t *testing.T) {
 	tc := newTestCluster(t)
 	ctx := context.Background()
 	st := testStore(t, tc.storeURL)
-	a := tc.ownNode(t, "node-a", []string{"tiny"}, "--reclaim-interval", "1s")
-	b := tc.ownNode(t, "node-b", []string{"tiny"}, "--reclaim-interval", "1s")
+	a := tc.ownNode(t, "node-a", []string{"tiny"}, "--reclaim-interval", "1s", "--cpus", "8")
+	b := tc.ownNode(t, "node-b", []string{"tiny"}, "--reclaim-interval", "1s", "--cpus", "8")
 	r1, r2 := tc.replica(t), tc.replica(t)
 	nodeOf := map[string]*server{"node-a": a, "node-b": b}
 
@@ -875,6 +876,12 @@ func TestClusterBuilds(t *testing.T) {
 		!strings.Contains(string(body), `airlock_node_template_fetches_total{from="node",result="fetched"} 1`) {
 		t.Errorf("node-b did not fetch the build from node-a (%d):\n%s", status, grepLines(string(body), "template_fetch"))
 	}
+	// A build context goes to a node taking work (node-b, node-a being
+	// cordoned), which records that it holds it.
+	bc := r1.putContext(t, makeTar(t, tarEntry{name: "hello.txt", body: "from the context\n"}))
+	if on, err := st.BuildContextNode(ctx, bc.ID); err != nil || on != "node-b" {
+		t.Fatalf("build context %s on %q (%v), want node-b", bc.ID, on, err)
+	}
 
 	// A save runs on the sandbox's node, and is published as a build is.
 	var saved apiv1.TemplateOperation
@@ -901,10 +908,25 @@ func TestClusterBuilds(t *testing.T) {
 		t.Fatalf("a sandbox of the save on node-a: %+v", out)
 	}
 
-	// What a cluster does not do is refused, and changes nothing.
-	if status, body := r1.call(t, "PUT", "/v1/build-contexts", tc.key, "not a tar"); status != 400 || !strings.Contains(string(body), "not carried to a cluster's nodes") {
-		t.Errorf("a build context upload: %d %s", status, body)
+	// A build that reads a context runs on the node that holds it, cordoned
+	// or not (node-a is the one taking work now); its sandbox, on node-a,
+	// has the file.
+	r2.mustBuild(t, apiv1.CreateTemplate{Name: "from-context", From: "tiny", Context: bc.ID,
+		Steps: []apiv1.BuildStep{{Copy: &apiv1.BuildCopy{Src: "hello.txt", Dest: "/hello.txt"}}}})
+	if rec, err := st.LatestBuild(ctx, "from-context", "latest"); err != nil || rec.Node != "node-b" {
+		t.Fatalf("the build of the context ran on %q (%v), want node-b", rec.Node, err)
 	}
+	withCtx := create(t, r1, "from-context", "node-a")
+	if out := r1.run(t, tc.key, withCtx, apiv1.CommandRequest{Cmd: "cat /hello.txt"}); out.stdout != "from the context\n" {
+		t.Fatalf("a sandbox of the context's build: %+v", out)
+	}
+	r1.deleteSandbox(t, tc.key, withCtx)
+	if status, body := r1.call(t, "POST", "/v1/templates", tc.key, apiv1.CreateTemplate{Name: "lost", From: "tiny", Context: "ctx" + strings.Repeat("0", 20),
+		Steps: []apiv1.BuildStep{{Copy: &apiv1.BuildCopy{Src: "a", Dest: "/a"}}}}); status != 404 || !strings.Contains(string(body), "upload it again") {
+		t.Errorf("a build of a context no node holds: %d %s", status, body)
+	}
+
+	// What a cluster does not do is refused, and changes nothing.
 	for _, name := range []string{"tiny"} {
 		if status, body := r1.call(t, "POST", "/v1/templates", tc.key, apiv1.CreateTemplate{Name: name, From: "tiny"}); status != 409 || !strings.Contains(string(body), "provisioned") {
 			t.Errorf("a build over the provisioned %s: %d %s", name, status, body)

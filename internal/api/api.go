@@ -330,17 +330,20 @@ func (s *Server) serve(w *statusWriter, r *http.Request, rt route) error {
 }
 
 // What Forward is offered, and the id it is given: a sandbox's ID, a
-// command's, none for a build to start, a template ref for a build log.
+// command's, none for a build to start or a build context to upload, a
+// template ref for a build log.
 const (
 	ForwardSandbox  = "sandbox"
 	ForwardCommand  = "command"
-	ForwardBuild    = "build"
-	ForwardBuildLog = "build-log"
+	ForwardBuild        = "build"
+	ForwardBuildLog     = "build-log"
+	ForwardBuildContext = "build-context"
 )
 
 // forwardKind says what of a route's call Forward is offered, and the
 // path parameter that names it: the calls on one sandbox but reading its
-// record, those on one command, a template build and a build's log.
+// record, those on one command, a template build, a build context's
+// upload and a build's log.
 func forwardKind(rt route) (kind, param string) {
 	switch {
 	case rt.method == http.MethodGet && rt.path == "/v1/sandboxes/{id}":
@@ -351,6 +354,8 @@ func forwardKind(rt route) (kind, param string) {
 		return ForwardCommand, "id"
 	case rt.method == http.MethodPost && rt.path == "/v1/templates":
 		return ForwardBuild, ""
+	case rt.method == http.MethodPut && rt.path == "/v1/build-contexts":
+		return ForwardBuildContext, ""
 	case rt.path == "/v1/templates/{ref}/build-log":
 		return ForwardBuildLog, "ref"
 	}

@@ -64,8 +64,9 @@ from --templates-from (the API servers' address), checks it against its
 sha256 digest and keeps it; the node serves its own images to the others
 the same way, behind the internal token.
 
-The servers send template builds to the nodes, and saves to the
-sandbox's node. A node runs them (--max-builds at once, pulling only
+The servers send template builds and build context uploads to the nodes
+(a build to the node its context is on), and saves to the sandbox's
+node. A node runs them (--max-builds at once, pulling only
 from --trusted-registries if given) and records the result's name:tag in
 the store's catalogue, where every server and node finds it, rather than
 in its data directory. It keeps an image while the catalogue names it or
@@ -106,6 +107,7 @@ func runNode(ctx context.Context, env *Env, args []string) error {
 	fs.Var(&minFreeDisk, "min-free-disk", "free `size` to keep on the data directory's filesystem: creates and wakes are refused below it; 0: no check")
 	trusted := fs.String("trusted-registries", "", "comma-separated registry `hosts` (HOST[:PORT]) template builds on this node may pull docker:// images from (default: any)")
 	maxBuilds := fs.Int("max-builds", 1, "most template builds running at once on this node (each boots a sandbox)")
+	maxContext := fs.Int64("max-build-context", 1024, "largest build context upload in `MiB`")
 	reclaimEvery := fs.Duration("reclaim-interval", 5*time.Minute, "how often to remove the template images nothing in the cluster refers to any more")
 	e2bDomain := fs.String("e2b-domain", "", "sandbox `domain` E2B SDKs are told of in the answers this node gives through the servers' E2B API (as serve's --e2b-domain)")
 	templatesFrom := fs.String("templates-from", "", "comma-separated base `URLs` of API servers to fetch template images from when no other node has them (in Kubernetes: the Service, http://airlock.airlock.svc)")
@@ -152,8 +154,8 @@ func runNode(ctx context.Context, env *Env, args []string) error {
 	if err := e2b.CheckDomain(*e2bDomain); err != nil {
 		return fmt.Errorf("node: --e2b-domain: %w", err)
 	}
-	if *maxBuilds < 1 {
-		return fmt.Errorf("node: --max-builds must be at least 1: %w", errdefs.ErrInvalid)
+	if *maxBuilds < 1 || *maxContext < 1 {
+		return fmt.Errorf("node: --max-builds and --max-build-context must be at least 1: %w", errdefs.ErrInvalid)
 	}
 	if *reclaimEvery < time.Second || *reclaimEvery > 24*time.Hour {
 		return fmt.Errorf("node: --reclaim-interval must be between 1s and 24h: %w", errdefs.ErrInvalid)
@@ -221,7 +223,7 @@ func runNode(ctx context.Context, env *Env, args []string) error {
 		Dir: env.Dir, Store: st, Log: log, Node: *name,
 		MaxSandboxes: *maxSandboxes, MaxStarts: *maxStarts, MaxQueuedStarts: *maxQueued,
 		DefaultEgress: *defaultEgress, Secrets: box, TokenKey: tokenKey, MinFreeDiskBytes: minFreeDisk.n,
-		TrustedRegistries: trustedRegistries, MaxBuilds: *maxBuilds, ReclaimEvery: *reclaimEvery,
+		TrustedRegistries: trustedRegistries, MaxBuilds: *maxBuilds, MaxContextBytes: *maxContext << 20, ReclaimEvery: *reclaimEvery,
 		FetchTemplate: fetcher.Fetch,
 	}, reg)
 	if err != nil {

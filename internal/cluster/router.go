@@ -1,16 +1,19 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -143,10 +146,15 @@ func (r *Router) Forward(w http.ResponseWriter, req *http.Request, kind, id stri
 	var err error
 	switch kind {
 	case api.ForwardBuild:
-		if node, err = r.pickBuildNode(ctx); err != nil {
+		if node, err = r.buildNode(req); err != nil {
 			return false, err
 		}
 		what = "the build"
+	case api.ForwardBuildContext:
+		if node, err = r.pickBuildNode(ctx); err != nil {
+			return false, err
+		}
+		what = "the build context's upload"
 	case api.ForwardBuildLog:
 		if r.BuildNode == nil {
 			return false, nil
@@ -177,6 +185,36 @@ func (r *Router) Forward(w http.ResponseWriter, req *http.Request, kind, id stri
 		return false, err
 	}
 	return r.proxyTo(w, req, node, what, "")
+}
+
+// buildNode is the node a build request goes to: the one its build
+// context is on, if it names one, else the one pickBuildNode picks. It
+// reads the body (a JSON request, up to api.MaxJSONBody) and puts it
+// back for the proxy; one it cannot read is left to the node to refuse.
+func (r *Router) buildNode(req *http.Request) (string, error) {
+	b, err := io.ReadAll(io.LimitReader(req.Body, api.MaxJSONBody+1))
+	req.Body.Close()
+	if err != nil {
+		return "", fmt.Errorf("read the request: %v: %w", err, errdefs.ErrInvalid)
+	}
+	req.Body, req.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b)) // over the bound: the node says so
+	var body struct {
+		Context string `json:"context"`
+		From    string `json:"from"`
+	}
+	json.Unmarshal(b, &body) // a bad body is the node's to answer
+	id := body.Context
+	if archive, ok := strings.CutPrefix(body.From, "oci-archive:"); ok && id == "" {
+		id = archive
+	}
+	if id == "" {
+		return r.pickBuildNode(req.Context())
+	}
+	node, err := r.st.BuildContextNode(req.Context(), id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return "", fmt.Errorf("build context %s was not uploaded to this cluster, or is gone: upload it again with PUT /v1/build-contexts: %w", id, errdefs.ErrNotFound)
+	}
+	return node, err
 }
 
 // pickBuildNode picks the node a template build runs on: of the airlock

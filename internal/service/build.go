@@ -166,9 +166,6 @@ func (s *Service) planBuild(ctx context.Context, req apiv1.CreateTemplate) (plan
 			pl.steps = append(pl.steps, stepFromAPI(st))
 		}
 	}
-	if s.clustered() && (pl.context != "" || strings.HasPrefix(pl.from, "oci-archive:")) {
-		return pl, errNoClusterContexts
-	}
 	if len(pl.steps) > maxBuildSteps {
 		return pl, fmt.Errorf("%d steps is more than the %d a build may have: %w", len(pl.steps), maxBuildSteps, errdefs.ErrInvalid)
 	}

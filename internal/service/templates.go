@@ -324,14 +324,20 @@ func (s *Service) Reclaim(ctx context.Context) (int64, error) {
 }
 
 // PutBuildContext stores an uploaded build context (a tar), up to limit
-// bytes.
+// bytes. A node records that it holds it, so that the builds that read it
+// are sent here.
 func (s *Service) PutBuildContext(ctx context.Context, r io.Reader, limit int64) (apiv1.BuildContext, error) {
-	if s.clustered() {
-		return apiv1.BuildContext{}, errNoClusterContexts
+	if err := s.noReplicaBuilds(); err != nil {
+		return apiv1.BuildContext{}, err
 	}
 	id, dgst, err := s.contexts.Put(ctx, r, limit)
 	if err != nil {
 		return apiv1.BuildContext{}, err
+	}
+	if s.cfg.Node != "" {
+		if err := s.st.PutBuildContextNode(ctx, id, s.cfg.Node); err != nil {
+			return apiv1.BuildContext{}, err
+		}
 	}
 	var size int64
 	if p, _, err := s.contexts.Path(id); err == nil {
@@ -342,17 +348,14 @@ func (s *Service) PutBuildContext(ctx context.Context, r io.Reader, limit int64)
 	return apiv1.BuildContext{ID: id, Digest: dgst, Size: size}, nil
 }
 
-// errNoClusterContexts refuses build contexts in cluster mode: one
-// uploaded to a replica would not reach the node that runs the build.
-var errNoClusterContexts = fmt.Errorf("build contexts are not carried to a cluster's nodes yet: build from a template or a docker:// image with RUN steps, or build on a single host: %w", errdefs.ErrInvalid)
-
 // noReplicaBuilds refuses to build on a cluster's API replica: its router
-// sends builds to a node, and saves to the sandbox's node.
+// sends builds and build contexts to a node, and saves to the sandbox's
+// node.
 func (s *Service) noReplicaBuilds() error {
 	if !s.cfg.Front {
 		return nil
 	}
-	return fmt.Errorf("an API replica does not build templates: its router sends builds and saves to a node, and none took this one: retry shortly: %w", errdefs.ErrUnavailable)
+	return fmt.Errorf("an API replica does not build templates: its router sends builds, their contexts and saves to a node, and none took this one: retry shortly: %w", errdefs.ErrUnavailable)
 }
 
 // recoverBuilds fails the builds an earlier server, or this node, left

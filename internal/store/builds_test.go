@@ -137,3 +137,29 @@ func testTemplateTags(t *testing.T, b backend) {
 		t.Errorf("catalogue %+v, %v; want only web:v1 at sha256:bb", tags, err)
 	}
 }
+
+// testBuildContextNodes: the node a context was last uploaded to is the
+// one recorded; bad records change nothing.
+func testBuildContextNodes(t *testing.T, b backend) {
+	ctx := context.Background()
+	s := b.newStore(t)
+	if _, err := s.BuildContextNode(ctx, "ctx1"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("an unknown context: %v, want not found", err)
+	}
+	for _, node := range []string{"host-a", "host-b"} {
+		if err := s.PutBuildContextNode(ctx, "ctx1", node); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := s.BuildContextNode(ctx, "ctx1"); err != nil || got != node {
+			t.Errorf("ctx1 on %q, %v; want %s", got, err, node)
+		}
+	}
+	for _, bad := range [][2]string{{"", "host-a"}, {"ctx2", ""}, {"ctx\x002", "host-a"}, {"ctx2", "host\x00"}} {
+		if err := s.PutBuildContextNode(ctx, bad[0], bad[1]); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("record %q on %q: %v, want invalid", bad[0], bad[1], err)
+		}
+	}
+	if _, err := s.BuildContextNode(ctx, "ctx2"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("a refused record was kept: %v", err)
+	}
+}

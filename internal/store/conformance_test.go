@@ -69,6 +69,7 @@ var conformance = []struct {
 }{
 	{"Builds", testBuilds},
 	{"TemplateTags", testTemplateTags},
+	{"BuildContextNodes", testBuildContextNodes},
 	{"TemplatesInUse", testTemplatesInUse},
 	{"CommandRoundTrip", testCommandRoundTrip},
 	{"InsertCommandRefusals", testInsertCommandRefusals},

@@ -300,7 +300,7 @@ CREATE TABLE settings (
 	value TEXT NOT NULL
 );
 `},
-	{10, "create template_tags, add builds.node", `
+	{10, "create template_tags and build_contexts, add builds.node", `
 -- In cluster mode, the catalogue of the templates built or saved on nodes:
 -- the digest each name:tag names, with the image's settings (JSON
 -- template.Settings) and size, so that any API replica resolves it and any
@@ -321,6 +321,14 @@ CREATE INDEX template_tags_digest ON template_tags (digest);
 -- The node that runs, or ran, the build ('' on a single host): its log is
 -- there.
 ALTER TABLE builds ADD COLUMN node TEXT NOT NULL DEFAULT '';
+-- In cluster mode, the node each uploaded build context is on, so that a
+-- build that reads it runs there. A single host leaves it empty.
+CREATE TABLE build_contexts (
+	seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+	id         TEXT    NOT NULL UNIQUE,
+	node       TEXT    NOT NULL,
+	created_at INTEGER NOT NULL
+) STRICT;
 `, `
 CREATE TABLE template_tags (
 	seq        BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -335,6 +343,12 @@ CREATE TABLE template_tags (
 );
 CREATE INDEX template_tags_digest ON template_tags (digest);
 ALTER TABLE builds ADD COLUMN node TEXT NOT NULL DEFAULT '';
+CREATE TABLE build_contexts (
+	seq        BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	id         TEXT   NOT NULL UNIQUE,
+	node       TEXT   NOT NULL,
+	created_at BIGINT NOT NULL
+);
 `},
 }
 

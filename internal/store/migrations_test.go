@@ -60,6 +60,9 @@ func checkSchema10(t *testing.T, db *sql.DB) {
 	if err := s.PutTemplateTag(ctx, TemplateTag{Name: "web", Tag: "v1", Digest: "sha256:aa", Settings: []byte("{}")}); err != nil {
 		t.Fatal(err)
 	}
+	if err := s.PutBuildContextNode(ctx, "ctx1", "host-a"); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // checkSchema9: a store from before has no settings, and one can be set.

@@ -110,3 +110,31 @@ func scanTemplateTag(r scanner) (TemplateTag, error) {
 	t.Settings, t.CreatedAt = json.RawMessage(settings), fromNanos(created)
 	return t, nil
 }
+
+// PutBuildContextNode records that the build context id is on node, the
+// last node it was uploaded to.
+func (s *Store) PutBuildContextNode(ctx context.Context, id, node string) error {
+	if id == "" || node == "" || strings.ContainsRune(id, 0) || strings.ContainsRune(node, 0) {
+		return fmt.Errorf("build context %q on node %q: both are required, without NUL: %w", id, node, errdefs.ErrInvalid)
+	}
+	_, err := s.db.ExecContext(ctx, "INSERT INTO build_contexts (id, node, created_at) VALUES (?, ?, ?)"+
+		" ON CONFLICT (id) DO UPDATE SET node = excluded.node, created_at = excluded.created_at", id, node, nanos(now()))
+	if err != nil {
+		return fmt.Errorf("record build context %s: %w", id, classify(err))
+	}
+	return nil
+}
+
+// BuildContextNode returns the node the build context id is on, or an
+// errdefs.ErrNotFound error.
+func (s *Store) BuildContextNode(ctx context.Context, id string) (string, error) {
+	var node string
+	err := s.db.QueryRowContext(ctx, "SELECT node FROM build_contexts WHERE id = ?", id).Scan(&node)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", fmt.Errorf("build context %s is on no node: %w", id, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return "", fmt.Errorf("get build context %s: %w", id, classify(err))
+	}
+	return node, nil
+}
