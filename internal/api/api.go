@@ -333,8 +333,8 @@ func (s *Server) serve(w *statusWriter, r *http.Request, rt route) error {
 // command's, none for a build to start or a build context to upload, a
 // template ref for a build log.
 const (
-	ForwardSandbox  = "sandbox"
-	ForwardCommand  = "command"
+	ForwardSandbox      = "sandbox"
+	ForwardCommand      = "command"
 	ForwardBuild        = "build"
 	ForwardBuildLog     = "build-log"
 	ForwardBuildContext = "build-context"
