@@ -788,8 +788,8 @@ func TestConfig(t *testing.T) {
 }
 
 // TestForward: Config.Forward is offered the traffic of a sandbox and the
-// control-plane calls that name one, after the key is checked, and
-// nothing else; what it declines is served here, and its error is
+// control-plane calls that name one but reading its info, after the key
+// is checked, and nothing else; what it declines is served here, and its error is
 // answered in E2B's shape.
 func TestForward(t *testing.T) {
 	var mu sync.Mutex
@@ -822,13 +822,14 @@ func TestForward(t *testing.T) {
 		status            int
 		offered           string
 	}{
-		{"GET", "/sandboxes/sbxremote", ts.alice, nil, 299, "GET /sandboxes/sbxremote sbxremote"},
+		{"GET", "/sandboxes/sbxremote", ts.alice, nil, 404, ""}, // its row, read here
+		{"GET", "/sandboxes/sbxremote/metrics", ts.alice, nil, 299, "GET /sandboxes/sbxremote/metrics sbxremote"},
 		{"DELETE", "/sandboxes/sbxremote", ts.alice, nil, 299, "DELETE /sandboxes/sbxremote sbxremote"},
 		{"POST", "/sandboxes/sbxremote/timeout", ts.alice, nil, 299, "POST /sandboxes/sbxremote/timeout sbxremote"},
 		{"DELETE", "/sandboxes/sbxremote", "", nil, 401, ""},
 		{"DELETE", "/sandboxes/sbxremote", "e2b_" + strings.Repeat("0", 40), nil, 401, ""},
-		{"GET", "/sandboxes/sbxlocal", ts.alice, nil, 404, "GET /sandboxes/sbxlocal sbxlocal"},
-		{"GET", "/sandboxes/sbxdown", ts.alice, nil, 503, "GET /sandboxes/sbxdown sbxdown"},
+		{"POST", "/sandboxes/sbxlocal/pause", ts.alice, nil, 404, "POST /sandboxes/sbxlocal/pause sbxlocal"},
+		{"POST", "/sandboxes/sbxdown/connect", ts.alice, nil, 503, "POST /sandboxes/sbxdown/connect sbxdown"},
 		{"GET", "/v2/sandboxes", ts.alice, nil, 200, ""},
 		{"POST", "/process.Process/List", "", []string{"Host", "49983-sbxremote." + testDomain}, 299, "POST /process.Process/List sbxremote"},
 		{"GET", "/files", "", []string{"E2b-Sandbox-Id", "sbxremote"}, 299, "GET /files sbxremote"},
