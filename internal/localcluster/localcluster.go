@@ -36,6 +36,7 @@ import (
 	"github.com/airlockhq/airlock/internal/localkube"
 	"github.com/airlockhq/airlock/internal/localpg"
 	"github.com/airlockhq/airlock/internal/secrets"
+	"github.com/airlockhq/airlock/internal/template"
 )
 
 // The namespace and the service accounts of deploy/.
@@ -291,12 +292,22 @@ func Remove(dir string) error {
 // launch starts an airlock command named name on a data directory of its
 // own under Dir (the source's boot artifacts and templates, and the
 // cluster's keys) and waits for a line of its output that starts with ready.
+// A node's template store is its own, holding links to the source's
+// templates: what it builds or fetches, and reclaims, is then its own,
+// never the source's.
 func (c *Cluster) launch(ctx context.Context, name string, keys map[string][]byte, ready string, args []string) (*proc, error) {
 	home := filepath.Join(c.cfg.Dir, name)
 	if err := os.Mkdir(home, 0o700); err != nil {
 		return nil, err
 	}
-	for _, link := range []string{"boot", "templates", "accel.json"} {
+	links := []string{"boot", "templates", "accel.json"}
+	if len(args) > 0 && args[0] == "node" {
+		links = []string{"boot", "accel.json"}
+		if err := linkTemplates(c.cfg.Source, datadir.Dir{Root: home}); err != nil {
+			return nil, err
+		}
+	}
+	for _, link := range links {
 		if err := os.Symlink(filepath.Join(c.cfg.Source.Root, link), filepath.Join(home, link)); err != nil {
 			return nil, err
 		}
@@ -438,4 +449,20 @@ func freeAddr() (string, error) {
 	}
 	defer ln.Close()
 	return ln.Addr().String(), nil
+}
+
+// linkTemplates gives dst a template store of its own that holds every
+// template of src's, by link (template.Store.Link).
+func linkTemplates(src, dst datadir.Dir) error {
+	from, to := template.Open(src), template.Open(dst)
+	ts, err := from.List()
+	if err != nil {
+		return err
+	}
+	for _, t := range ts {
+		if _, err := to.Link(from, t.Ref()); err != nil {
+			return err
+		}
+	}
+	return nil
 }
