@@ -1236,6 +1236,12 @@ func (fx *badFixture) testConflicts(t *testing.T) {
 		if len(o.names) != 1 || o.names[0] != apiv1.EventExit {
 			t.Errorf("sleep's stream after start: %v, want only exit", o.names)
 		}
+		// The stream's exit may come before the command's record says so.
+		testenv.Eventually(t, 10*time.Second, "the killed command recorded as exited", func() (bool, string) {
+			var c apiv1.Command
+			fx.s.must(t, 200, "GET", "/v1/commands/"+fx.cmdRun, fx.admin, nil, &c)
+			return c.State == apiv1.CommandExited, c.State
+		})
 		fx.base = fx.snapshot(t)
 	})
 	fx.runCases(t, []badCase{

@@ -74,7 +74,9 @@ def tcp(c):
             if not b:
                 break
             got += b
-            if c.get("first"):
+            # "first": an echo is expected, so stop once as many bytes as
+            # were sent are back (an answer may come in several segments).
+            if c.get("first") and len(got) >= max(1, len(c.get("send", ""))):
                 break
     except socket.timeout:
         pass
