@@ -55,16 +55,7 @@ func (s *Service) catalogueTag(ctx context.Context, ref string) (store.TemplateT
 	if name != "" {
 		return s.st.GetTemplateTag(ctx, name, tag)
 	}
-	tags, err := s.st.ListTemplateTags(ctx)
-	if err != nil {
-		return store.TemplateTag{}, err
-	}
-	for i := len(tags) - 1; i >= 0; i-- {
-		if tags[i].Digest == tag {
-			return tags[i], nil
-		}
-	}
-	return store.TemplateTag{}, fmt.Errorf("template %s is not in the catalogue: %w", tag, errdefs.ErrNotFound)
+	return s.st.TemplateTagByDigest(ctx, tag)
 }
 
 // describedTag is the template a catalogue entry describes.

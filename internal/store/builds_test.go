@@ -116,6 +116,12 @@ func testTemplateTags(t *testing.T, b backend) {
 	if got, err := s.GetTemplateTag(ctx, "web", "v1"); err != nil || got.Digest != "sha256:bb" || got.SizeBytes != 8192 || got.Owner != "key2" {
 		t.Errorf("web:v1 after the move = %+v, %v", got, err)
 	}
+	if got, err := s.TemplateTagByDigest(ctx, "sha256:aa"); err != nil || got.Name+":"+got.Tag != "web:v2" {
+		t.Errorf("the entry of sha256:aa = %+v, %v; want web:v2", got, err)
+	}
+	if _, err := s.TemplateTagByDigest(ctx, "sha256:cc"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("a digest no entry names: %v, want not found", err)
+	}
 	for _, bad := range []TemplateTag{
 		{Tag: "v1", Digest: "sha256:cc", Settings: json.RawMessage(`{}`)},
 		{Name: "web", Tag: "v\x00", Digest: "sha256:cc", Settings: json.RawMessage(`{}`)},

@@ -68,6 +68,19 @@ func (s *Store) GetTemplateTag(ctx context.Context, name, tag string) (TemplateT
 	return t, nil
 }
 
+// TemplateTagByDigest returns the newest entry that names digest, or an
+// errdefs.ErrNotFound error.
+func (s *Store) TemplateTagByDigest(ctx context.Context, digest string) (TemplateTag, error) {
+	t, err := scanTemplateTag(s.db.QueryRowContext(ctx, "SELECT "+templateTagColumns+" FROM template_tags WHERE digest = ? ORDER BY seq DESC LIMIT 1", digest))
+	if errors.Is(err, sql.ErrNoRows) {
+		return t, fmt.Errorf("template %s is not in the catalogue: %w", digest, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return t, fmt.Errorf("get template tag of %s: %w", digest, classify(err))
+	}
+	return t, nil
+}
+
 // ListTemplateTags returns the whole catalogue in the order it was
 // written.
 func (s *Store) ListTemplateTags(ctx context.Context) ([]TemplateTag, error) {
