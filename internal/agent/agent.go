@@ -43,6 +43,9 @@ type Agent struct {
 
 	initialized atomic.Bool
 	nextID      atomic.Uint64
+	// commands is the descriptor of the cgroup every process the agent
+	// starts runs in (cgroup.go), or -1 for none: set once, by init.
+	commands atomic.Int64
 
 	// reinitMu serialises reinits, which read and replace identity.
 	reinitMu sync.Mutex
@@ -66,6 +69,7 @@ func New(cfg Config) *Agent {
 		freezer: &freezer{system: cfg.System, log: cfg.Log},
 		procs:   map[string]*process{},
 	}
+	a.commands.Store(-1)
 	return a
 }
 

@@ -502,6 +502,9 @@ func (a *Agent) run(st net.Conn, req *agentproto.ExecRequest, spec *execSpec) {
 		sys.Setpgid = true
 	}
 
+	if fd := a.commands.Load(); fd >= 0 {
+		sys.UseCgroupFD, sys.CgroupFD = true, int(fd)
+	}
 	start := time.Now()
 	pid, waitCh, err := a.reaper.start(func() (int, error) {
 		p, err := os.StartProcess(spec.path, spec.argv, &os.ProcAttr{Dir: spec.dir, Env: spec.env, Files: childFiles, Sys: sys})

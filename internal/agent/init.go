@@ -42,6 +42,14 @@ func (a *Agent) handleInit(st net.Conn, req *agentproto.InitRequest) {
 			replyErr(st, agentproto.CodeInternal, err.Error())
 			return
 		}
+		// Without the group commands still run, with no room kept for
+		// the agent: a warning says so.
+		if fd, limit, err := setupCommandsCgroup(); err != nil {
+			res.Warnings = append(res.Warnings, "commands run without a pids limit: "+err.Error())
+		} else {
+			a.commands.Store(int64(fd))
+			a.log.Info("commands' cgroup", "pids.max", limit)
+		}
 	}
 	var image agentproto.ImageConfig
 	if a.cfg.System {
