@@ -985,6 +985,55 @@ func TestClusterBuilds(t *testing.T) {
 			return len(held) == 0, fmt.Sprintf("holds %v", held)
 		})
 	}
+
+	// A node killed during a build (node-a, the one taking work): while it
+	// is down the replicas show the build with the reason; the build's VM
+	// dies with the agent; the agent, started again, fails the build and
+	// removes the build sandbox's directory, though it is not a minute
+	// old.
+	var orphan apiv1.TemplateOperation
+	r1.must(t, 202, "POST", "/v1/templates", tc.key, apiv1.CreateTemplate{Name: "orphaned", From: "tiny",
+		Steps: []apiv1.BuildStep{{Run: "sleep 600"}}}, &orphan)
+	var buildVM string
+	testenv.Eventually(t, time.Minute, "the build's VM running on node-a", func() (bool, string) {
+		pids, _ := filepath.Glob(filepath.Join(a.home, "sandboxes", "sbxbuild*", "qemu.pid"))
+		if len(pids) == 1 {
+			buildVM = filepath.Dir(pids[0])
+		}
+		return buildVM != "", fmt.Sprintf("%v", pids)
+	})
+	qemu := qemuPID(t, a, filepath.Base(buildVM))
+	if qemu == 0 {
+		t.Fatalf("no QEMU pid in %s", buildVM)
+	}
+	a.stop(syscall.SIGKILL)
+	testenv.Eventually(t, 20*time.Second, "the build shown unavailable", func() (bool, string) {
+		var v apiv1.Template
+		r2.must(t, 200, "GET", "/v1/templates/orphaned", tc.key, nil, &v)
+		return v.Status == apiv1.TemplateBuilding && v.Unavailable != nil && v.Unavailable.Code == apiv1.CodeUnavailable &&
+			strings.Contains(v.Unavailable.Message, "node node-a has not renewed its lease"), fmt.Sprintf("%+v", v)
+	})
+	testenv.Eventually(t, 10*time.Second, "the build's QEMU gone with the agent", func() (bool, string) {
+		return syscall.Kill(qemu, 0) != nil, fmt.Sprintf("pid %d", qemu)
+	})
+	if _, err := os.Stat(buildVM); err != nil {
+		t.Fatalf("the build's sandbox directory, left by the agent: %v", err)
+	}
+	if err := a.start(); err != nil {
+		t.Fatal(err)
+	}
+	if op := r2.waitOp(t, tc.key, orphan.Operation.ID); op.Status != apiv1.OpFailed || op.Error == nil ||
+		!strings.Contains(op.Error.Message, "stopped during the build") {
+		t.Errorf("the build's operation after its node restarted: %+v", op)
+	}
+	var v apiv1.Template
+	r1.must(t, 200, "GET", "/v1/templates/orphaned", tc.key, nil, &v)
+	if v.Status != apiv1.TemplateFailed || v.Unavailable != nil {
+		t.Errorf("the build after its node restarted: %+v", v)
+	}
+	if _, err := os.Stat(buildVM); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the build's sandbox directory is still there: %v", err)
+	}
 }
 
 // TestClusterE2B: E2B's own SDK (e2e/e2bsdk/cluster.mjs) against two API

@@ -312,6 +312,10 @@ type Template struct {
 	Env        []string `json:"env,omitempty"`
 	WorkingDir string   `json:"working_dir,omitempty"`
 	User       string   `json:"user,omitempty"`
+	// Unavailable is set, in cluster mode, while the template is being
+	// built on a node that cannot be reached: why. The build goes on if
+	// the node was only cut off, and fails when its agent starts again.
+	Unavailable *Status `json:"unavailable,omitempty"`
 }
 
 // TemplateSource says what a built template was made from.

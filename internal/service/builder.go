@@ -31,8 +31,13 @@ type builder struct {
 	digest string // the image its disk equals
 }
 
+// buildSandboxPrefix begins the IDs of build sandboxes.
+const buildSandboxPrefix = "sbxbuild"
+
 // newBuilder boots a build sandbox from tpl with the build's egress. It is
-// not a sandbox of the API: no row, no lease; it dies with this process.
+// not a sandbox of the API: no row, no lease; its VM dies with this
+// process, and its directory at the next start (removeBuildSandboxes) if
+// this process is killed.
 func (s *Service) newBuilder(ctx context.Context, tpl template.Template, st template.Settings, pol policy.Policy) (*builder, error) {
 	select {
 	case s.slots <- struct{}{}:
@@ -41,7 +46,7 @@ func (s *Service) newBuilder(ctx context.Context, tpl template.Template, st temp
 	}
 	defer func() { <-s.slots }()
 	box, err := s.rt.Create(ctx, sandbox.Spec{
-		ID: ids.New("sbxbuild"), Template: tpl.Digest, ColdBoot: true, NoStart: true,
+		ID: ids.New(buildSandboxPrefix), Template: tpl.Digest, ColdBoot: true, NoStart: true,
 		VCPUs: st.VCPUs, MemoryMiB: st.MemoryMiB, DiskMiB: max(st.DiskMiB, defaultBuildDiskMiB), Network: &pol,
 	})
 	if err != nil {

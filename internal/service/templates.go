@@ -64,6 +64,12 @@ func (s *Service) withBuild(ctx context.Context, t *template.Template, name, tag
 	if t != nil { // the tag still names the last good build's result
 		v.Digest = t.Digest
 	}
+	if b.Status == apiv1.TemplateBuilding && b.Node != "" && s.cfg.NodeDown != nil {
+		if why := s.cfg.NodeDown(b.Node); why != "" {
+			v.Unavailable = &apiv1.Status{Code: apiv1.CodeUnavailable,
+				Message: why + "; the build goes on if the node was only cut off, and fails when its agent starts again"}
+		}
+	}
 	return v, true
 }
 
@@ -359,7 +365,7 @@ func (s *Service) noReplicaBuilds() error {
 }
 
 // recoverBuilds fails the builds an earlier server, or this node, left
-// unfinished: their sandboxes died with it.
+// unfinished, and removes their sandboxes.
 func (s *Service) recoverBuilds(ctx context.Context) error {
 	builds, err := s.st.ListBuilds(ctx, apiv1.TemplateBuilding)
 	if err != nil {
@@ -393,6 +399,7 @@ func (s *Service) recoverBuilds(ctx context.Context) error {
 			f.Close()
 		}
 	}
+	s.removeBuildSandboxes(ctx)
 	s.pruneContexts()
 	if ts := s.rt.Templates(); ts != nil {
 		return ts.RemoveLeftovers()
@@ -502,4 +509,32 @@ func (s *Service) saveSandbox(ctx context.Context, run *running, pl plan) (templ
 	}
 	settings.Source = &template.Source{From: pl.from, Resolved: sb.TemplateDigest}
 	return s.storeImage(run, func() (template.Template, error) { return ts.PutImage(ctx, img, settings) })
+}
+
+// removeBuildSandboxes removes the directories of the build sandboxes
+// (newBuilder) an earlier server, or this node's agent, left when it was
+// killed: their VMs died with it (the parent-death signal), but their
+// disks stay, and Sweep spares a directory younger than a minute, which
+// a build killed just before this start is. A directory that has a
+// sandbox row is a sandbox of the API whose ID merely starts alike, and
+// stays.
+func (s *Service) removeBuildSandboxes(ctx context.Context) {
+	entries, err := os.ReadDir(s.cfg.Dir.Sandboxes())
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		id := e.Name()
+		if !strings.HasPrefix(id, buildSandboxPrefix) {
+			continue
+		}
+		if _, err := s.st.GetSandbox(ctx, id); !errors.Is(err, errdefs.ErrNotFound) {
+			continue
+		}
+		if err := s.rt.Remove(ctx, id); err != nil {
+			s.log.Warn("remove a build sandbox an earlier run left", "sandbox", id, "err", err)
+			continue
+		}
+		s.log.Info("removed a build sandbox an earlier run left", "sandbox", id)
+	}
 }
