@@ -497,7 +497,11 @@ func (s *Service) ListSandboxes(ctx context.Context, p Principal, f SandboxFilte
 	}
 	var nodes map[string]string
 	if s.cfg.NodeDown != nil {
-		if nodes, err = s.st.SandboxNodes(ctx); err != nil {
+		ids := make([]string, 0, len(rows))
+		for _, sb := range rows {
+			ids = append(ids, sb.ID)
+		}
+		if nodes, err = s.st.NodesOf(ctx, ids); err != nil {
 			return out, err
 		}
 	}

@@ -155,6 +155,19 @@ func testSandboxNodes(t *testing.T, b backend) {
 	if nodes, err := s.SandboxNodes(ctx, "running"); err != nil || len(nodes) != 0 {
 		t.Errorf("nodes of running sandboxes %v, %v; want none", nodes, err)
 	}
+	// NodesOf: only the named, bound ones; more names than one query takes.
+	many := []string{"sbx2", "sbx9"}
+	for i := range 1200 {
+		many = append(many, fmt.Sprintf("sbxnone%d", i))
+	}
+	for _, ids := range [][]string{{"sbx1"}, append(many, "sbx1")} {
+		if nodes, err := s.NodesOf(ctx, ids); err != nil || len(nodes) != 1 || nodes["sbx1"] != "host-a" {
+			t.Errorf("NodesOf %d IDs: %v, %v; want only sbx1 on host-a", len(ids), nodes, err)
+		}
+	}
+	if nodes, err := s.NodesOf(ctx, many); err != nil || len(nodes) != 0 {
+		t.Errorf("NodesOf unbound and unknown sandboxes: %v, %v; want none", nodes, err)
+	}
 	if err := s.SetSandboxNode(ctx, "sbx9", "host-a"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("node of an unknown sandbox: %v, want not found", err)
 	}

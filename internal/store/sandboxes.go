@@ -161,6 +161,38 @@ func (s *Store) SandboxNode(ctx context.Context, id string) (string, error) {
 	return node, nil
 }
 
+// NodesOf returns the nodes of the sandboxes named that are bound to one,
+// by ID: a page of a list, without reading the whole table.
+func (s *Store) NodesOf(ctx context.Context, ids []string) (map[string]string, error) {
+	out := map[string]string{}
+	for len(ids) > 0 {
+		n := min(len(ids), 500)
+		args := make([]any, n)
+		for i, id := range ids[:n] {
+			args[i] = id
+		}
+		ids = ids[n:]
+		rows, err := s.db.QueryContext(ctx, "SELECT id, node FROM sandboxes WHERE node <> '' AND id IN ("+placeholders(n)+")", args...)
+		if err != nil {
+			return nil, fmt.Errorf("nodes of sandboxes: %w", classify(err))
+		}
+		for rows.Next() {
+			var id, node string
+			if err := rows.Scan(&id, &node); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("nodes of sandboxes: %w", classify(err))
+			}
+			out[id] = node
+		}
+		err = rows.Err()
+		rows.Close()
+		if err != nil {
+			return nil, fmt.Errorf("nodes of sandboxes: %w", classify(err))
+		}
+	}
+	return out, nil
+}
+
 // SandboxNodes returns the node of every sandbox bound to one, by ID;
 // given states, only of the sandboxes in one of them.
 func (s *Store) SandboxNodes(ctx context.Context, states ...string) (map[string]string, error) {
