@@ -44,11 +44,11 @@ func (a *Agent) handleInit(st net.Conn, req *agentproto.InitRequest) {
 		}
 		// Without the group commands still run, with no room kept for
 		// the agent: a warning says so.
-		if fd, limit, err := setupCommandsCgroup(); err != nil {
-			res.Warnings = append(res.Warnings, "commands run without a pids limit: "+err.Error())
+		if fd, limits, err := setupCommandsCgroup(); err != nil {
+			res.Warnings = append(res.Warnings, "commands run without pids and memory limits: "+err.Error())
 		} else {
 			a.commands.Store(int64(fd))
-			a.log.Info("commands' cgroup", "pids.max", limit)
+			a.log.Info("commands' cgroup", "pids.max", limits.pids, "memory.max", limits.memory)
 		}
 	}
 	var image agentproto.ImageConfig
