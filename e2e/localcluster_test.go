@@ -93,13 +93,18 @@ func TestLocalCluster(t *testing.T) {
 	if err != nil || !strings.Contains(string(saved), "AIRLOCK_API_KEY="+vars["AIRLOCK_API_KEY"]+"\n") {
 		t.Errorf("the env file: %v %q", err, saved)
 	}
-	// The other replica, from the progress line.
+	// The other replica, from the progress line, which comes on stderr
+	// after the variables on stdout.
 	var replicas []string
-	for _, line := range strings.Split(stderr.String(), "\n") {
-		if rest, ok := strings.CutPrefix(line, "local cluster up: replicas "); ok {
-			replicas = strings.Fields(strings.Split(rest, ";")[0])
+	testenv.Eventually(t, 10*time.Second, "the progress line naming the replicas", func() (bool, string) {
+		for _, line := range strings.Split(stderr.String(), "\n") {
+			if rest, ok := strings.CutPrefix(line, "local cluster up: replicas "); ok {
+				replicas = strings.Fields(strings.Split(rest, ";")[0])
+				return true, ""
+			}
 		}
-	}
+		return false, stderr.String()
+	})
 	if len(replicas) != 2 || replicas[0] != vars["AIRLOCK_URL"] {
 		t.Fatalf("replicas %v, want two, the first %s", replicas, vars["AIRLOCK_URL"])
 	}
