@@ -20,12 +20,13 @@ import (
 //
 //   - pids: Go aborts when clone fails, and the kernel panics when PID 1
 //     exits, so the agent must always be able to make a thread;
-//   - memory: without a limit, a guest whose memory is full stalls in
-//     reclaim and global OOM kills, the agent with it, for minutes (a
-//     bash fork bomb in a 512 MiB guest: its exit 3 minutes late, or
-//     never); with the limit, reclaim and the OOM killer act on the
-//     group alone, whose kernel memory (stacks, page tables) is charged
-//     to it, and the agent stays responsive.
+//   - memory: a guest whose memory is full stalls in reclaim and global
+//     OOM kills, the agent with it, for minutes (a bash fork bomb in a
+//     512 MiB guest: its exit 3 minutes late, or never). memory.max
+//     keeps what the kernel and the agent hold out of the commands'
+//     reach, and pids.max is low enough (memoryPerPid) that a bomb of
+//     small processes runs out of pids first: with the memory limit
+//     alone, the same bomb still stalled the guest.
 //
 // With the room kept, the agent lives through such a command, its
 // timeout kills the command's process group, and the guest answers again.
