@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
@@ -106,10 +105,11 @@ func setupCommandsCgroup() (fd int, limits commandsLimits, err error) {
 	if err != nil {
 		return -1, limits, err
 	}
-	total, available, err := memInfo()
+	mem, err := meminfo(procMeminfo)
 	if err != nil {
 		return -1, limits, err
 	}
+	total, available := mem["MemTotal"], mem["MemAvailable"]
 	limits.memory = commandsMemoryMax(total, available)
 	limits.pids = commandsPidsMax(threadsMax, pidMax, limits.memory)
 	if limits.pids == 0 || limits.memory == 0 {
@@ -134,39 +134,6 @@ func setupCommandsCgroup() (fd int, limits commandsLimits, err error) {
 		return -1, limits, fmt.Errorf("open the commands' cgroup: %w", err)
 	}
 	return fd, limits, nil
-}
-
-// memInfo returns the guest's MemTotal and MemAvailable in bytes, from
-// /proc/meminfo.
-func memInfo() (total, available int64, err error) {
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return 0, 0, err
-	}
-	defer f.Close()
-	fields := map[string]*int64{"MemTotal": &total, "MemAvailable": &available}
-	found := 0
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		name, rest, _ := strings.Cut(sc.Text(), ":")
-		p := fields[name]
-		if p == nil {
-			continue
-		}
-		kib, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-		if err != nil {
-			return 0, 0, fmt.Errorf("/proc/meminfo: %s %q: %w", name, rest, err)
-		}
-		*p = kib << 10
-		found++
-	}
-	if err := sc.Err(); err != nil {
-		return 0, 0, err
-	}
-	if found != len(fields) {
-		return 0, 0, errors.New("/proc/meminfo lacks MemTotal or MemAvailable")
-	}
-	return total, available, nil
 }
 
 func readInt(path string) (int, error) {
