@@ -172,25 +172,31 @@ func (s *Store) NodesOf(ctx context.Context, ids []string) (map[string]string, e
 			args[i] = id
 		}
 		ids = ids[n:]
-		rows, err := s.db.QueryContext(ctx, "SELECT id, node FROM sandboxes WHERE node <> '' AND id IN ("+placeholders(n)+")", args...)
-		if err != nil {
-			return nil, fmt.Errorf("nodes of sandboxes: %w", classify(err))
-		}
-		for rows.Next() {
-			var id, node string
-			if err := rows.Scan(&id, &node); err != nil {
-				rows.Close()
-				return nil, fmt.Errorf("nodes of sandboxes: %w", classify(err))
-			}
-			out[id] = node
-		}
-		err = rows.Err()
-		rows.Close()
-		if err != nil {
-			return nil, fmt.Errorf("nodes of sandboxes: %w", classify(err))
+		if err := s.queryNodes(ctx, out, "SELECT id, node FROM sandboxes WHERE node <> '' AND id IN ("+placeholders(n)+")", args...); err != nil {
+			return nil, err
 		}
 	}
 	return out, nil
+}
+
+// queryNodes adds the (id, node) rows query selects to out.
+func (s *Store) queryNodes(ctx context.Context, out map[string]string, query string, args ...any) error {
+	rows, err := s.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return fmt.Errorf("list sandbox nodes: %w", classify(err))
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id, node string
+		if err := rows.Scan(&id, &node); err != nil {
+			return fmt.Errorf("list sandbox nodes: %w", classify(err))
+		}
+		out[id] = node
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("list sandbox nodes: %w", classify(err))
+	}
+	return nil
 }
 
 // SandboxNodes returns the node of every sandbox bound to one, by ID;
@@ -203,21 +209,9 @@ func (s *Store) SandboxNodes(ctx context.Context, states ...string) (map[string]
 			args = append(args, st)
 		}
 	}
-	rows, err := s.db.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, fmt.Errorf("list sandbox nodes: %w", classify(err))
-	}
-	defer rows.Close()
 	out := map[string]string{}
-	for rows.Next() {
-		var id, node string
-		if err := rows.Scan(&id, &node); err != nil {
-			return nil, fmt.Errorf("list sandbox nodes: %w", classify(err))
-		}
-		out[id] = node
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("list sandbox nodes: %w", classify(err))
+	if err := s.queryNodes(ctx, out, query, args...); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
