@@ -19,6 +19,8 @@ func TestAgentDependencies(t *testing.T) {
 		"github.com/airlockhq/airlock/internal/agent":      true,
 		"github.com/airlockhq/airlock/internal/agentproto": true,
 		"github.com/airlockhq/airlock/internal/timings":    true,
+		"github.com/airlockhq/airlock/internal/textcheck":  true,
+		"github.com/airlockhq/airlock/internal/errdefs":    true,
 		"github.com/hashicorp/yamux":                       true,
 		"github.com/creack/pty":                            true,
 		"golang.org/x/sys/unix":                            true,

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/airlockhq/airlock/internal/textcheck"
 	"github.com/airlockhq/airlock/internal/timings"
 )
 
@@ -298,8 +299,11 @@ func (e *ExecRequest) Validate() error {
 			return fmt.Errorf("arguments must not contain NUL bytes")
 		}
 	}
+	if textcheck.Control(e.User) >= 0 {
+		return fmt.Errorf("user %q holds a control character", e.User)
+	}
 	for k, v := range e.Env {
-		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
+		if k == "" || strings.ContainsRune(k, '=') || textcheck.Control(k) >= 0 || strings.ContainsRune(v, 0) {
 			return fmt.Errorf("invalid environment variable %q", k)
 		}
 	}
@@ -417,8 +421,9 @@ func (e *Error) Error() string { return e.Message }
 // MaxPath bounds the length of a path in bytes.
 const MaxPath = 4096
 
-// CheckPath accepts an absolute, clean path without NUL bytes and without
-// ".." elements, which could only confuse what is meant.
+// CheckPath accepts an absolute, clean path without NUL bytes, other
+// control characters or invalid UTF-8 (textcheck), and without ".."
+// elements, which could only confuse what is meant.
 func CheckPath(p string) error {
 	switch {
 	case p == "":
@@ -427,6 +432,8 @@ func CheckPath(p string) error {
 		return fmt.Errorf("path is longer than %d bytes", MaxPath)
 	case strings.ContainsRune(p, 0):
 		return fmt.Errorf("path contains a NUL byte")
+	case textcheck.Control(p) >= 0:
+		return fmt.Errorf("path holds a control character or invalid UTF-8 at byte %d", textcheck.Control(p))
 	case !path.IsAbs(p):
 		return fmt.Errorf("path %q is not absolute", p)
 	}

@@ -20,6 +20,7 @@ import (
 	"unicode"
 
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/textcheck"
 )
 
 // Step is one build step. Exactly one of Run, Env, Workdir, User and Copy
@@ -169,6 +170,9 @@ func (c *Copy) validate() error {
 	if strings.ContainsRune(c.Src, 0) {
 		return fmt.Errorf("copy source contains a NUL byte: %w", errdefs.ErrInvalid)
 	}
+	if err := textcheck.Field("copy source", c.Src); err != nil {
+		return err
+	}
 	if _, _, err := sourcePath(c.Src); err != nil {
 		return err
 	}
@@ -204,8 +208,14 @@ func checkPath(what, p string) error {
 	if strings.ContainsRune(p, 0) {
 		return fmt.Errorf("%s contains a NUL byte: %w", what, errdefs.ErrInvalid)
 	}
-	return nil
+	if len(p) > maxPathLen {
+		return fmt.Errorf("%s is longer than %d bytes: %w", what, maxPathLen, errdefs.ErrInvalid)
+	}
+	return textcheck.Field(what, p)
 }
+
+// maxPathLen bounds a path in a step, as the guest's PATH_MAX does.
+const maxPathLen = 4096
 
 // sourcePath cleans a COPY source into a path relative to the context root
 // ("" is the root) and reports whether it ended in "/". A source that climbs

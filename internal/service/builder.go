@@ -228,6 +228,9 @@ func (s *Service) buildBase(ctx context.Context, run *running, pl plan) (templat
 		return template.Template{}, err
 	}
 	conf := &template.ImageConfig{Env: cfg.Env, WorkingDir: cfg.WorkingDir, User: cfg.User}
+	if err := conf.Validate(); err != nil {
+		return template.Template{}, err
+	}
 	settings := template.Settings{VCPUs: 1, MemoryMiB: 512, DiskMiB: defaultBuildDiskMiB, Config: conf,
 		StartCmd: entrypoint(cfg.Entrypoint, cfg.Cmd)}
 	if err := writeImageConfig(root, settings); err != nil {
@@ -291,6 +294,11 @@ func writeImageConfig(root string, st template.Settings) error {
 // template's configuration written into it (template.ImageConfigPath) and
 // its working directory made, cached by both.
 func (s *Service) finalImage(ctx context.Context, run *running, cur template.Template, st template.Settings) (template.Template, error) {
+	if st.Config != nil {
+		if err := st.Config.Validate(); err != nil {
+			return template.Template{}, err
+		}
+	}
 	store := s.rt.Templates()
 	conf := imageConfigJSON(st)
 	key := cacheKey("final", cur.Digest, string(conf))

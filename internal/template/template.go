@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -28,6 +29,7 @@ import (
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/digest"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/textcheck"
 )
 
 // DefaultTag is the tag a ref without one means.
@@ -112,6 +114,47 @@ func (s Settings) validate() error {
 	}
 	if s.ReadyCmd != "" && s.StartCmd == "" {
 		return fmt.Errorf("template settings: ready_cmd needs a start_cmd whose readiness it checks: %w", errdefs.ErrInvalid)
+	}
+	if s.Config != nil {
+		if err := s.Config.Validate(); err != nil {
+			return fmt.Errorf("template settings: %w", err)
+		}
+	}
+	return nil
+}
+
+// Validate checks what an image's configuration may hold: a working
+// directory and a user without control characters (textcheck), and
+// environment entries NAME=value whose names have none either. A pulled
+// or uploaded image's configuration is the tenant's, so a build checks it
+// before anything uses it; the error names the field.
+func (c ImageConfig) Validate() error {
+	if len(c.WorkingDir) > agentproto.MaxPath {
+		return fmt.Errorf("image config WorkingDir is longer than %d bytes: %w", agentproto.MaxPath, errdefs.ErrInvalid)
+	}
+	if err := textcheck.Field("image config WorkingDir", c.WorkingDir); err != nil {
+		return err
+	}
+	if c.WorkingDir != "" && !path.IsAbs(c.WorkingDir) {
+		return fmt.Errorf("image config WorkingDir %q is not an absolute path: %w", c.WorkingDir, errdefs.ErrInvalid)
+	}
+	if len(c.User) > 256 {
+		return fmt.Errorf("image config User is longer than 256 bytes: %w", errdefs.ErrInvalid)
+	}
+	if err := textcheck.Field("image config User", c.User); err != nil {
+		return err
+	}
+	for i, kv := range c.Env {
+		name, _, ok := strings.Cut(kv, "=")
+		if !ok || name == "" {
+			return fmt.Errorf("image config Env[%d] is not NAME=value: %w", i, errdefs.ErrInvalid)
+		}
+		if err := textcheck.Field(fmt.Sprintf("image config Env[%d] name", i), name); err != nil {
+			return err
+		}
+		if strings.ContainsRune(kv, 0) {
+			return fmt.Errorf("image config Env[%d] holds a NUL byte: %w", i, errdefs.ErrInvalid)
+		}
 	}
 	return nil
 }

@@ -55,11 +55,28 @@ type jailSpec struct {
 	Proc     bool              // mount a /proc that shows QEMU only its own processes
 	Argv     []string
 	// SyncFD is read for one byte before anything is done, so that the
-	// parent can place the process in its cgroup first.
+	// parent can place the process in its cgroup first; 0 for none.
 	SyncFD int
-	// ParentPID is the process that must be alive for QEMU to run, when
-	// QEMU is to die with it (Config.Detach false); 0 otherwise.
-	ParentPID int
+	// LifeFD is the read end of a pipe whose write end only the parent
+	// holds, when the process is to die with its parent (Config.Detach
+	// false, and every tool); 0 otherwise. In a PID namespace of its own
+	// the process cannot see its parent, so it checks the parent is alive
+	// by the pipe not being hung up, after it set the parent-death signal
+	// again.
+	LifeFD int
+	// Env is the environment the command runs with; QEMU's is empty.
+	Env []string
+	// Seccomp installs the image tools' system call filter (toolFilter)
+	// before the command runs; QEMU brings its own (-sandbox).
+	Seccomp bool
+	// Rlimits are set before the command runs.
+	Rlimits []jailRlimit
+}
+
+// jailRlimit is one resource limit, soft and hard alike.
+type jailRlimit struct {
+	Resource int
+	Max      uint64
 }
 
 // jailBind is a host file or directory the jail shows at the same path.
@@ -103,17 +120,33 @@ func runJail(s string) error {
 	if err := dropPrivileges(spec); err != nil {
 		return err
 	}
-	if spec.ParentPID > 0 {
+	if spec.LifeFD > 0 {
 		// A change of user clears the parent-death signal: set it again,
 		// and make sure the parent did not die before that.
 		if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0, 0, 0); err != nil {
 			return fmt.Errorf("set the parent-death signal: %w", err)
 		}
-		if os.Getppid() != spec.ParentPID {
-			return errors.New("the server went away before the VM started")
+		fds := []unix.PollFd{{Fd: int32(spec.LifeFD), Events: unix.POLLIN}}
+		if n, err := unix.Poll(fds, 0); err != nil || (n > 0 && fds[0].Revents&(unix.POLLHUP|unix.POLLERR) != 0) {
+			return errors.New("the server went away before the jailed process started")
+		}
+		unix.Close(spec.LifeFD)
+	}
+	for _, l := range spec.Rlimits {
+		if err := unix.Setrlimit(l.Resource, &unix.Rlimit{Cur: l.Max, Max: l.Max}); err != nil {
+			return fmt.Errorf("set resource limit %d: %w", l.Resource, err)
 		}
 	}
-	return syscall.Exec(spec.Argv[0], spec.Argv, []string{})
+	if spec.Seccomp {
+		if err := loadToolFilter(); err != nil {
+			return err
+		}
+	}
+	env := spec.Env
+	if env == nil {
+		env = []string{}
+	}
+	return syscall.Exec(spec.Argv[0], spec.Argv, env)
 }
 
 // buildRoot makes the jail's root and pivots into it.

@@ -2,6 +2,7 @@ package vm
 
 import (
 	"errors"
+	"net"
 
 	"context"
 	"github.com/airlockhq/airlock/internal/errdefs"
@@ -69,6 +70,18 @@ func TestJailedVM(t *testing.T) {
 			t.Errorf("qemu's %s is %q, want %q", k, st[k], want)
 		}
 	}
+	// Namespaces of its own: no network but what it was handed, no host
+	// process, no System V IPC or hostname shared with the host.
+	for _, ns := range []string{"net", "ipc", "uts", "pid", "mnt"} {
+		mine, _ := os.Readlink("/proc/self/ns/" + ns)
+		its, err := os.Readlink("/proc/" + strconv.Itoa(m.PID()) + "/ns/" + ns)
+		if err != nil || its == mine {
+			t.Errorf("qemu's %s namespace is %q (%v), the host's %q", ns, its, err, mine)
+		}
+	}
+	// A process as QEMU's user in QEMU's namespaces, as code that escaped
+	// into QEMU would be, reaches no listener on the host's loopback.
+	probeLoopback(t, m.PID(), 1999999001)
 	// QEMU's root holds only what it was given: outside /usr, the files
 	// it needs and the directories leading to them.
 	root := "/proc/" + strconv.Itoa(m.PID()) + "/root"
@@ -106,6 +119,50 @@ func TestJailedVM(t *testing.T) {
 	}
 	if m.ConsoleTail(4096) == "" {
 		t.Errorf("the guest wrote no console")
+	}
+}
+
+// probeLoopback runs, as uid in the namespaces of process pid (nsenter,
+// setpriv), a TCP connect to a listener on the host's 127.0.0.1, and
+// fails the test if it gets through.
+func probeLoopback(t *testing.T, pid, uid int) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan struct{}, 1)
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			c.Close()
+			accepted <- struct{}{}
+		}
+	}()
+	port := strings.TrimPrefix(ln.Addr().String(), "127.0.0.1:")
+	u := strconv.Itoa(uid)
+	out, err := exec.Command("nsenter", "-t", strconv.Itoa(pid), "-n", "-i", "-u", "--",
+		"setpriv", "--reuid="+u, "--regid="+u, "--clear-groups", "--no-new-privs",
+		"bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/"+port+" && echo connected").CombinedOutput()
+	if err == nil || strings.Contains(string(out), "connected") {
+		t.Errorf("as the VM's user in its namespaces, a connect to the host's loopback got through: %v %s", err, out)
+	}
+	select {
+	case <-accepted:
+		t.Error("the host's loopback listener accepted a connection from the VM's namespaces")
+	case <-time.After(100 * time.Millisecond):
+	}
+	// The same probe in the host's namespaces does get through: the
+	// listener and the probe work, so the refusal above is the jail's.
+	out, err = exec.Command("setpriv", "--reuid="+u, "--regid="+u, "--clear-groups", "--no-new-privs",
+		"bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/"+port+" && echo connected").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "connected") {
+		t.Fatalf("the control probe in the host's namespaces failed: %v %s", err, out)
+	}
+	select {
+	case <-accepted:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the control probe's connection never arrived")
 	}
 }
 

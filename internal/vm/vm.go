@@ -205,6 +205,7 @@ type Machine struct {
 	releaseProc func()        // lets go of an adopted proc's handle, once
 	console     net.Conn      // the console socket, copied into the console log; nil if unreachable
 	consoleDone chan struct{} // closed when the copy has ended
+	life        *os.File      // the write end of a jailed QEMU's life pipe (fdLife); closed once it has exited
 }
 
 // kernelArgs boot quietly to the agent: the console only shows warnings,
@@ -225,6 +226,9 @@ const (
 	// others, so that their numbers, and the recorded VMs' command
 	// lines, stay as they were.
 	fdAux
+	// fdLife is the read end of the pipe by which a jailed QEMU that
+	// must die with this process sees it alive (jailSpec.LifeFD).
+	fdLife
 	fdCount
 )
 
@@ -405,6 +409,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Machine, error) 
 	}
 	exe, argv, env := bin, append([]string{bin}, Args(cfg)...), []string(nil)
 	var goAhead *os.File // the jail stage waits on it
+	var life *os.File    // held until QEMU ends, when it must die with this process
 	if cfg.Jail != nil {
 		if cfg.MemoryFile != "" && !cfg.MemoryShared {
 			if files[fdMemory], err = sealedMemory(cfg.MemoryFile); err != nil {
@@ -421,7 +426,10 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Machine, error) 
 		defer goAhead.Close()
 		spec.SyncFD = fdSync
 		if !cfg.Detach {
-			spec.ParentPID = os.Getpid()
+			if files[fdLife], life, err = os.Pipe(); err != nil {
+				return fail(err)
+			}
+			spec.LifeFD = fdLife
 		}
 		js, err := json.Marshal(spec)
 		if err != nil {
@@ -429,14 +437,17 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Machine, error) 
 		}
 		// This binary, whichever file it was started from.
 		exe, argv, env = "/proc/self/exe", []string{"airlock-vm-jail"}, []string{jailEnv + "=" + string(js)}
-		sys.Cloneflags = syscall.CLONE_NEWNS
+		sys.Cloneflags = jailNamespaces
 	}
 	proc, err := os.StartProcess(exe, argv, &os.ProcAttr{Dir: cfg.Dir, Env: env, Files: files, Sys: sys})
 	if err != nil {
+		if life != nil {
+			life.Close()
+		}
 		return fail(fmt.Errorf("start qemu: %w", err))
 	}
 	m := &Machine{cfg: cfg, log: log, proc: proc, pid: proc.Pid, done: make(chan struct{}), released: make(chan struct{}),
-		console: console, consoleDone: consoleDone}
+		console: console, consoleDone: consoleDone, life: life}
 	go m.wait()
 	abort := func(err error) (*Machine, error) {
 		m.Kill()
@@ -534,6 +545,9 @@ func (m *Machine) wait() {
 		m.exitErr = err
 	case !st.Success():
 		m.exitErr = fmt.Errorf("qemu %s%s", st, m.qemuLogTail())
+	}
+	if m.life != nil {
+		m.life.Close()
 	}
 	close(m.done)
 }

@@ -1,0 +1,270 @@
+package vm
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	seccomp "github.com/elastic/go-seccomp-bpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/airlockhq/airlock/internal/errdefs"
+)
+
+// jailNamespaces are the namespaces a jailed process gets of its own: a
+// mount namespace that shows only what it needs, an empty network
+// namespace (every socket QEMU uses is passed in as a descriptor, and the
+// image tools use none), and IPC, UTS and PID namespaces, so that it sees
+// no other process, shares no System V IPC and no abstract unix socket
+// with the host.
+const jailNamespaces = syscall.CLONE_NEWNS | syscall.CLONE_NEWNET | syscall.CLONE_NEWIPC |
+	syscall.CLONE_NEWUTS | syscall.CLONE_NEWPID
+
+// Tool is a run of a host tool on bytes a tenant controls: e2fsck,
+// resize2fs, debugfs, dumpe2fs and qemu-img on a guest's disk or an
+// image's. Such tools parse what root in a guest wrote, so with a
+// non-zero UID the run is jailed as a VM's QEMU is (jailSpec): its own
+// namespaces (jailNamespaces), a root holding only the system's /usr and
+// the files named in Read and Write, no capabilities, no_new_privs, the
+// user UID, a seccomp filter (toolFilter), resource limits and a
+// deadline. Its crash, its limits and its deadline are errors of Run.
+type Tool struct {
+	// Path is the tool's absolute path.
+	Path string
+	// Args follow the tool's name on its command line.
+	Args []string
+	// UID and GID run it jailed; 0 runs it unconfined, as this process,
+	// for debugging only (the server's --jail off).
+	UID, GID int
+	// Read and Write are the absolute paths of the files and directories
+	// it may read, and read and write; they appear at the same paths.
+	// Their modes still apply: a file written must be the user's.
+	Read, Write []string
+	// Env is its environment; none by default.
+	Env []string
+	// Stdin, when set, is its standard input; else it reads nothing.
+	Stdin io.Reader
+	// Timeout bounds the run; default ToolTimeout.
+	Timeout time.Duration
+	// MemoryBytes bounds its address space; default ToolMemory.
+	MemoryBytes uint64
+}
+
+// The defaults of Tool's limits: generous for a tool on a disk of tens of
+// GiB, far below what would hurt the host.
+const (
+	ToolTimeout = 30 * time.Minute
+	ToolMemory  = 4 << 30
+)
+
+// ToolRootDir is the empty directory each jailed tool mounts its root on,
+// inside its own mount namespace only.
+const ToolRootDir = "/run/airlock/tool-root"
+
+// Output runs the tool and returns its standard output; a failure
+// (a non-zero exit, a signal, the deadline) is an error that quotes the
+// end of its standard error, and wraps *exec.ExitError where it exited.
+func (t Tool) Output(ctx context.Context) ([]byte, error) {
+	var stdout, stderr bytes.Buffer
+	err := t.run(ctx, &stdout, &stderr)
+	if err != nil {
+		msg := strings.TrimSpace(stderr.String())
+		if msg == "" {
+			msg = strings.TrimSpace(stdout.String())
+		}
+		if len(msg) > 2000 {
+			msg = "..." + msg[len(msg)-2000:]
+		}
+		return stdout.Bytes(), fmt.Errorf("%s %s: %w: %s", filepath.Base(t.Path), strings.Join(t.Args, " "), err, msg)
+	}
+	return stdout.Bytes(), nil
+}
+
+// Run runs the tool with its output going to stdout and stderr.
+func (t Tool) Run(ctx context.Context, stdout, stderr io.Writer) error {
+	return t.run(ctx, stdout, stderr)
+}
+
+func (t Tool) run(ctx context.Context, stdout, stderr io.Writer) error {
+	if !filepath.IsAbs(t.Path) {
+		return fmt.Errorf("tool %q: not an absolute path: %w", t.Path, errdefs.ErrInvalid)
+	}
+	timeout := t.Timeout
+	if timeout <= 0 {
+		timeout = ToolTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var cmd *exec.Cmd
+	var life *os.File
+	if t.UID == 0 {
+		cmd = exec.CommandContext(ctx, t.Path, t.Args...)
+		cmd.Env = t.Env
+		if cmd.Env == nil {
+			cmd.Env = []string{}
+		}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	} else {
+		if t.UID < 0 || t.GID <= 0 {
+			return fmt.Errorf("tool %s: jailed as user %d group %d: %w", t.Path, t.UID, t.GID, errdefs.ErrInvalid)
+		}
+		if err := os.MkdirAll(ToolRootDir, 0o700); err != nil {
+			return fmt.Errorf("make the tools' jail root: %w", err)
+		}
+		spec, err := t.jailSpec()
+		if err != nil {
+			return err
+		}
+		var lifeRead *os.File
+		if lifeRead, life, err = os.Pipe(); err != nil {
+			return err
+		}
+		defer life.Close()
+		spec.LifeFD = 3
+		js, err := json.Marshal(spec)
+		if err != nil {
+			lifeRead.Close()
+			return err
+		}
+		cmd = exec.CommandContext(ctx, "/proc/self/exe")
+		cmd.Args = []string{"airlock-tool-jail"}
+		cmd.Env = []string{jailEnv + "=" + string(js)}
+		cmd.ExtraFiles = []*os.File{lifeRead}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Cloneflags: jailNamespaces}
+		defer lifeRead.Close()
+	}
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = t.Stdin, stdout, stderr
+	// A tool that outlives its deadline is killed; its output pipes are
+	// not waited on for long after.
+	cmd.WaitDelay = 5 * time.Second
+	err := cmd.Run()
+	if ctx.Err() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("%s ran past its %s deadline and was killed: %w", filepath.Base(t.Path), timeout, errdefs.ErrUnavailable)
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) && ee.ExitCode() == 126 && t.UID != 0 {
+		return fmt.Errorf("jail %s: %w", filepath.Base(t.Path), err)
+	}
+	return err
+}
+
+// jailSpec is the jail of a tool run.
+func (t Tool) jailSpec() (jailSpec, error) {
+	mem := t.MemoryBytes
+	if mem == 0 {
+		mem = ToolMemory
+	}
+	spec := jailSpec{
+		UID: t.UID, GID: t.GID, Groups: []int{},
+		Root: ToolRootDir, Links: map[string]string{}, Proc: true,
+		Argv: append([]string{t.Path}, t.Args...), Env: t.Env, Seccomp: true,
+		Rlimits: []jailRlimit{
+			{unix.RLIMIT_AS, mem},
+			{unix.RLIMIT_NOFILE, 256},
+			{unix.RLIMIT_NPROC, 64},
+			{unix.RLIMIT_CORE, 0},
+		},
+	}
+	if err := addSystem(&spec, t.Path); err != nil {
+		return spec, err
+	}
+	add := func(path string, write, dev bool) {
+		for i, b := range spec.Binds {
+			if b.Path == path {
+				spec.Binds[i].Write = b.Write || write
+				return
+			}
+		}
+		spec.Binds = append(spec.Binds, jailBind{Path: path, Write: write, Dev: dev})
+	}
+	for _, p := range t.Read {
+		if !filepath.IsAbs(p) {
+			return spec, fmt.Errorf("tool %s: %q is not an absolute path: %w", t.Path, p, errdefs.ErrInvalid)
+		}
+		add(filepath.Clean(p), false, false)
+	}
+	for _, p := range t.Write {
+		if !filepath.IsAbs(p) {
+			return spec, fmt.Errorf("tool %s: %q is not an absolute path: %w", t.Path, p, errdefs.ErrInvalid)
+		}
+		add(filepath.Clean(p), true, false)
+	}
+	slices.SortFunc(spec.Binds, func(a, b jailBind) int { return strings.Compare(a.Path, b.Path) })
+	return spec, nil
+}
+
+// addSystem binds what any jailed program needs: /usr, the merged-/usr
+// links (or directories), the loader's cache, /dev/null and /dev/urandom,
+// and the directory of bin when it is outside /usr.
+func addSystem(spec *jailSpec, bin string) error {
+	spec.Binds = append(spec.Binds, jailBind{Path: "/usr"})
+	for _, name := range []string{"/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"} {
+		fi, err := os.Lstat(name)
+		switch {
+		case err != nil:
+		case fi.Mode()&os.ModeSymlink != 0:
+			target, err := os.Readlink(name)
+			if err != nil {
+				return err
+			}
+			spec.Links[name] = target
+		case fi.IsDir():
+			spec.Binds = append(spec.Binds, jailBind{Path: name})
+		}
+	}
+	if !strings.HasPrefix(bin, "/usr/") && spec.Links[filepath.Dir(bin)] == "" {
+		spec.Binds = append(spec.Binds, jailBind{Path: filepath.Dir(bin)})
+	}
+	if _, err := os.Stat("/etc/ld.so.cache"); err == nil {
+		spec.Binds = append(spec.Binds, jailBind{Path: "/etc/ld.so.cache"})
+	}
+	spec.Binds = append(spec.Binds, jailBind{Path: "/dev/null", Write: true, Dev: true}, jailBind{Path: "/dev/urandom", Dev: true})
+	return nil
+}
+
+// toolDenied are the system calls an image tool never needs and an
+// exploit of one would: the network, other processes' memory, the kernel's
+// rarer interfaces (BPF, io_uring, userfaultfd, perf, keyrings), mounts
+// and namespaces, modules, and anything that changes the machine.
+// Denied calls fail with EPERM; the tools handle that as any failure.
+var toolDenied = []string{
+	"socket", "socketpair", "connect", "bind", "listen", "accept", "accept4",
+	"sendto", "sendmsg", "sendmmsg", "recvfrom", "recvmsg", "recvmmsg",
+	"ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd",
+	"bpf", "perf_event_open", "userfaultfd",
+	"io_uring_setup", "io_uring_enter", "io_uring_register",
+	"keyctl", "add_key", "request_key",
+	"mount", "umount2", "pivot_root", "chroot", "unshare", "setns",
+	"move_mount", "open_tree", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
+	"open_by_handle_at", "name_to_handle_at",
+	"init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load",
+	"reboot", "swapon", "swapoff", "acct", "quotactl", "syslog", "personality",
+	"settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "sethostname", "setdomainname",
+	"iopl", "ioperm", "mknod", "mknodat", "vhangup", "lookup_dcookie", "fanotify_init",
+}
+
+// loadToolFilter installs the tools' filter on this thread, whose
+// no_new_privs is set, before it executes the tool.
+func loadToolFilter() error {
+	f := seccomp.Filter{
+		NoNewPrivs: true,
+		Policy: seccomp.Policy{
+			DefaultAction: seccomp.ActionAllow,
+			Syscalls:      []seccomp.SyscallGroup{{Action: seccomp.ActionErrno, Names: toolDenied}},
+		},
+	}
+	if err := seccomp.LoadFilter(f); err != nil {
+		return fmt.Errorf("install the tools' seccomp filter: %w", err)
+	}
+	return nil
+}
