@@ -51,6 +51,10 @@ func (r *Runtime) cloneVM(ctx context.Context, spec Spec, tpl template.Template,
 			cfg.Dir, cfg.Disk, cfg.Detach = sb.Dir, overlay, spec.Detach
 			cfg.MemoryFile, cfg.MemoryShared, cfg.Incoming = held.snap.MemFile, false, false
 			sb.Snapshot, sb.Warm, layer = held.snap.Dir, held.snap.Warm, held.snap.Disk
+			cfg.Backing = []string{tpl.Image}
+			if layer != "" {
+				cfg.Backing = []string{layer, tpl.Image}
+			}
 			return nil
 		}, func() { release() }},
 		r.dirStep(sb),
@@ -60,7 +64,7 @@ func (r *Runtime) cloneVM(ctx context.Context, spec Spec, tpl template.Template,
 			// At the size the snapshot's guest saw its disk; it grows to
 			// the sandbox's size after the restore.
 			if layer != "" {
-				return createLayeredOverlay(ctx, layer, overlay)
+				return createLayeredOverlay(ctx, layer, overlay, held.snap.DiskMiB)
 			}
 			return createOverlay(ctx, tpl.Image, overlay, 0)
 		}, nil},

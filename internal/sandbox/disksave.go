@@ -1,9 +1,7 @@
 package sandbox
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -12,6 +10,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/airlockhq/airlock/internal/agentclient"
@@ -67,8 +66,22 @@ func (s *Sandbox) saveDisk(ctx context.Context, dst string) (diskSave, error) {
 	fail := func(err error) (diskSave, error) {
 		return st, fmt.Errorf("save the disk of sandbox %s: %w", s.ID, err)
 	}
-	overlay := filepath.Join(s.Dir, diskName)
-	info, err := overlayInfo(ctx, overlay)
+	rec, err := readRecord(s.Dir)
+	if err != nil {
+		return fail(err)
+	}
+	if len(rec.VM.Backing) == 0 {
+		// Recorded before chains were: the template it was made from,
+		// and the warm layer its record names.
+		if s.Template.Image == "" {
+			return fail(fmt.Errorf("its record predates recorded disk chains: suspend it and save it then: %w", errdefs.ErrPrecondition))
+		}
+		rec.VM.Backing = []string{s.Template.Image}
+		if rec.Layer != "" {
+			rec.VM.Backing = []string{rec.Layer, s.Template.Image}
+		}
+	}
+	tools, info, err := diskTools(rec)
 	if err != nil {
 		return fail(err)
 	}
@@ -76,15 +89,18 @@ func (s *Sandbox) saveDisk(ctx context.Context, dst string) (diskSave, error) {
 	if err != nil {
 		return fail(err)
 	}
-	tmp, err := tempBeside(dst)
+	tmp, err := tools.tempBeside(dst)
 	if err != nil {
 		return fail(err)
 	}
 	defer os.Remove(tmp) // gone already once renamed
-	if err := s.copyFrozen(ctx, overlay, tmp, freezeTimeout(info), &st); err != nil {
+	if err := s.copyFrozen(ctx, tools, info, tmp, freezeTimeout(info), &st); err != nil {
 		return fail(err)
 	}
-	if st.Bytes, err = finishImage(ctx, tmp, info.backing, g); err != nil {
+	if st.Bytes, err = finishImage(ctx, tools, tmp, info.base(), g); err != nil {
+		return fail(err)
+	}
+	if err := tools.GiveBack(tmp); err != nil {
 		return fail(err)
 	}
 	if err := os.Rename(tmp, dst); err != nil {
@@ -97,7 +113,7 @@ func (s *Sandbox) saveDisk(ctx context.Context, dst string) (diskSave, error) {
 
 // copyFrozen copies the sandbox's disk while its guest's root filesystem
 // is frozen.
-func (s *Sandbox) copyFrozen(ctx context.Context, overlay, dst string, freezeFor time.Duration, st *diskSave) error {
+func (s *Sandbox) copyFrozen(ctx context.Context, tools ImageTools, info diskInfo, dst string, freezeFor time.Duration, st *diskSave) error {
 	s.life.Lock()
 	defer s.life.Unlock()
 	if err := s.usable(); err != nil {
@@ -133,7 +149,7 @@ func (s *Sandbox) copyFrozen(ctx context.Context, overlay, dst string, freezeFor
 		return err
 	}
 	frozen := time.Now()
-	err = copyOverlay(ctx, overlay, dst)
+	err = copyOverlay(ctx, tools, info, dst)
 	st.Copy = time.Since(frozen)
 	res, terr := thaw()
 	st.Frozen = time.Since(frozen)
@@ -247,8 +263,14 @@ func (r *Runtime) saveSuspendedDisk(ctx context.Context, id, dst string) (diskSa
 	if !SuspendedState(dir) {
 		return fail(fmt.Errorf("it is not suspended: save a live sandbox's disk through its Sandbox: %w", errdefs.ErrPrecondition))
 	}
-	overlay := filepath.Join(dir, diskName)
-	info, err := overlayInfo(ctx, overlay)
+	rec, err := readRecord(dir)
+	if err != nil {
+		return fail(err)
+	}
+	if rec.VM.Backing, err = r.backing(rec); err != nil {
+		return fail(err)
+	}
+	tools, info, err := diskTools(rec)
 	if err != nil {
 		return fail(err)
 	}
@@ -256,19 +278,22 @@ func (r *Runtime) saveSuspendedDisk(ctx context.Context, id, dst string) (diskSa
 	if err != nil {
 		return fail(err)
 	}
-	tmp, err := tempBeside(dst)
+	tmp, err := tools.tempBeside(dst)
 	if err != nil {
 		return fail(err)
 	}
 	defer os.Remove(tmp)
 	t := time.Now()
-	err = copyOverlay(ctx, overlay, tmp)
+	err = copyOverlay(ctx, tools, info, tmp)
 	st.Copy = time.Since(t)
 	lock.Close()
 	if err != nil {
 		return fail(err)
 	}
-	if st.Bytes, err = finishImage(ctx, tmp, info.backing, g); err != nil {
+	if st.Bytes, err = finishImage(ctx, tools, tmp, info.base(), g); err != nil {
+		return fail(err)
+	}
+	if err := tools.GiveBack(tmp); err != nil {
 		return fail(err)
 	}
 	if err := os.Rename(tmp, dst); err != nil {
@@ -279,73 +304,83 @@ func (r *Runtime) saveSuspendedDisk(ctx context.Context, id, dst string) (diskSa
 	return st, nil
 }
 
-// tempBeside makes an empty temporary file in the directory of path, to
-// be renamed to path.
-func tempBeside(path string) (string, error) {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return "", err
-	}
-	f.Close()
-	return f.Name(), nil
-}
-
-// diskInfo is what qemu-img says of a sandbox's overlay.
+// diskInfo is what the server knows of a sandbox's disk: the overlay and
+// the chain of images under it as it made them (record.VM.Backing),
+// nearest first, the template image last.
 type diskInfo struct {
-	backing   string // the template image at the bottom of its backing chain
-	allocated int64  // bytes the overlay (and a warm snapshot's layer under it) take on the host
-	base      int64  // bytes of the template image
+	overlay   string
+	backing   []string
+	allocated int64 // bytes the overlay (and a warm snapshot's layer under it) take on the host
+	baseSize  int64 // bytes of the template image
 }
 
-// overlayInfo asks qemu-img about the overlay and the images under it,
-// which a running QEMU may hold (hence -U: no lock is taken). A clone of
-// a warm snapshot's is an overlay of the snapshot's disk layer, itself an
-// overlay of the template image; other sandboxes' overlays are of the
-// template image directly.
-func overlayInfo(ctx context.Context, overlay string) (diskInfo, error) {
-	out, err := runTool(ctx, "qemu-img", "info", "-U", "--backing-chain", "--output=json", overlay)
-	if err != nil {
-		return diskInfo{}, err
+// base is the template image at the bottom of the chain.
+func (d diskInfo) base() string { return d.backing[len(d.backing)-1] }
+
+// diskTools returns the tools that work on the disk of the sandbox rec
+// records, jailed as its VM's user (none when it runs unjailed), and what
+// they are to read. Sizes come from the host's files, the chain from the
+// record: no qcow2 header the VM could have written is trusted for
+// either.
+func diskTools(rec record) (ImageTools, diskInfo, error) {
+	var tools ImageTools
+	if rec.VM.Jail != nil {
+		tools.uid = rec.VM.Jail.UID
 	}
-	var chain []struct {
-		Filename string `json:"filename"`
-		Actual   int64  `json:"actual-size"`
+	info := diskInfo{overlay: rec.VM.Disk, backing: rec.VM.Backing}
+	if info.overlay == "" || len(info.backing) == 0 {
+		return tools, info, fmt.Errorf("the sandbox's record names no disk and backing chain")
 	}
-	if err := json.Unmarshal(out, &chain); err != nil {
-		return diskInfo{}, fmt.Errorf("qemu-img info %s: %w", overlay, err)
+	for i, f := range append([]string{info.overlay}, info.backing...) {
+		fi, err := os.Stat(f)
+		if err != nil {
+			return tools, info, fmt.Errorf("the sandbox's disk: %w", err)
+		}
+		if i == len(info.backing) {
+			info.baseSize = fi.Size()
+		} else if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			info.allocated += st.Blocks * 512
+		}
 	}
-	if len(chain) < 2 {
-		return diskInfo{}, fmt.Errorf("the disk %s has no template image under it", overlay)
-	}
-	var info diskInfo
-	for _, img := range chain[:len(chain)-1] {
-		info.allocated += img.Actual
-	}
-	info.backing = chain[len(chain)-1].Filename
-	if !filepath.IsAbs(info.backing) {
-		info.backing = filepath.Join(filepath.Dir(overlay), info.backing)
-	}
-	fi, err := os.Stat(info.backing)
-	if err != nil {
-		return diskInfo{}, fmt.Errorf("the disk's template image: %w", err)
-	}
-	info.base = fi.Size()
-	return info, nil
+	return tools, info, nil
 }
 
 // freezeTimeout is the deadline of the freeze for copying a disk: a
 // minute plus the time to read all it holds at a slow 16 MiB/s.
 func freezeTimeout(info diskInfo) time.Duration {
-	d := time.Minute + time.Duration((info.allocated+info.base)>>24)*time.Second
+	d := time.Minute + time.Duration((info.allocated+info.baseSize)>>24)*time.Second
 	return min(d, agentproto.MaxFreeze)
 }
 
 // copyOverlay writes the whole disk (overlay, a warm snapshot's layer and
 // template image: the backing chain flattened) to dst as a raw image; -U
-// reads it while QEMU holds it.
-func copyOverlay(ctx context.Context, overlay, dst string) error {
-	_, err := runTool(ctx, "qemu-img", "convert", "-U", "-f", "qcow2", "-O", "raw", overlay, dst)
+// reads it while QEMU holds it. The chain is given to qemu-img in full
+// (--image-opts), so the backing names in the qcow2 headers are not
+// followed, and its jail shows it no other image.
+func copyOverlay(ctx context.Context, tools ImageTools, info diskInfo, dst string) error {
+	_, err := tools.output(ctx, "qemu-img", append([]string{info.overlay}, info.backing...), []string{dst},
+		"convert", "-U", "--image-opts", chainOpts(info), "-O", "raw", dst)
 	return err
+}
+
+// chainOpts is qemu-img's --image-opts for the overlay over its chain: a
+// qcow2 node for the overlay and each layer, the template image raw.
+func chainOpts(info diskInfo) string {
+	files := append([]string{info.overlay}, info.backing...)
+	var b strings.Builder
+	prefix := ""
+	for i, f := range files {
+		if i > 0 {
+			b.WriteString(",")
+			prefix += "backing."
+		}
+		driver := "qcow2"
+		if i == len(files)-1 {
+			driver = "raw"
+		}
+		fmt.Fprintf(&b, "%sdriver=%s,%sfile.driver=file,%sfile.filename=%s", prefix, driver, prefix, prefix, strings.ReplaceAll(f, ",", ",,"))
+	}
+	return b.String()
 }
 
 // finishImage makes the raw copy of a sandbox's disk at img a template
@@ -353,22 +388,22 @@ func copyOverlay(ctx context.Context, overlay, dst string) error {
 // for the sandbox removed (base is the template the disk was made from),
 // shrunk to its minimum and the file cut to the filesystem's end. It
 // returns the file's size.
-func finishImage(ctx context.Context, img, base string, g guestFiles) (int64, error) {
-	if err := fsck(ctx, img); err != nil {
+func finishImage(ctx context.Context, tools ImageTools, img, base string, g guestFiles) (int64, error) {
+	if err := fsck(ctx, tools, img); err != nil {
 		return 0, err
 	}
-	if err := removeGuestFiles(ctx, img, base, g); err != nil {
+	if err := removeGuestFiles(ctx, tools, img, base, g); err != nil {
 		return 0, fmt.Errorf("remove the sandbox's own files: %w", err)
 	}
-	if err := fsck(ctx, img); err != nil {
+	if err := fsck(ctx, tools, img); err != nil {
 		return 0, err
 	}
 	// -f: the check resize2fs asks for was just made, but it goes by the
 	// guest's clock, which may run ahead of the host's.
-	if _, err := runTool(ctx, "resize2fs", "-f", "-M", img); err != nil {
+	if _, err := tools.output(ctx, "resize2fs", nil, []string{img}, "-f", "-M", img); err != nil {
 		return 0, err
 	}
-	size, err := fsSize(ctx, img)
+	size, err := fsSize(ctx, tools, img)
 	if err != nil {
 		return 0, err
 	}
@@ -381,8 +416,8 @@ func finishImage(ctx context.Context, img, base string, g guestFiles) (int64, er
 // fsck checks and repairs the filesystem in img, replaying its journal.
 // e2fsck's exit codes 1 and 2 say it fixed something, which a copy of a
 // mounted filesystem needs (its orphans, at least).
-func fsck(ctx context.Context, img string) error {
-	_, err := runTool(ctx, "e2fsck", "-f", "-y", img)
+func fsck(ctx context.Context, tools ImageTools, img string) error {
+	_, err := tools.output(ctx, "e2fsck", nil, []string{img}, "-f", "-y", img)
 	var ee *exec.ExitError
 	if errors.As(err, &ee) && ee.ExitCode() <= 2 {
 		return nil
@@ -396,8 +431,8 @@ var (
 )
 
 // fsSize is the size of the ext4 filesystem in img, from its superblock.
-func fsSize(ctx context.Context, img string) (int64, error) {
-	out, err := runTool(ctx, "dumpe2fs", "-h", img)
+func fsSize(ctx context.Context, tools ImageTools, img string) (int64, error) {
+	out, err := tools.output(ctx, "dumpe2fs", []string{img}, nil, "-h", img)
 	if err != nil {
 		return 0, err
 	}
@@ -408,29 +443,6 @@ func fsSize(ctx context.Context, img string) (int64, error) {
 	count, _ := strconv.ParseInt(string(c[1]), 10, 64)
 	size, _ := strconv.ParseInt(string(s[1]), 10, 64)
 	return count * size, nil
-}
-
-// runTool runs a host tool (toolPath) and returns its standard output; a
-// failure quotes the end of what it printed.
-func runTool(ctx context.Context, name string, args ...string) ([]byte, error) {
-	bin, err := toolPath(name)
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.CommandContext(ctx, bin, args...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		msg := strings.TrimSpace(stderr.String())
-		if msg == "" {
-			msg = strings.TrimSpace(stdout.String())
-		}
-		if len(msg) > 2000 {
-			msg = "..." + msg[len(msg)-2000:]
-		}
-		return stdout.Bytes(), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, msg)
-	}
-	return stdout.Bytes(), nil
 }
 
 // toolPath finds a host tool of e2fsprogs or qemu-utils, which airlock

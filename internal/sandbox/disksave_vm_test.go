@@ -211,7 +211,7 @@ func TestSaveDiskVM(t *testing.T) {
 // nothing of sb's own: its hostname, resolver and CA.
 func checkSaved(ctx context.Context, t *testing.T, img string, want map[string]string, sb *Sandbox) {
 	t.Helper()
-	if _, err := runTool(ctx, "e2fsck", "-f", "-n", img); err != nil {
+	if _, err := (ImageTools{}).output(ctx, "e2fsck", nil, nil, "-f", "-n", img); err != nil {
 		t.Errorf("the saved image does not check clean: %v", err)
 	}
 	want = maps.Clone(want)

@@ -5,20 +5,23 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
-	"os/exec"
 	"path"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/airlockhq/airlock/internal/textcheck"
 )
 
 // ext4Image reads and edits an ext4 image file that nothing has mounted,
 // through e2fsprogs' debugfs (there is no loop mount: the host may not
 // allow one, and a saved disk is never mounted on the host).
 type ext4Image struct {
-	path string
+	path  string
+	tools ImageTools // how debugfs runs on it
 }
 
 // ext4Entry is what an image holds at a path. The zero value is a path
@@ -42,28 +45,33 @@ func (e ext4Entry) regular() bool { return e.Type == "regular" }
 // stderr, after its banner: any other line there fails the call, and
 // notFound is true when every one says a path leads nowhere (nothing by
 // that name, a file or a symlink loop on the way).
-func debugfs(ctx context.Context, img string, write bool, cmds ...string) (out []byte, notFound bool, err error) {
+//
+// Every command is one line: a command name of this file's and arguments
+// quoted by debugfsArg, which refuses the characters that could end a
+// line or a quoted argument, so no line can start with "!" (a shell
+// escape in debugfs's script reader) or carry a second command. The run
+// is jailed (ImageTools) and sees img and the host files in read only.
+func debugfs(ctx context.Context, im ext4Image, write bool, read []string, cmds ...string) (out []byte, notFound bool, err error) {
+	img := im.path
 	var args []string
+	rw := []string{img}
 	if write {
 		args = append(args, "-w")
+	} else {
+		read, rw = append(read, img), nil
 	}
 	if len(cmds) == 1 {
 		args = append(args, "-R", cmds[0], img)
 	} else {
 		args = append(args, "-f", "-", img)
 	}
-	bin, err := toolPath("debugfs")
-	if err != nil {
-		return nil, false, err
-	}
-	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Env = append(os.Environ(), "DEBUGFS_PAGER=__none__", "PAGER=__none__")
+	var stdin io.Reader
 	if len(cmds) > 1 {
-		cmd.Stdin = strings.NewReader(strings.Join(cmds, "\n") + "\n")
+		stdin = strings.NewReader(strings.Join(cmds, "\n") + "\n")
 	}
 	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
+	env := []string{"DEBUGFS_PAGER=__none__", "PAGER=__none__"}
+	if err := im.tools.run(ctx, "debugfs", read, rw, env, stdin, &stdout, &stderr, args...); err != nil {
 		return nil, false, fmt.Errorf("debugfs %s: %w: %s", img, err, strings.TrimSpace(stderr.String()))
 	}
 	var complaints []string
@@ -87,15 +95,14 @@ func debugfs(ctx context.Context, img string, write bool, cmds ...string) (out [
 	return stdout.Bytes(), false, nil
 }
 
-// debugfsArg quotes s for debugfs's command line.
+// debugfsArg quotes s as one argument of a debugfs command line. A
+// control character (a newline would start another command) or a double
+// quote (it would end the quoting) cannot be given to debugfs at all.
 func debugfsArg(s string) (string, error) {
-	if strings.ContainsAny(s, "\"\n") {
-		return "", fmt.Errorf("path %q cannot be given to debugfs", s)
+	if strings.ContainsRune(s, '"') || textcheck.Control(s) >= 0 {
+		return "", fmt.Errorf("path %q cannot be given to debugfs: it holds a double quote or a control character", s)
 	}
-	if strings.ContainsAny(s, " \t\\'") {
-		return `"` + s + `"`, nil
-	}
-	return s, nil
+	return `"` + s + `"`, nil
 }
 
 var (
@@ -111,7 +118,7 @@ func (im ext4Image) stat(ctx context.Context, p string) (ext4Entry, error) {
 	if err != nil {
 		return ext4Entry{}, err
 	}
-	out, notFound, err := debugfs(ctx, im.path, false, "stat "+arg)
+	out, notFound, err := debugfs(ctx, im, false, nil, "stat "+arg)
 	if notFound {
 		return ext4Entry{}, nil
 	}
@@ -148,7 +155,7 @@ func (im ext4Image) readFile(ctx context.Context, p string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	out, _, err := debugfs(ctx, im.path, false, "cat "+arg)
+	out, _, err := debugfs(ctx, im, false, nil, "cat "+arg)
 	return out, err
 }
 
@@ -163,7 +170,7 @@ func (im ext4Image) empty(ctx context.Context, p string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	out, _, err := debugfs(ctx, im.path, false, "ls -p "+arg)
+	out, _, err := debugfs(ctx, im, false, nil, "ls -p "+arg)
 	if err != nil {
 		return false, err
 	}
@@ -287,7 +294,7 @@ func (e *ext4Edits) apply(ctx context.Context, im ext4Image) error {
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	var cmds []string
+	var cmds, hostFiles []string
 	for i, op := range e.ops {
 		p, err := debugfsArg(op.path)
 		if err != nil {
@@ -316,6 +323,10 @@ func (e *ext4Edits) apply(ctx context.Context, im ext4Image) error {
 			if err := os.WriteFile(host, op.content, 0o600); err != nil {
 				return err
 			}
+			if err := im.tools.Own(host); err != nil {
+				return err
+			}
+			hostFiles = append(hostFiles, host)
 			src, err := debugfsArg(host)
 			if err != nil {
 				return err
@@ -327,7 +338,7 @@ func (e *ext4Edits) apply(ctx context.Context, im ext4Image) error {
 				"cd /")
 		}
 	}
-	if _, _, err := debugfs(ctx, im.path, true, cmds...); err != nil {
+	if _, _, err := debugfs(ctx, im, true, hostFiles, cmds...); err != nil {
 		return fmt.Errorf("edit %s: %w", im.path, err)
 	}
 	return nil

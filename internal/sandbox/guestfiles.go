@@ -49,8 +49,8 @@ const caCertLink = "/etc/ssl/certs/airlock-gateway.pem"
 // agent added to loses the addition and keeps the sandbox's own changes.
 // Processes in the sandbox may have left other traces of its identity
 // (logs, shell history): those are the sandbox's own content.
-func removeGuestFiles(ctx context.Context, img, base string, g guestFiles) error {
-	im, tpl := ext4Image{path: img}, ext4Image{path: base}
+func removeGuestFiles(ctx context.Context, tools ImageTools, img, base string, g guestFiles) error {
+	im, tpl := ext4Image{path: img, tools: tools}, ext4Image{path: base, tools: tools}
 	var edits ext4Edits
 	plan := func(p string, change func(cur []byte, orig ext4Entry, origContent []byte) (keep bool, content []byte)) error {
 		cur, err := im.stat(ctx, p)

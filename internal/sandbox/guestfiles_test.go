@@ -192,11 +192,11 @@ func TestRemoveGuestFiles(t *testing.T) {
 			dir := t.TempDir()
 			base := makeImage(t, dir, "template", 16, tc.template)
 			img := makeImage(t, dir, "sandbox", 16, tc.sandbox)
-			if err := removeGuestFiles(ctx, img, base, g); err != nil {
+			if err := removeGuestFiles(ctx, ImageTools{}, img, base, g); err != nil {
 				t.Fatal(err)
 			}
 			checkImage(t, img, tc.want)
-			if err := fsck(ctx, img); err != nil {
+			if err := fsck(ctx, ImageTools{}, img); err != nil {
 				t.Errorf("the edited image does not check clean: %v", err)
 			}
 		})
@@ -289,7 +289,7 @@ func TestFinishImage(t *testing.T) {
 	tree := map[string]string{"etc/hostname": "sbx1\n", "data/file": strings.Repeat("x", 1<<20)}
 	base := makeImage(t, dir, "template", 16, map[string]string{"etc/hostname": "tpl\n"})
 	img := makeImage(t, dir, "copy", 256, tree)
-	size, err := finishImage(ctx, img, base, guestFiles{Hostname: "sbx1"})
+	size, err := finishImage(ctx, ImageTools{}, img, base, guestFiles{Hostname: "sbx1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -302,7 +302,7 @@ func TestFinishImage(t *testing.T) {
 	}
 	t.Logf("a 256 MiB filesystem holding 1 MiB shrank to %d KiB", size>>10)
 	checkImage(t, img, map[string]string{"etc/hostname": "tpl\n", "data/file": strings.Repeat("x", 1<<20)})
-	if err := fsck(ctx, img); err != nil {
+	if err := fsck(ctx, ImageTools{}, img); err != nil {
 		t.Error(err)
 	}
 }

@@ -55,6 +55,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -518,7 +519,7 @@ func (r *Runtime) boot(ctx context.Context, spec Spec, tpl template.Template) (*
 	overlay := filepath.Join(sb.Dir, diskName)
 	cfg := vm.Config{
 		Kernel: r.cfg.Dir.Kernel(), Initramfs: r.cfg.Dir.Initramfs(), Accel: r.accel, CPU: r.cpu,
-		VCPUs: spec.VCPUs, MemoryMiB: spec.MemoryMiB, Disk: overlay, Dir: sb.Dir, Detach: spec.Detach,
+		VCPUs: spec.VCPUs, MemoryMiB: spec.MemoryMiB, Disk: overlay, Backing: []string{tpl.Image}, Dir: sb.Dir, Detach: spec.Detach,
 		NetMAC: gateway.GuestMAC, AuxPort: spec.AuxPort,
 	}
 	if r.accel == vm.AccelTCG {
@@ -625,24 +626,33 @@ func initStep(sb *Sandbox) step {
 // createOverlay makes a qcow2 disk of sizeMiB (0: the image's size)
 // backed by the read-only template image: nothing is copied.
 func createOverlay(ctx context.Context, base, path string, sizeMiB int) error {
-	args := []string{"-b", base, "-F", "raw", path}
-	if sizeMiB > 0 {
-		args = append(args, fmt.Sprintf("%dM", sizeMiB))
+	size := int64(sizeMiB) << 20
+	if size == 0 {
+		fi, err := os.Stat(base)
+		if err != nil {
+			return err
+		}
+		size = fi.Size()
 	}
-	return qemuImgCreate(ctx, args...)
+	return qemuImgCreate(ctx, base, "raw", path, size)
 }
 
-// qemuImgCreate runs qemu-img create -q -f qcow2 with args.
-func qemuImgCreate(ctx context.Context, args ...string) error {
-	args = append([]string{"create", "-q", "-f", "qcow2"}, args...)
-	out, err := exec.CommandContext(ctx, "qemu-img", args...).CombinedOutput()
+// qemuImgCreate makes a qcow2 disk at path of size bytes over backing, an
+// image of format fmt, with mode 0600: a disk is for its VM's user alone
+// (vm.Start gives it to that user). The size is given and -u set, so
+// qemu-img does not open the backing image, whose header (a warm layer's)
+// a VM may have written; the backing name and format are the server's.
+func qemuImgCreate(ctx context.Context, backing, format, path string, size int64) error {
+	bin, err := toolPath("qemu-img")
 	if err != nil {
-		if errors.Is(err, exec.ErrNotFound) {
-			return fmt.Errorf("qemu-img is not installed: run `airlock setup` as root: %w", errdefs.ErrPrecondition)
-		}
+		return err
+	}
+	args := []string{"create", "-q", "-f", "qcow2", "-u", "-b", backing, "-F", format, path, strconv.FormatInt(size, 10)}
+	out, err := exec.CommandContext(ctx, bin, args...).CombinedOutput()
+	if err != nil {
 		return fmt.Errorf("qemu-img create: %v: %s", err, strings.TrimSpace(string(out)))
 	}
-	return nil
+	return os.Chmod(path, 0o600)
 }
 
 // ConnectAgent waits for the guest agent of m and opens a session with it,

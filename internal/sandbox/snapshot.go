@@ -521,6 +521,7 @@ func (r *Runtime) buildSnapshot(ctx context.Context, key snapshotKey, tpl templa
 				// before init; the device must be there all the same,
 				// as in a sandbox.
 				Disk:       filepath.Join(build, disk),
+				Backing:    []string{tpl.Image},
 				MemoryFile: filepath.Join(build, snapshotMemName), MemoryShared: true,
 				// The network device too: a clone's gateway connects
 				// to it, and the guest configures it at init.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -151,7 +152,7 @@ func TestLoadSnapshot(t *testing.T) {
 				t.Fatal(err)
 			}
 			dir := r.snapshotDir(key)
-			if snap.Dir != dir || snap.MemFile != filepath.Join(dir, snapshotMemName) || snap.StateFile != filepath.Join(dir, snapshotStateName) || snap.VM != rec.VM || got.ID != rec.ID {
+			if snap.Dir != dir || snap.MemFile != filepath.Join(dir, snapshotMemName) || snap.StateFile != filepath.Join(dir, snapshotStateName) || !reflect.DeepEqual(snap.VM, rec.VM) || got.ID != rec.ID {
 				t.Errorf("loaded %+v (record %+v), want the snapshot in %s", snap, got, dir)
 			}
 		})

@@ -57,6 +57,25 @@ func (rec record) snapshot() string {
 	return filepath.Dir(rec.VM.MemoryFile)
 }
 
+// backing is the chain of images under the VM's disk, nearest first, as
+// the server made it: the recorded one, or for a record written before
+// chains were recorded, the warm layer it names and its template's image.
+// It is never read from the disk's qcow2 header, which the VM's user can
+// rewrite.
+func (r *Runtime) backing(rec record) ([]string, error) {
+	if len(rec.VM.Backing) > 0 {
+		return rec.VM.Backing, nil
+	}
+	tpl, err := r.templates.Resolve(rec.Spec.Template)
+	if err != nil {
+		return nil, fmt.Errorf("the template the disk stands on: %w", err)
+	}
+	if rec.Layer != "" {
+		return []string{rec.Layer, tpl.Image}, nil
+	}
+	return []string{tpl.Image}, nil
+}
+
 func writeRecord(dir string, rec record) error {
 	b, err := json.MarshalIndent(rec, "", "  ")
 	if err != nil {
@@ -319,6 +338,11 @@ func (r *Runtime) Wake(ctx context.Context, id string) (*Sandbox, error) {
 			cfg := rec.VM
 			cfg.Incoming = true
 			var err error
+			if cfg.Disk != "" {
+				if cfg.Backing, err = r.backing(rec); err != nil {
+					return err
+				}
+			}
 			if cfg.Jail, err = r.jail(dir, rec.VM.Jail); err != nil {
 				return err
 			}

@@ -214,8 +214,11 @@ func (r *Runtime) checkServer(ctx context.Context, sb *Sandbox) error {
 // createLayeredOverlay makes a clone's disk of a warm snapshot: a qcow2
 // overlay of its disk layer, of the layer's size, which QEMU opens
 // read-only as a backing file.
-func createLayeredOverlay(ctx context.Context, layer, path string) error {
-	return qemuImgCreate(ctx, "-b", layer, "-F", "qcow2", path)
+func createLayeredOverlay(ctx context.Context, layer, path string, sizeMiB int) error {
+	if sizeMiB <= 0 {
+		return fmt.Errorf("the warm snapshot's layer %s has no recorded size", layer)
+	}
+	return qemuImgCreate(ctx, layer, "qcow2", path, int64(sizeMiB)<<20)
 }
 
 // layersInUse returns the disk layers (by path) that the disks of the

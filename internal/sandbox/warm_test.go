@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"bytes"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -257,33 +258,75 @@ func TestReplaceWarmSnapshot(t *testing.T) {
 	}
 }
 
-// TestOverlayInfoChain checks that the disk of a warm clone, an overlay
-// of an overlay of the template image, is seen down to the image.
-func TestOverlayInfoChain(t *testing.T) {
+// TestDiskChainFromRecord: the disk of a warm clone, an overlay of an
+// overlay of the template image, is copied down to the image by the chain
+// its record names, not by the one its qcow2 header names: a VM that
+// rewrote its header to point at another image (another sandbox's disk,
+// a host file) gets the bytes of its own chain, and the tools, jailed as
+// its user, are not shown the other image at all.
+func TestDiskChainFromRecord(t *testing.T) {
 	if _, err := exec.LookPath("qemu-img"); err != nil {
 		testenv.Lacking(t, "qemu-img is not installed")
 	}
 	ctx := t.Context()
 	dir := t.TempDir()
-	base := filepath.Join(dir, "tpl.ext4")
-	if err := os.WriteFile(base, make([]byte, 4<<20), 0o444); err != nil {
-		t.Fatal(err)
+	os.Chmod(dir, 0o755)
+	image := func(name, marker string) string {
+		p := filepath.Join(dir, name)
+		b := make([]byte, 4<<20)
+		copy(b[1<<20:], marker)
+		if err := os.WriteFile(p, b, 0o444); err != nil {
+			t.Fatal(err)
+		}
+		return p
 	}
+	base := image("tpl.ext4", "the-template-image")
+	victim := image("victim.raw", "another-tenants-bytes")
 	layer, overlay := filepath.Join(dir, layerName("x")), filepath.Join(dir, diskName)
 	if err := createOverlay(ctx, base, layer, 8); err != nil {
 		t.Fatal(err)
 	}
-	if err := createLayeredOverlay(ctx, layer, overlay); err != nil {
+	if err := createLayeredOverlay(ctx, layer, overlay, 8); err != nil {
 		t.Fatal(err)
 	}
-	info, err := overlayInfo(ctx, overlay)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if info.backing != base || info.base != 4<<20 || info.allocated <= 0 {
-		t.Errorf("info %+v, want the template image %s of 4 MiB at the bottom", info, base)
-	}
+	os.Chmod(layer, 0o444) // as a saved snapshot's layer is, for its clones' users
 	if out, err := exec.Command("qemu-img", "info", "-U", "--output=json", overlay).Output(); err != nil || !strings.Contains(string(out), `"virtual-size": 8388608`) {
 		t.Errorf("the clone's disk is not the layer's size: %s %v", out, err)
+	}
+	// What a compromised QEMU can do to the disk it owns.
+	if out, err := exec.Command("qemu-img", "rebase", "-u", "-F", "raw", "-b", victim, overlay).CombinedOutput(); err != nil {
+		t.Fatalf("rewrite the header: %v %s", err, out)
+	}
+	rec := record{VM: vm.Config{Disk: overlay, Backing: []string{layer, base}}}
+	uids := []int{0}
+	if os.Geteuid() == 0 {
+		uids = append(uids, 1999999003) // jailed as the VM's user, who owns the disk
+		os.Chown(overlay, 1999999003, 1999999003)
+	}
+	for _, uid := range uids {
+		if uid != 0 {
+			rec.VM.Jail = &vm.Jail{UID: uid, GID: uid}
+		}
+		tools, info, err := diskTools(rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tools.uid != uid || info.base() != base || info.baseSize != 4<<20 || info.allocated <= 0 {
+			t.Errorf("tools %+v, info %+v, want the template image %s of 4 MiB at the bottom", tools, info, base)
+		}
+		out, err := tools.tempBeside(filepath.Join(dir, "saved.raw"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := copyOverlay(ctx, tools, info, out); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Contains(b, []byte("the-template-image")) || bytes.Contains(b, []byte("another-tenants-bytes")) {
+			t.Errorf("uid %d: the copy followed the rewritten header (template image's bytes: %v)", uid, bytes.Contains(b, []byte("the-template-image")))
+		}
 	}
 }

@@ -124,10 +124,10 @@ func guestClockOff(ctx context.Context, t *testing.T, sb *Sandbox) time.Duration
 func layerFiles(ctx context.Context, t *testing.T, layer string, paths ...string) map[string]string {
 	t.Helper()
 	img := filepath.Join(t.TempDir(), "layer.ext4")
-	if _, err := runTool(ctx, "qemu-img", "convert", "-U", "-f", "qcow2", "-O", "raw", layer, img); err != nil {
+	if _, err := (ImageTools{}).output(ctx, "qemu-img", nil, nil, "convert", "-U", "-f", "qcow2", "-O", "raw", layer, img); err != nil {
 		t.Fatal(err)
 	}
-	if err := fsck(ctx, img); err != nil {
+	if err := fsck(ctx, ImageTools{}, img); err != nil {
 		t.Fatal(err)
 	}
 	files := map[string]string{}

@@ -280,14 +280,29 @@ func imageConfigJSON(st template.Settings) []byte {
 	return append(b, '\n')
 }
 
-// writeImageConfig writes template.ImageConfigPath into a tree.
+// writeImageConfig writes template.ImageConfigPath into the tree at
+// root, a flattened image, through an os.Root: a symlink of the image's
+// on the way (etc, etc/airlock) is followed only while it stays inside
+// the tree, so no link can send this write, made as root, anywhere else
+// on the host; one that leaves fails the build. A symlink at the file
+// itself is replaced, never followed.
 func writeImageConfig(root string, st template.Settings) error {
-	p := filepath.Join(root, template.ImageConfigPath)
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+	r, err := os.OpenRoot(root)
+	if err != nil {
 		return fmt.Errorf("write the image configuration: %w", err)
 	}
-	os.Remove(p) // a symlink from the image is replaced, never followed
-	return os.WriteFile(p, imageConfigJSON(st), 0o644)
+	defer r.Close()
+	rel := strings.TrimPrefix(template.ImageConfigPath, "/")
+	if err := r.MkdirAll(filepath.Dir(rel), 0o755); err != nil {
+		return fmt.Errorf("write the image configuration: %w", err)
+	}
+	if err := r.Remove(rel); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("write the image configuration: %w", err)
+	}
+	if err := r.WriteFile(rel, imageConfigJSON(st), 0o644); err != nil {
+		return fmt.Errorf("write the image configuration: %w", err)
+	}
+	return nil
 }
 
 // finalImage makes the template's image: the last step's image with the
@@ -316,7 +331,22 @@ func (s *Service) finalImage(ctx context.Context, run *running, cur template.Tem
 		return template.Template{}, err
 	}
 	run.log.infof(0, "writing the template's configuration")
-	if err := editImage(ctx, img, conf, st.Config); err != nil {
+	tools, release, err := s.rt.BuildTools(dir)
+	if err != nil {
+		return template.Template{}, err
+	}
+	defer release()
+	if err := tools.Own(img); err != nil {
+		return template.Template{}, err
+	}
+	workdir := ""
+	if st.Config != nil {
+		workdir = st.Config.WorkingDir
+	}
+	if err := sandbox.WriteImageConfig(ctx, tools, img, conf, workdir); err != nil {
+		return template.Template{}, err
+	}
+	if err := tools.GiveBack(img); err != nil {
 		return template.Template{}, err
 	}
 	t, err := s.storeImage(run, func() (template.Template, error) { return store.PutImage(ctx, img, st) })
@@ -333,65 +363,4 @@ func copySparse(ctx context.Context, src, dst string) error {
 		return fmt.Errorf("copy %s: %s: %w", filepath.Base(src), strings.TrimSpace(string(out)), err)
 	}
 	return os.Chmod(dst, 0o644)
-}
-
-// editImage writes the configuration file into an unmounted ext4 image
-// with debugfs, and makes the working directory, after growing the image
-// by some room for them.
-func editImage(ctx context.Context, img string, conf []byte, c *template.ImageConfig) error {
-	fi, err := os.Stat(img)
-	if err != nil {
-		return err
-	}
-	if err := os.Truncate(img, fi.Size()+16<<20); err != nil {
-		return err
-	}
-	if out, err := exec.CommandContext(ctx, "resize2fs", "-f", img).CombinedOutput(); err != nil {
-		return fmt.Errorf("resize2fs: %s: %w", strings.TrimSpace(string(out)), err)
-	}
-	tmp := img + ".conf"
-	if err := os.WriteFile(tmp, conf, 0o644); err != nil {
-		return err
-	}
-	defer os.Remove(tmp)
-	var cmds []string
-	for _, d := range parentsOf(template.ImageConfigPath) {
-		cmds = append(cmds, "mkdir "+d)
-	}
-	cmds = append(cmds, "rm "+template.ImageConfigPath, "write "+tmp+" "+template.ImageConfigPath,
-		"set_inode_field "+template.ImageConfigPath+" uid 0", "set_inode_field "+template.ImageConfigPath+" gid 0")
-	if c != nil && c.WorkingDir != "" && c.WorkingDir != "/" {
-		for _, d := range parentsOf(c.WorkingDir + "/x") {
-			cmds = append(cmds, "mkdir "+d)
-		}
-	}
-	script := filepath.Join(filepath.Dir(img), "debugfs.cmds")
-	if err := os.WriteFile(script, []byte(strings.Join(cmds, "\n")+"\n"), 0o644); err != nil {
-		return err
-	}
-	if out, err := exec.CommandContext(ctx, "debugfs", "-w", "-f", script, img).CombinedOutput(); err != nil {
-		return fmt.Errorf("debugfs: %s: %w", strings.TrimSpace(string(out)), err)
-	}
-	got, err := exec.CommandContext(ctx, "debugfs", "-R", "cat "+template.ImageConfigPath, img).Output()
-	if err != nil || !bytes.Equal(got, conf) {
-		return fmt.Errorf("write %s into the image: it reads back as %q (a symlink or a file where a directory belongs?)", template.ImageConfigPath, short(string(got)))
-	}
-	if out, err := exec.CommandContext(ctx, "e2fsck", "-fy", img).CombinedOutput(); err != nil {
-		var ee *exec.ExitError
-		if !errors.As(err, &ee) || ee.ExitCode() > 2 {
-			return fmt.Errorf("e2fsck: %s: %w", strings.TrimSpace(string(out)), err)
-		}
-	}
-	return nil
-}
-
-// parentsOf lists the directories above p, outermost first: "/a/b/c" gives
-// "/a" and "/a/b".
-func parentsOf(p string) []string {
-	var out []string
-	parts := strings.Split(strings.Trim(filepath.Clean(p), "/"), "/")
-	for i := 1; i < len(parts); i++ {
-		out = append(out, "/"+strings.Join(parts[:i], "/"))
-	}
-	return out
 }

@@ -164,6 +164,9 @@ func buildRoot(spec jailSpec) error {
 		}
 	}
 	for name, target := range spec.Links {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(root, name)), 0o755); err != nil {
+			return err
+		}
 		if err := os.Symlink(target, filepath.Join(root, name)); err != nil {
 			return fmt.Errorf("link %s in the jail: %w", name, err)
 		}
@@ -317,11 +320,13 @@ func jailSpecFor(cfg Config, bin string, argv []string) (jailSpec, error) {
 		add(f, false, false)
 	}
 	if cfg.Disk != "" {
-		chain, err := backingChain(cfg.Disk)
-		if err != nil {
-			return spec, err
+		if len(cfg.Backing) == 0 {
+			return spec, fmt.Errorf("the disk %s has no recorded backing chain: a jailed VM sees only the images the server made it from", cfg.Disk)
 		}
-		for _, f := range chain {
+		for _, f := range cfg.Backing {
+			if !filepath.IsAbs(f) {
+				return spec, fmt.Errorf("backing image %q is not an absolute path", f)
+			}
 			if err := readableByJail(f); err != nil {
 				return spec, err
 			}

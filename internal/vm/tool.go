@@ -178,6 +178,9 @@ func (t Tool) jailSpec() (jailSpec, error) {
 	if err := addSystem(&spec, t.Path); err != nil {
 		return spec, err
 	}
+	// e2fsprogs ask whether an image is mounted, through /etc/mtab; the
+	// answer is the jail's own mount table.
+	spec.Links["/etc/mtab"] = "/proc/self/mounts"
 	add := func(path string, write, dev bool) {
 		for i, b := range spec.Binds {
 			if b.Path == path {

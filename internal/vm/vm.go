@@ -88,6 +88,12 @@ type Config struct {
 	MemoryMiB int `json:"memory_mib"`
 	// Disk is the root disk, a qcow2 image; empty means no disk.
 	Disk string `json:"disk,omitempty"`
+	// Backing is the chain of images under Disk, nearest first, as the
+	// server made it (a warm snapshot's layer, the template image). A
+	// jailed QEMU sees these and no other image: the chain is never read
+	// back from the qcow2 headers, which the VM's user can rewrite.
+	// Required for a jailed VM with a disk.
+	Backing []string `json:"backing,omitempty"`
 	// Dir holds the VM's sockets and logs. It must exist.
 	Dir string `json:"dir"`
 	// KernelArgs are appended to the kernel command line.

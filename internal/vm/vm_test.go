@@ -3,6 +3,7 @@ package vm
 import (
 	"encoding/json"
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -180,7 +181,7 @@ func TestArgsMemoryAndIncoming(t *testing.T) {
 // same command line, which a VM started again from its record relies on.
 func TestArgsStable(t *testing.T) {
 	c := validConfig()
-	c.Disk, c.MemoryFile, c.TSCKHz, c.Detach, c.KernelArgs = "/d/disk.qcow2", "/t/mem", 2000000, true, "quiet"
+	c.Disk, c.Backing, c.MemoryFile, c.TSCKHz, c.Detach, c.KernelArgs = "/d/disk.qcow2", []string{"/t/image.ext4"}, "/t/mem", 2000000, true, "quiet"
 	c.NetMAC, c.AuxPort = "5a:94:ef:e4:0c:ee", true
 	b, err := json.Marshal(c)
 	if err != nil {
@@ -190,7 +191,7 @@ func TestArgsStable(t *testing.T) {
 	if err := json.Unmarshal(b, &back); err != nil {
 		t.Fatal(err)
 	}
-	if back != c {
+	if !reflect.DeepEqual(back, c) {
 		t.Fatalf("round trip changed the config:\n%+v\n%+v", c, back)
 	}
 	if a, b := strings.Join(Args(c), " "), strings.Join(Args(back), " "); a != b {
