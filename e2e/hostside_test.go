@@ -19,6 +19,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/vm"
 )
 
 // The host side of a sandbox, attacked (docs/hardening.md, "The attack
@@ -203,10 +204,18 @@ func TestAttackImageSymlinks(t *testing.T) {
 	s.must(t, 201, "PUT", "/v1/build-contexts", key, makeTar(t, tarEntry{name: "image.json", body: "from the context\n"}), &bc)
 	status, body, op := buildAs(t, s, key, apiv1.CreateTemplate{Name: "links-copy", From: "docker://" + ref, Context: bc.ID,
 		Steps: []apiv1.BuildStep{{Copy: &apiv1.BuildCopy{Src: "image.json", Dest: "/dst/"}}}})
-	if status != 202 || op.Status != apiv1.OpSucceeded {
-		t.Fatalf("COPY through a symlink: %d %s %+v", status, body, op.Error)
+	if status != 202 {
+		t.Fatalf("COPY through a symlink: %d %s", status, body)
 	}
 	check("COPY")
+	if op.Status != apiv1.OpSucceeded {
+		// The guest's agent refuses to extract over a symlink: what
+		// matters here is that the host was not touched.
+		if op.Error == nil || !strings.Contains(op.Error.Message, "/dst") {
+			t.Errorf("COPY through a symlink failed without saying where: %+v", op.Error)
+		}
+		return
+	}
 	sb := s.createSandbox(t, key, apiv1.CreateSandbox{Template: "links-copy"})
 	status, b := s.call(t, "POST", "/v1/sandboxes/"+sb.ID+"/exec", key, apiv1.CommandRequest{Argv: []string{"/bin/cat", hostDir + "/image.json"}})
 	var res apiv1.ExecResult
@@ -336,7 +345,7 @@ func TestAttackImageToolsJailed(t *testing.T) {
 	if err != nil {
 		t.Fatalf("start a server: %v", err)
 	}
-	defer s.stop(syscall.SIGTERM)
+	t.Cleanup(func() { s.stop(syscall.SIGTERM) }) // after the sandboxes' own clean-ups
 	stop := make(chan struct{})
 	seen := watchTools(stop)
 
@@ -418,11 +427,13 @@ func TestAttackQcow2Header(t *testing.T) {
 	if fi.Mode().Perm() != 0o600 {
 		t.Errorf("the disk's mode is %o, want 600", fi.Mode().Perm())
 	}
-	uid := strconv.Itoa(int(fileUID(fi)))
-	// As the VM's user, which is what an escape into QEMU would be.
-	if out, err := exec.Command("setpriv", "--reuid="+uid, "--regid="+uid, "--clear-groups",
-		"qemu-img", "rebase", "-u", "-F", "qcow2", "-b", other, disk).CombinedOutput(); err != nil {
-		t.Fatalf("rewrite the header as the VM's user: %v %s", err, out)
+	// The disk is the VM's user's, so an escape into QEMU could rewrite
+	// it; root does it here in its place.
+	if rec := readRecordVM(t, filepath.Join(s.home, "sandboxes", att.ID)); rec.Jail == nil || int(fileUID(fi)) != rec.Jail.UID {
+		t.Errorf("the disk is owned by %d, the VM's user is %+v", fileUID(fi), rec.Jail)
+	}
+	if out, err := exec.Command("qemu-img", "rebase", "-u", "-F", "qcow2", "-b", other, disk).CombinedOutput(); err != nil {
+		t.Fatalf("rewrite the header: %v %s", err, out)
 	}
 	var res apiv1.TemplateOperation
 	s.must(t, 202, "POST", "/v1/sandboxes/"+att.ID+"/template", s.key, apiv1.SaveTemplate{Name: "header-attack"}, &res)
@@ -445,6 +456,22 @@ func TestAttackQcow2Header(t *testing.T) {
 	if r := s.exec(t, victim.ID, apiv1.CommandRequest{Cmd: "cat /secret.txt"}); r.Stdout != "victims-secret-bytes\n" {
 		t.Errorf("the victim's disk after the attack: %+v", r)
 	}
+}
+
+// readRecordVM reads the VM configuration a sandbox's record holds.
+func readRecordVM(t *testing.T, dir string) vm.Config {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "vm.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec struct {
+		VM vm.Config `json:"vm"`
+	}
+	if err := json.Unmarshal(b, &rec); err != nil {
+		t.Fatal(err)
+	}
+	return rec.VM
 }
 
 // fileUID is the owner of the file fi describes.
