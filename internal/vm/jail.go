@@ -66,9 +66,13 @@ type jailSpec struct {
 	LifeFD int
 	// Env is the environment the command runs with; QEMU's is empty.
 	Env []string
-	// Seccomp installs the image tools' system call filter (toolFilter)
-	// before the command runs; QEMU brings its own (-sandbox).
+	// Seccomp installs the image tools' system call filter (toolDenied)
+	// before the command runs.
 	Seccomp bool
+	// QEMUFilter installs QEMU's allow-list (qemuSyscalls) before QEMU
+	// runs, under QEMU's own deny-list (-sandbox): "enforce", or "log" to
+	// measure; "" for none.
+	QEMUFilter string
 	// Rlimits are set before the command runs.
 	Rlimits []jailRlimit
 }
@@ -139,6 +143,11 @@ func runJail(s string) error {
 	}
 	if spec.Seccomp {
 		if err := loadToolFilter(); err != nil {
+			return err
+		}
+	}
+	if spec.QEMUFilter != "" {
+		if err := loadQEMUFilter(spec.QEMUFilter); err != nil {
 			return err
 		}
 	}
@@ -274,7 +283,7 @@ func jailSpecFor(cfg Config, bin string, argv []string) (jailSpec, error) {
 	spec := jailSpec{
 		UID: j.UID, GID: j.GID, Groups: j.Groups,
 		Root: filepath.Join(cfg.Dir, jailRootName), Links: map[string]string{},
-		Proc: cfg.MemoryFile != "" && !cfg.MemoryShared, Argv: argv,
+		Proc: cfg.MemoryFile != "" && !cfg.MemoryShared, Argv: argv, QEMUFilter: qemuFilterMode(),
 	}
 	add := func(path string, write, dev bool) {
 		for i, b := range spec.Binds {

@@ -65,6 +65,8 @@ func TestJailedVM(t *testing.T) {
 		"Uid": "1999999001\t1999999001\t1999999001\t1999999001", "Gid": "1999999001\t1999999001\t1999999001\t1999999001",
 		"CapInh": "0000000000000000", "CapPrm": "0000000000000000", "CapEff": "0000000000000000",
 		"CapBnd": "0000000000000000", "CapAmb": "0000000000000000", "NoNewPrivs": "1", "Seccomp": "2", "Groups": "",
+		// airlock's allow-list, and QEMU's own -sandbox above it.
+		"Seccomp_filters": "2",
 	} {
 		if st[k] != want {
 			t.Errorf("qemu's %s is %q, want %q", k, st[k], want)
