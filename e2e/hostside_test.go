@@ -226,7 +226,7 @@ func TestAttackImageSymlinks(t *testing.T) {
 }
 
 // toolNames are the image tools a build and a save run.
-var toolNames = []string{"qemu-img", "e2fsck", "resize2fs", "debugfs", "dumpe2fs"}
+var toolNames = []string{"qemu-img", "e2fsck", "resize2fs", "debugfs", "dumpe2fs", "mkfs.ext4"}
 
 // toolSeen is one image tool process seen in /proc.
 type toolSeen struct {
@@ -309,7 +309,7 @@ func slicesContains(list []string, s string) bool {
 }
 
 // TestAttackImageToolsJailed watches every image tool a build with a RUN
-// step and two saves run, one of them of a disk whose guest wrote garbage
+// step, a build from an image and two saves run, one of them of a disk whose guest wrote garbage
 // over its filesystem's superblock: each runs as an unprivileged user
 // with no capabilities, no_new_privs, a seccomp filter and a network
 // namespace of its own. (qemu-img create makes an overlay with -u, so it
@@ -354,6 +354,15 @@ func TestAttackImageToolsJailed(t *testing.T) {
 	if status != 202 || op.Status != apiv1.OpSucceeded {
 		t.Fatalf("build: %d %s %+v", status, body, op.Error)
 	}
+	// An image's tree, with a file only root may read, made into an
+	// image by mkfs.ext4.
+	reg := newTestRegistry(t, "", "")
+	ref := reg.push(t, "watched/image:v1", imageWith(t, []tarEntry{{name: "etc/", typ: tar.TypeDir},
+		{name: "etc/shadow", body: "root:x:1::\n", mode: 0o600}}, nil))
+	status, body, op = buildAs(t, s, s.key, apiv1.CreateTemplate{Name: "watched-image", From: "docker://" + ref})
+	if status != 202 || op.Status != apiv1.OpSucceeded {
+		t.Fatalf("build from an image: %d %s %+v", status, body, op.Error)
+	}
 	sb := s.createSandbox(t, s.key, apiv1.CreateSandbox{Template: "watched"})
 	var res apiv1.TemplateOperation
 	s.must(t, 202, "POST", "/v1/sandboxes/"+sb.ID+"/template", s.key, apiv1.SaveTemplate{Name: "watched-save"}, &res)
@@ -370,8 +379,8 @@ func TestAttackImageToolsJailed(t *testing.T) {
 	s.must(t, 202, "POST", "/v1/sandboxes/"+bad.ID+"/template", s.key, apiv1.SaveTemplate{Name: "watched-bad"}, &res)
 	badOp := s.waitOp(t, s.key, res.Operation.ID)
 	t.Logf("the save of a corrupted disk: %s %+v", badOp.Status, badOp.Error)
-	if badOp.Status == apiv1.OpFailed && (badOp.Error == nil || badOp.Error.Message == "") {
-		t.Errorf("the failed save says nothing")
+	if badOp.Status == apiv1.OpFailed && (badOp.Error == nil || badOp.Error.Code != apiv1.CodeConflict || !strings.Contains(badOp.Error.Message, "damaged")) {
+		t.Errorf("the failed save of a damaged filesystem: %+v, want a conflict saying it is damaged", badOp.Error)
 	}
 	if st, _ := s.call(t, "GET", "/v1/sandboxes/"+sb.ID, s.key, nil); st != 200 {
 		t.Errorf("the server after the saves: %d", st)
@@ -387,7 +396,11 @@ func TestAttackImageToolsJailed(t *testing.T) {
 			}
 			continue
 		}
-		if ts.uid == "0" || ts.capEff != "0000000000000000" || ts.seccomp != "2" || ts.noNewPrivs != "1" || ts.netns == hostNet {
+		caps := "0000000000000000"
+		if ts.name == "mkfs.ext4" {
+			caps = "0000000000000004" // CAP_DAC_READ_SEARCH alone, to read the image's tree
+		}
+		if ts.uid == "0" || ts.capEff != caps || ts.seccomp != "2" || ts.noNewPrivs != "1" || ts.netns == hostNet {
 			t.Errorf("pid %d (%s) runs unconfined: uid %s, CapEff %s, Seccomp %s, NoNewPrivs %s, netns %s (host %s): %s",
 				pid, ts.name, ts.uid, ts.capEff, ts.seccomp, ts.noNewPrivs, ts.netns, hostNet, ts.cmdline)
 		}

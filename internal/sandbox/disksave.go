@@ -416,11 +416,21 @@ func finishImage(ctx context.Context, tools ImageTools, img, base string, g gues
 // fsck checks and repairs the filesystem in img, replaying its journal.
 // e2fsck's exit codes 1 and 2 say it fixed something, which a copy of a
 // mounted filesystem needs (its orphans, at least).
+//
+// A filesystem e2fsck cannot repair (its exit code 4 and up: errors left,
+// or a superblock it could not use) is the guest's doing, not the
+// host's, and a state of the sandbox that does not allow a save:
+// errdefs.ErrConflict, with e2fsck's own words.
 func fsck(ctx context.Context, tools ImageTools, img string) error {
 	_, err := tools.output(ctx, "e2fsck", nil, []string{img}, "-f", "-y", img)
 	var ee *exec.ExitError
-	if errors.As(err, &ee) && ee.ExitCode() <= 2 {
-		return nil
+	if errors.As(err, &ee) {
+		if ee.ExitCode() <= 2 {
+			return nil
+		}
+		if ee.ExitCode() > 0 && ee.ExitCode()&4 != 0 {
+			return fmt.Errorf("the sandbox's root filesystem is damaged beyond what e2fsck repairs: %w: %w", err, errdefs.ErrConflict)
+		}
 	}
 	return err
 }

@@ -5,9 +5,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/airlockhq/airlock/internal/agentproto"
+	"github.com/airlockhq/airlock/internal/datadir"
+	"github.com/airlockhq/airlock/internal/template"
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 // TestWriteImageConfig writes a template's configuration and working
@@ -84,5 +88,43 @@ func TestDebugfsArg(t *testing.T) {
 		if got, err := debugfsArg(in); err == nil {
 			t.Errorf("debugfsArg(%q) = %q, want an error", in, got)
 		}
+	}
+}
+
+// TestTreeRunner makes an image of a tree whose files keep an image's
+// owners and modes (one root's alone) with mkfs.ext4 jailed, and checks
+// that it is the image the same tree makes unjailed, byte for byte.
+func TestTreeRunner(t *testing.T) {
+	requireE2fsprogs(t)
+	if os.Geteuid() != 0 {
+		testenv.Lacking(t, "the tool jail needs root")
+	}
+	ctx := context.Background()
+	tree := filepath.Join(t.TempDir(), "tree")
+	os.MkdirAll(filepath.Join(tree, "etc/private"), 0o700)
+	os.WriteFile(filepath.Join(tree, "etc/private/shadow"), []byte("root:x:1::\n"), 0o600)
+	os.WriteFile(filepath.Join(tree, "etc/owned"), []byte("someone's\n"), 0o640)
+	os.Chown(filepath.Join(tree, "etc/owned"), 1234, 5678)
+	settings := template.Settings{VCPUs: 1, MemoryMiB: 256, DiskMiB: 64}
+	jailed, err := template.Open(datadir.Dir{Root: t.TempDir()}).PutTreeWith(ctx, tree, settings, ImageTools{uid: 1999999005}.TreeRunner())
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := template.Open(datadir.Dir{Root: t.TempDir()}).PutTree(ctx, tree, settings)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if jailed.Digest != plain.Digest {
+		t.Errorf("jailed mkfs made %s, unjailed %s", jailed.Digest, plain.Digest)
+	}
+	im := ext4Image{path: jailed.Image}
+	if b, err := im.readFile(ctx, "/etc/private/shadow"); err != nil || string(b) != "root:x:1::\n" {
+		t.Errorf("the root-only file in the jailed image: %q, %v", b, err)
+	}
+	if e, err := im.stat(ctx, "/etc/owned"); err != nil || e.UID != 1234 || e.GID != 5678 || e.Perm != 0o640 {
+		t.Errorf("the owned file in the jailed image: %+v, %v", e, err)
+	}
+	if fi, err := os.Stat(jailed.Image); err != nil || fi.Sys().(*syscall.Stat_t).Uid != 0 {
+		t.Errorf("the jailed image is not root's: %v", err)
 	}
 }

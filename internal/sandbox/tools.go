@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/airlockhq/airlock/internal/template"
 	"github.com/airlockhq/airlock/internal/vm"
 )
 
@@ -50,6 +51,33 @@ func (t ImageTools) run(ctx context.Context, name string, read, write []string, 
 		return err
 	}
 	return vm.Tool{Path: bin, Args: args, UID: t.uid, GID: t.uid, Read: read, Write: write, Env: env, Stdin: stdin}.Run(ctx, stdout, stderr)
+}
+
+// TreeRunner runs a tool that reads a tenant's tree (mkfs.ext4 -d of a
+// flattened image) jailed as the tools' user, keeping only
+// CAP_DAC_READ_SEARCH so that it reads files whatever their owner
+// (vm.Tool.ReadAnyFile); the files it writes are the tools' user's while
+// it runs and root's after.
+func (t ImageTools) TreeRunner() template.ToolRunner {
+	return func(ctx context.Context, name string, args, env, read, write []string) ([]byte, error) {
+		bin, err := toolPath(name)
+		if err != nil {
+			return nil, err
+		}
+		for _, w := range write {
+			if err := t.Own(w); err != nil {
+				return nil, err
+			}
+		}
+		out, err := vm.Tool{Path: bin, Args: args, Env: env, UID: t.uid, GID: t.uid, Read: read, Write: write,
+			ReadAnyFile: t.uid != 0}.Output(ctx)
+		for _, w := range write {
+			if gerr := t.GiveBack(w); gerr != nil && err == nil {
+				err = gerr
+			}
+		}
+		return out, err
+	}
 }
 
 // tempBeside makes an empty temporary file in the directory of path, to

@@ -237,7 +237,14 @@ func (s *Service) buildBase(ctx context.Context, run *running, pl plan) (templat
 		return template.Template{}, err
 	}
 	run.log.infof(0, "making the root filesystem")
-	t, err := s.storeImage(run, func() (template.Template, error) { return store.PutTree(ctx, root, settings) })
+	tools, release, err := s.rt.BuildTools(dir)
+	if err != nil {
+		return template.Template{}, err
+	}
+	defer release()
+	t, err := s.storeImage(run, func() (template.Template, error) {
+		return store.PutTreeWith(ctx, root, settings, tools.TreeRunner())
+	})
 	if err != nil {
 		return template.Template{}, err
 	}

@@ -26,6 +26,20 @@ import (
 // the given settings, without naming it: the result is found by its digest
 // until Tag gives it a name.
 func (s *Store) PutTree(ctx context.Context, rootfsDir string, defaults Settings) (Template, error) {
+	return s.PutTreeWith(ctx, rootfsDir, defaults, nil)
+}
+
+// ToolRunner runs the host tool name (mkfs.ext4) with args and env on a
+// tenant's content: read and write are the paths it may read and write.
+// The tree it reads keeps the owners and modes of an image's files, so it
+// must read any file there whatever its owner. It returns what the tool
+// printed.
+type ToolRunner func(ctx context.Context, name string, args, env, read, write []string) ([]byte, error)
+
+// PutTreeWith is PutTree with mkfs.ext4 run by run: jailed, for a tree
+// that came from a tenant's image (sandbox.ImageTools.TreeRunner). A nil
+// run runs it as this process, for trees the host made itself.
+func (s *Store) PutTreeWith(ctx context.Context, rootfsDir string, defaults Settings, run ToolRunner) (Template, error) {
 	if err := defaults.validate(); err != nil {
 		return Template{}, fmt.Errorf("store template: %w", err)
 	}
@@ -49,7 +63,7 @@ func (s *Store) PutTree(ctx context.Context, rootfsDir string, defaults Settings
 	tmpName := tmp.Name()
 	tmp.Close()
 	defer os.Remove(tmpName)
-	if err := mkfs(ctx, rootfsDir, tmpName, usage); err != nil {
+	if err := mkfs(ctx, rootfsDir, tmpName, usage, run); err != nil {
 		return Template{}, fmt.Errorf("store template: %w", err)
 	}
 	return s.PutImage(ctx, tmpName, defaults)

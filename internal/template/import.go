@@ -87,10 +87,13 @@ func imageSize(u treeUsage) int64 {
 	return (size + 1<<20 - 1) &^ (1<<20 - 1)
 }
 
+// mke2fsConf is e2fsprogs' configuration of new filesystems.
+const mke2fsConf = "/etc/mke2fs.conf"
+
 // mkfs runs mkfs.ext4 -d to make an image of the tree at dir in file. It
 // keeps the default features (resize_inode among them, so the guest can grow
 // the filesystem online), no reserved blocks, and a fixed identity and time.
-func mkfs(ctx context.Context, dir, file string, u treeUsage) error {
+func mkfs(ctx context.Context, dir, file string, u treeUsage, run ToolRunner) error {
 	size := imageSize(u)
 	inodes := max(size/16384, u.inodes+u.inodes/4+1024)
 	args := []string{
@@ -99,6 +102,18 @@ func mkfs(ctx context.Context, dir, file string, u treeUsage) error {
 		"-m", "0", "-L", fsLabel, "-U", fsUUID,
 		"-E", "root_owner=0:0,hash_seed=" + fsHashSeed,
 		"-d", dir, file, strconv.FormatInt(size/1024, 10) + "k",
+	}
+	if run != nil {
+		// mke2fs.conf decides the filesystem's features: the same file as
+		// unjailed, so the same tree makes the same image (and digest).
+		read := []string{dir}
+		if _, err := os.Stat(mke2fsConf); err == nil {
+			read = append(read, mke2fsConf)
+		}
+		if _, err := run(ctx, "mkfs.ext4", args, []string{"E2FSPROGS_FAKE_TIME=1"}, read, []string{file}); err != nil {
+			return fmt.Errorf("mkfs.ext4 -d %s (%d MiB, %d inodes): %w", dir, size>>20, inodes, err)
+		}
+		return nil
 	}
 	cmd := exec.CommandContext(ctx, "mkfs.ext4", args...)
 	cmd.Env = append(os.Environ(), "E2FSPROGS_FAKE_TIME=1")

@@ -22,7 +22,7 @@ func extImage(t *testing.T, dir, content string) string {
 		testenv.Lacking(t, "mkfs.ext4 not found (e2fsprogs)")
 	}
 	img := filepath.Join(dir, "disk.ext4")
-	if err := mkfs(context.Background(), smallTree(t, content), img, treeUsage{bytes: 1 << 20, inodes: 16}); err != nil {
+	if err := mkfs(context.Background(), smallTree(t, content), img, treeUsage{bytes: 1 << 20, inodes: 16}, nil); err != nil {
 		t.Fatal(err)
 	}
 	return img

@@ -75,6 +75,11 @@ type jailSpec struct {
 	QEMUFilter string
 	// Rlimits are set before the command runs.
 	Rlimits []jailRlimit
+	// KeepCaps are capabilities the command keeps (as ambient ones) when
+	// it takes the jail's user; every other one is dropped. Only
+	// CAP_DAC_READ_SEARCH is ever kept, by a tool that reads a tree whose
+	// files keep their owners and modes (Tool.ReadAnyFile).
+	KeepCaps []int
 }
 
 // jailRlimit is one resource limit, soft and hard alike.
@@ -255,6 +260,9 @@ func bindInto(root string, b jailBind) error {
 // effective and ambient capabilities.
 func dropPrivileges(spec jailSpec) error {
 	for c := 0; ; c++ {
+		if slices.Contains(spec.KeepCaps, c) {
+			continue
+		}
 		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil {
 			if errors.Is(err, unix.EINVAL) && c > 0 {
 				break // past the last capability this kernel knows
@@ -265,6 +273,11 @@ func dropPrivileges(spec jailSpec) error {
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 		return fmt.Errorf("set no_new_privs: %w", err)
 	}
+	if len(spec.KeepCaps) > 0 {
+		if err := unix.Prctl(unix.PR_SET_KEEPCAPS, 1, 0, 0, 0); err != nil {
+			return fmt.Errorf("keep capabilities: %w", err)
+		}
+	}
 	if err := syscall.Setgroups(spec.Groups); err != nil {
 		return fmt.Errorf("set groups: %w", err)
 	}
@@ -274,7 +287,28 @@ func dropPrivileges(spec jailSpec) error {
 	if err := syscall.Setresuid(spec.UID, spec.UID, spec.UID); err != nil {
 		return fmt.Errorf("set user %d: %w", spec.UID, err)
 	}
-	return nil
+	if len(spec.KeepCaps) == 0 {
+		return nil
+	}
+	// The change of user kept the permitted set (PR_SET_KEEPCAPS) but
+	// emptied the effective one: make the kept capabilities the only ones
+	// in every set, and ambient, so that they survive the execve of a
+	// program without file capabilities.
+	var data [2]unix.CapUserData
+	for _, c := range spec.KeepCaps {
+		data[c/32].Effective |= 1 << (c % 32)
+		data[c/32].Permitted |= 1 << (c % 32)
+		data[c/32].Inheritable |= 1 << (c % 32)
+	}
+	if err := unix.Capset(&unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}, &data[0]); err != nil {
+		return fmt.Errorf("set capabilities: %w", err)
+	}
+	for _, c := range spec.KeepCaps {
+		if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_RAISE, uintptr(c), 0, 0); err != nil {
+			return fmt.Errorf("raise ambient capability %d: %w", c, err)
+		}
+	}
+	return unix.Prctl(unix.PR_SET_KEEPCAPS, 0, 0, 0, 0)
 }
 
 // jailSpecFor is the jail of cfg, whose QEMU is bin run with argv.

@@ -58,6 +58,12 @@ type Tool struct {
 	Timeout time.Duration
 	// MemoryBytes bounds its address space; default ToolMemory.
 	MemoryBytes uint64
+	// ReadAnyFile keeps CAP_DAC_READ_SEARCH, and no other capability,
+	// for a tool that reads a tree whose files keep their owners and
+	// modes (mkfs.ext4 -d of an image's tree); what it may read is still
+	// only what Read shows it. open_by_handle_at, which that capability
+	// would open to it, is refused by the filter.
+	ReadAnyFile bool
 }
 
 // The defaults of Tool's limits: generous for a tool on a disk of tens of
@@ -174,6 +180,9 @@ func (t Tool) jailSpec() (jailSpec, error) {
 			{unix.RLIMIT_NPROC, 64},
 			{unix.RLIMIT_CORE, 0},
 		},
+	}
+	if t.ReadAnyFile {
+		spec.KeepCaps = []int{unix.CAP_DAC_READ_SEARCH}
 	}
 	if err := addSystem(&spec, t.Path); err != nil {
 		return spec, err
