@@ -98,9 +98,19 @@ type jailBind struct {
 func init() {
 	if s, ok := os.LookupEnv(jailEnv); ok {
 		err := runJail(s)
-		fmt.Fprintf(os.Stderr, "airlock: jailing qemu: %v\n", err)
+		fmt.Fprintf(os.Stderr, "airlock: jail stage (%s): %v\n", filepath.Base(jailTarget(s)), err)
 		os.Exit(126)
 	}
+}
+
+// jailTarget is the program a jail stage's spec runs, for its error
+// message; "" when the spec cannot be read.
+func jailTarget(s string) string {
+	var spec jailSpec
+	if json.Unmarshal([]byte(s), &spec) != nil || len(spec.Argv) == 0 {
+		return ""
+	}
+	return spec.Argv[0]
 }
 
 // runJail is the jail stage. It only returns on failure.
@@ -135,8 +145,7 @@ func runJail(s string) error {
 		if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0, 0, 0); err != nil {
 			return fmt.Errorf("set the parent-death signal: %w", err)
 		}
-		fds := []unix.PollFd{{Fd: int32(spec.LifeFD), Events: unix.POLLIN}}
-		if n, err := unix.Poll(fds, 0); err != nil || (n > 0 && fds[0].Revents&(unix.POLLHUP|unix.POLLERR) != 0) {
+		if !parentAlive(spec.LifeFD) {
 			return errors.New("the server went away before the jailed process started")
 		}
 		unix.Close(spec.LifeFD)
@@ -161,6 +170,21 @@ func runJail(s string) error {
 		env = []string{}
 	}
 	return syscall.Exec(spec.Argv[0], spec.Argv, env)
+}
+
+// parentAlive reports whether the write end of the life pipe whose read
+// end is fd is still open: the parent that holds it is alive. A signal
+// (the Go runtime's preemption among them) may interrupt the poll: it is
+// asked again.
+func parentAlive(fd int) bool {
+	for {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, 0)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		return err == nil && (n == 0 || fds[0].Revents&(unix.POLLHUP|unix.POLLERR) == 0)
+	}
 }
 
 // buildRoot makes the jail's root and pivots into it.
