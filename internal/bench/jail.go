@@ -104,6 +104,9 @@ func (r *runner) jailCost(ctx context.Context) (Result, error) {
 			if out, err := exec.CommandContext(ctx, "cp", "--sparse=always", r.tpl.Image, img).CombinedOutput(); err != nil {
 				return 0, fmt.Errorf("copy the template image: %v: %s", err, out)
 			}
+			if err := os.Chmod(img, 0o644); err != nil { // the stored image is read-only
+				return 0, err
+			}
 			start := time.Now()
 			tools, release, err := rt.BuildTools(dir)
 			if err != nil {

@@ -33,8 +33,10 @@ the ratios compare across runs):
                               refilled between samples, untimed) to the first
                               stdout of echo hi vs a plain create (a clone) to the
                               same
-  jail_cost                   the same create to first output, and exec round
-                              trips, with the jail on vs with it off
+  jail_cost                   the same create to first output, exec round trips,
+                              a save of a disk and the template configuration
+                              written into an image, with the jail (and the image
+                              tools' jail) on vs with it off
   exec_rtt                    exec round trip of true vs fork/exec of /bin/true;
                               floor: the same fork/exec timed inside the guest
   stdout_throughput           N MiB of dd if=/dev/zero on stdout vs the same on the

@@ -15,28 +15,19 @@ import (
 	"syscall"
 	"time"
 
-	seccomp "github.com/elastic/go-seccomp-bpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/jail"
 )
-
-// jailNamespaces are the namespaces a jailed process gets of its own: a
-// mount namespace that shows only what it needs, an empty network
-// namespace (every socket QEMU uses is passed in as a descriptor, and the
-// image tools use none), and IPC, UTS and PID namespaces, so that it sees
-// no other process, shares no System V IPC and no abstract unix socket
-// with the host.
-const jailNamespaces = syscall.CLONE_NEWNS | syscall.CLONE_NEWNET | syscall.CLONE_NEWIPC |
-	syscall.CLONE_NEWUTS | syscall.CLONE_NEWPID
 
 // Tool is a run of a host tool on bytes a tenant controls: e2fsck,
 // resize2fs, debugfs, dumpe2fs and qemu-img on a guest's disk or an
 // image's. Such tools parse what root in a guest wrote, so with a
-// non-zero UID the run is jailed as a VM's QEMU is (jailSpec): its own
-// namespaces (jailNamespaces), a root holding only the system's /usr and
+// non-zero UID the run is jailed as a VM's QEMU is (jail.Spec): its own
+// namespaces (jail.Namespaces), a root holding only the system's /usr and
 // the files named in Read and Write, no capabilities, no_new_privs, the
-// user UID, a seccomp filter (toolFilter), resource limits and a
+// user UID, a seccomp filter (jail.ToolDenied), resource limits and a
 // deadline. Its crash, its limits and its deadline are errors of Run.
 type Tool struct {
 	// Path is the tool's absolute path.
@@ -127,7 +118,7 @@ func (t Tool) run(ctx context.Context, stdout, stderr io.Writer) error {
 		if err := os.MkdirAll(ToolRootDir, 0o700); err != nil {
 			return fmt.Errorf("make the tools' jail root: %w", err)
 		}
-		spec, err := t.jailSpec()
+		spec, err := t.spec()
 		if err != nil {
 			return err
 		}
@@ -144,9 +135,9 @@ func (t Tool) run(ctx context.Context, stdout, stderr io.Writer) error {
 		}
 		cmd = exec.CommandContext(ctx, "/proc/self/exe")
 		cmd.Args = []string{"airlock-tool-jail"}
-		cmd.Env = []string{jailEnv + "=" + string(js)}
+		cmd.Env = []string{jail.Env + "=" + string(js)}
 		cmd.ExtraFiles = []*os.File{lifeRead}
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Cloneflags: jailNamespaces}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Cloneflags: jail.Namespaces}
 		defer lifeRead.Close()
 	}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = t.Stdin, stdout, stderr
@@ -164,21 +155,21 @@ func (t Tool) run(ctx context.Context, stdout, stderr io.Writer) error {
 	return err
 }
 
-// jailSpec is the jail of a tool run.
-func (t Tool) jailSpec() (jailSpec, error) {
+// spec is the jail of a tool run.
+func (t Tool) spec() (jail.Spec, error) {
 	mem := t.MemoryBytes
 	if mem == 0 {
 		mem = ToolMemory
 	}
-	spec := jailSpec{
+	spec := jail.Spec{
 		UID: t.UID, GID: t.GID, Groups: []int{},
 		Root: ToolRootDir, Links: map[string]string{}, Proc: true,
 		Argv: append([]string{t.Path}, t.Args...), Env: t.Env, Seccomp: true,
-		Rlimits: []jailRlimit{
-			{unix.RLIMIT_AS, mem},
-			{unix.RLIMIT_NOFILE, 256},
-			{unix.RLIMIT_NPROC, 64},
-			{unix.RLIMIT_CORE, 0},
+		Rlimits: []jail.Rlimit{
+			{Resource: unix.RLIMIT_AS, Max: mem},
+			{Resource: unix.RLIMIT_NOFILE, Max: 256},
+			{Resource: unix.RLIMIT_NPROC, Max: 64},
+			{Resource: unix.RLIMIT_CORE, Max: 0},
 		},
 	}
 	if t.ReadAnyFile {
@@ -197,7 +188,7 @@ func (t Tool) jailSpec() (jailSpec, error) {
 				return
 			}
 		}
-		spec.Binds = append(spec.Binds, jailBind{Path: path, Write: write, Dev: dev})
+		spec.Binds = append(spec.Binds, jail.Bind{Path: path, Write: write, Dev: dev})
 	}
 	for _, p := range t.Read {
 		if !filepath.IsAbs(p) {
@@ -211,15 +202,15 @@ func (t Tool) jailSpec() (jailSpec, error) {
 		}
 		add(filepath.Clean(p), true, false)
 	}
-	slices.SortFunc(spec.Binds, func(a, b jailBind) int { return strings.Compare(a.Path, b.Path) })
+	slices.SortFunc(spec.Binds, func(a, b jail.Bind) int { return strings.Compare(a.Path, b.Path) })
 	return spec, nil
 }
 
 // addSystem binds what any jailed program needs: /usr, the merged-/usr
 // links (or directories), the loader's cache, /dev/null and /dev/urandom,
 // and the directory of bin when it is outside /usr.
-func addSystem(spec *jailSpec, bin string) error {
-	spec.Binds = append(spec.Binds, jailBind{Path: "/usr"})
+func addSystem(spec *jail.Spec, bin string) error {
+	spec.Binds = append(spec.Binds, jail.Bind{Path: "/usr"})
 	for _, name := range []string{"/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"} {
 		fi, err := os.Lstat(name)
 		switch {
@@ -231,52 +222,15 @@ func addSystem(spec *jailSpec, bin string) error {
 			}
 			spec.Links[name] = target
 		case fi.IsDir():
-			spec.Binds = append(spec.Binds, jailBind{Path: name})
+			spec.Binds = append(spec.Binds, jail.Bind{Path: name})
 		}
 	}
 	if !strings.HasPrefix(bin, "/usr/") && spec.Links[filepath.Dir(bin)] == "" {
-		spec.Binds = append(spec.Binds, jailBind{Path: filepath.Dir(bin)})
+		spec.Binds = append(spec.Binds, jail.Bind{Path: filepath.Dir(bin)})
 	}
 	if _, err := os.Stat("/etc/ld.so.cache"); err == nil {
-		spec.Binds = append(spec.Binds, jailBind{Path: "/etc/ld.so.cache"})
+		spec.Binds = append(spec.Binds, jail.Bind{Path: "/etc/ld.so.cache"})
 	}
-	spec.Binds = append(spec.Binds, jailBind{Path: "/dev/null", Write: true, Dev: true}, jailBind{Path: "/dev/urandom", Dev: true})
-	return nil
-}
-
-// toolDenied are the system calls an image tool never needs and an
-// exploit of one would: the network, other processes' memory, the kernel's
-// rarer interfaces (BPF, io_uring, userfaultfd, perf, keyrings), mounts
-// and namespaces, modules, and anything that changes the machine.
-// Denied calls fail with EPERM; the tools handle that as any failure.
-var toolDenied = []string{
-	"socket", "socketpair", "connect", "bind", "listen", "accept", "accept4",
-	"sendto", "sendmsg", "sendmmsg", "recvfrom", "recvmsg", "recvmmsg",
-	"ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd",
-	"bpf", "perf_event_open", "userfaultfd",
-	"io_uring_setup", "io_uring_enter", "io_uring_register",
-	"keyctl", "add_key", "request_key",
-	"mount", "umount2", "pivot_root", "chroot", "unshare", "setns",
-	"move_mount", "open_tree", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
-	"open_by_handle_at", "name_to_handle_at",
-	"init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load",
-	"reboot", "swapon", "swapoff", "acct", "quotactl", "syslog", "personality",
-	"settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "sethostname", "setdomainname",
-	"iopl", "ioperm", "mknod", "mknodat", "vhangup", "lookup_dcookie", "fanotify_init",
-}
-
-// loadToolFilter installs the tools' filter on this thread, whose
-// no_new_privs is set, before it executes the tool.
-func loadToolFilter() error {
-	f := seccomp.Filter{
-		NoNewPrivs: true,
-		Policy: seccomp.Policy{
-			DefaultAction: seccomp.ActionAllow,
-			Syscalls:      []seccomp.SyscallGroup{{Action: seccomp.ActionErrno, Names: toolDenied}},
-		},
-	}
-	if err := seccomp.LoadFilter(f); err != nil {
-		return fmt.Errorf("install the tools' seccomp filter: %w", err)
-	}
+	spec.Binds = append(spec.Binds, jail.Bind{Path: "/dev/null", Write: true, Dev: true}, jail.Bind{Path: "/dev/urandom", Dev: true})
 	return nil
 }

@@ -31,6 +31,7 @@ import (
 
 	"github.com/airlockhq/airlock/internal/cgroup"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/jail"
 )
 
 // Accel is a QEMU accelerator.
@@ -233,7 +234,7 @@ const (
 	// lines, stay as they were.
 	fdAux
 	// fdLife is the read end of the pipe by which a jailed QEMU that
-	// must die with this process sees it alive (jailSpec.LifeFD).
+	// must die with this process sees it alive (jail.Spec.LifeFD).
 	fdLife
 	fdCount
 )
@@ -442,8 +443,8 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Machine, error) 
 			return fail(err)
 		}
 		// This binary, whichever file it was started from.
-		exe, argv, env = "/proc/self/exe", []string{"airlock-vm-jail"}, []string{jailEnv + "=" + string(js)}
-		sys.Cloneflags = jailNamespaces
+		exe, argv, env = "/proc/self/exe", []string{"airlock-vm-jail"}, []string{jail.Env + "=" + string(js)}
+		sys.Cloneflags = jail.Namespaces
 	}
 	proc, err := os.StartProcess(exe, argv, &os.ProcAttr{Dir: cfg.Dir, Env: env, Files: files, Sys: sys})
 	if err != nil {
@@ -525,20 +526,20 @@ func listenFile(path string) (*os.File, error) {
 
 // prepareJail readies cfg's files for its jail and returns the jail
 // stage's spec.
-func prepareJail(cfg Config, bin string, argv []string) (jailSpec, error) {
+func prepareJail(cfg Config, bin string, argv []string) (jail.Spec, error) {
 	if cfg.MemoryShared {
 		// The jail binds the file in: it must exist, and QEMU sizes it.
 		f, err := os.OpenFile(cfg.MemoryFile, os.O_CREATE|os.O_WRONLY, 0o600)
 		if err != nil {
-			return jailSpec{}, err
+			return jail.Spec{}, err
 		}
 		f.Close()
 	}
 	if err := ownByJail(cfg); err != nil {
-		return jailSpec{}, err
+		return jail.Spec{}, err
 	}
 	if err := os.Mkdir(filepath.Join(cfg.Dir, jailRootName), 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-		return jailSpec{}, err
+		return jail.Spec{}, err
 	}
 	return jailSpecFor(cfg, bin, argv)
 }
