@@ -22,6 +22,21 @@ import (
 type ext4Image struct {
 	path  string
 	tools ImageTools // how debugfs runs on it
+	// cache, when set, keeps what stat and readFile found, for an image
+	// that does not change meanwhile: each debugfs run is a jailed
+	// process, and resolving paths stats the same directories again and
+	// again.
+	cache *ext4Cache
+}
+
+// ext4Cache is what an ext4Image read, by path.
+type ext4Cache struct {
+	stats map[string]ext4Entry
+	files map[string][]byte
+}
+
+func newExt4Cache() *ext4Cache {
+	return &ext4Cache{stats: map[string]ext4Entry{}, files: map[string][]byte{}}
 }
 
 // ext4Entry is what an image holds at a path. The zero value is a path
@@ -114,6 +129,19 @@ var (
 // stat describes what is at p, a symlink itself rather than its target
 // (directories on the way are followed).
 func (im ext4Image) stat(ctx context.Context, p string) (ext4Entry, error) {
+	if im.cache != nil {
+		if e, ok := im.cache.stats[p]; ok {
+			return e, nil
+		}
+	}
+	e, err := im.statUncached(ctx, p)
+	if err == nil && im.cache != nil {
+		im.cache.stats[p] = e
+	}
+	return e, err
+}
+
+func (im ext4Image) statUncached(ctx context.Context, p string) (ext4Entry, error) {
 	arg, err := debugfsArg(p)
 	if err != nil {
 		return ext4Entry{}, err
@@ -151,11 +179,19 @@ func firstLine(b []byte) string {
 
 // readFile returns the content of the regular file at p.
 func (im ext4Image) readFile(ctx context.Context, p string) ([]byte, error) {
+	if im.cache != nil {
+		if b, ok := im.cache.files[p]; ok {
+			return b, nil
+		}
+	}
 	arg, err := debugfsArg(p)
 	if err != nil {
 		return nil, err
 	}
 	out, _, err := debugfs(ctx, im, false, nil, "cat "+arg)
+	if err == nil && im.cache != nil {
+		im.cache.files[p] = out
+	}
 	return out, err
 }
 

@@ -50,7 +50,8 @@ const caCertLink = "/etc/ssl/certs/airlock-gateway.pem"
 // Processes in the sandbox may have left other traces of its identity
 // (logs, shell history): those are the sandbox's own content.
 func removeGuestFiles(ctx context.Context, tools ImageTools, img, base string, g guestFiles) error {
-	im, tpl := ext4Image{path: img, tools: tools}, ext4Image{path: base, tools: tools}
+	// Nothing changes either image until the edits are applied at the end.
+	im, tpl := ext4Image{path: img, tools: tools, cache: newExt4Cache()}, ext4Image{path: base, tools: tools, cache: newExt4Cache()}
 	var edits ext4Edits
 	plan := func(p string, change func(cur []byte, orig ext4Entry, origContent []byte) (keep bool, content []byte)) error {
 		cur, err := im.stat(ctx, p)
@@ -173,6 +174,7 @@ func removeGuestFiles(ctx context.Context, tools ImageTools, img, base string, g
 	if err := edits.apply(ctx, im); err != nil {
 		return err
 	}
+	im.cache = newExt4Cache() // the image changed
 	// Then the directories the agent made, once empty.
 	var dirs ext4Edits
 	for _, d := range agentDirs() {
