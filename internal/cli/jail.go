@@ -18,9 +18,9 @@ type jailOptions struct {
 
 func addJailFlags(fs *flagSet) jailOptions {
 	return jailOptions{
-		mode: fs.String("jail", "on", "run each VM's QEMU jailed: its own user, mount namespace, seccomp filter and cgroup (see docs/hardening.md); off is for debugging only"),
+		mode: fs.String("jail", "on", "run each VM's QEMU, and each image tool on a tenant's disk or image, jailed: its own user, namespaces (mount, network, IPC, UTS, PID), seccomp filters and, for QEMU, a cgroup (see docs/hardening.md); off is for debugging only"),
 		uids: fs.String("jail-uids", fmt.Sprintf("%d+%d", vm.DefaultUIDs.First, vm.DefaultUIDs.Count),
-			"`FIRST+COUNT`: the users jailed VMs run as, one each; no other user or subordinate id range of the host may be in it"),
+			"`FIRST+COUNT`: the users jailed VMs (and a build's image tools) run as, one each; no other user or subordinate id range of the host may be in it"),
 	}
 }
 
