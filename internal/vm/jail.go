@@ -46,40 +46,11 @@ func jailSpecFor(cfg Config, bin string, argv []string) (jail.Spec, error) {
 		Root: filepath.Join(cfg.Dir, jailRootName), Links: map[string]string{},
 		Proc: cfg.MemoryFile != "" && !cfg.MemoryShared, Argv: argv, QEMUFilter: qemuFilterMode(),
 	}
-	add := func(path string, write, dev bool) {
-		for i, b := range spec.Binds {
-			if b.Path == path {
-				spec.Binds[i].Write = b.Write || write
-				return
-			}
-		}
-		spec.Binds = append(spec.Binds, jail.Bind{Path: path, Write: write, Dev: dev})
+	add := func(path string, write, dev bool) { addBind(&spec, path, write, dev) }
+	// The system: QEMU, its libraries and data.
+	if err := addSystem(&spec, bin); err != nil {
+		return spec, err
 	}
-	// The system: QEMU, its libraries and data. Merged-/usr systems link
-	// /bin, /lib and friends into /usr.
-	add("/usr", false, false)
-	for _, name := range []string{"/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"} {
-		fi, err := os.Lstat(name)
-		switch {
-		case err != nil:
-		case fi.Mode()&os.ModeSymlink != 0:
-			target, err := os.Readlink(name)
-			if err != nil {
-				return spec, err
-			}
-			spec.Links[name] = target
-		case fi.IsDir():
-			add(name, false, false)
-		}
-	}
-	if !strings.HasPrefix(bin, "/usr/") {
-		add(filepath.Dir(bin), false, false)
-	}
-	if _, err := os.Stat("/etc/ld.so.cache"); err == nil {
-		add("/etc/ld.so.cache", false, false)
-	}
-	add("/dev/null", true, true)
-	add("/dev/urandom", false, true)
 	if cfg.Accel == AccelKVM {
 		add("/dev/kvm", true, true)
 	}

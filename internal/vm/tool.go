@@ -181,15 +181,7 @@ func (t Tool) spec() (jail.Spec, error) {
 	// e2fsprogs ask whether an image is mounted, through /etc/mtab; the
 	// answer is the jail's own mount table.
 	spec.Links["/etc/mtab"] = "/proc/self/mounts"
-	add := func(path string, write, dev bool) {
-		for i, b := range spec.Binds {
-			if b.Path == path {
-				spec.Binds[i].Write = b.Write || write
-				return
-			}
-		}
-		spec.Binds = append(spec.Binds, jail.Bind{Path: path, Write: write, Dev: dev})
-	}
+	add := func(path string, write, dev bool) { addBind(&spec, path, write, dev) }
 	for _, p := range t.Read {
 		if !filepath.IsAbs(p) {
 			return spec, fmt.Errorf("tool %s: %q is not an absolute path: %w", t.Path, p, errdefs.ErrInvalid)
@@ -206,11 +198,23 @@ func (t Tool) spec() (jail.Spec, error) {
 	return spec, nil
 }
 
+// addBind shows path in the jail at the same path: read-write if any
+// caller asks for it so, with device nodes usable when dev.
+func addBind(spec *jail.Spec, path string, write, dev bool) {
+	for i, b := range spec.Binds {
+		if b.Path == path {
+			spec.Binds[i].Write = b.Write || write
+			return
+		}
+	}
+	spec.Binds = append(spec.Binds, jail.Bind{Path: path, Write: write, Dev: dev})
+}
+
 // addSystem binds what any jailed program needs: /usr, the merged-/usr
 // links (or directories), the loader's cache, /dev/null and /dev/urandom,
 // and the directory of bin when it is outside /usr.
 func addSystem(spec *jail.Spec, bin string) error {
-	spec.Binds = append(spec.Binds, jail.Bind{Path: "/usr"})
+	addBind(spec, "/usr", false, false)
 	for _, name := range []string{"/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"} {
 		fi, err := os.Lstat(name)
 		switch {
@@ -222,15 +226,16 @@ func addSystem(spec *jail.Spec, bin string) error {
 			}
 			spec.Links[name] = target
 		case fi.IsDir():
-			spec.Binds = append(spec.Binds, jail.Bind{Path: name})
+			addBind(spec, name, false, false)
 		}
 	}
 	if !strings.HasPrefix(bin, "/usr/") && spec.Links[filepath.Dir(bin)] == "" {
-		spec.Binds = append(spec.Binds, jail.Bind{Path: filepath.Dir(bin)})
+		addBind(spec, filepath.Dir(bin), false, false)
 	}
 	if _, err := os.Stat("/etc/ld.so.cache"); err == nil {
-		spec.Binds = append(spec.Binds, jail.Bind{Path: "/etc/ld.so.cache"})
+		addBind(spec, "/etc/ld.so.cache", false, false)
 	}
-	spec.Binds = append(spec.Binds, jail.Bind{Path: "/dev/null", Write: true, Dev: true}, jail.Bind{Path: "/dev/urandom", Dev: true})
+	addBind(spec, "/dev/null", true, true)
+	addBind(spec, "/dev/urandom", false, true)
 	return nil
 }
