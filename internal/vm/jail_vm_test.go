@@ -2,7 +2,6 @@ package vm
 
 import (
 	"errors"
-	"net"
 
 	"context"
 	"github.com/airlockhq/airlock/internal/errdefs"
@@ -129,19 +128,7 @@ func TestJailedVM(t *testing.T) {
 // fails the test if it gets through.
 func probeLoopback(t *testing.T, pid, uid int) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan struct{}, 1)
-	go func() {
-		if c, err := ln.Accept(); err == nil {
-			c.Close()
-			accepted <- struct{}{}
-		}
-	}()
-	port := strings.TrimPrefix(ln.Addr().String(), "127.0.0.1:")
+	port, accepted := listenLoopback(t)
 	u := strconv.Itoa(uid)
 	out, err := exec.Command("nsenter", "-t", strconv.Itoa(pid), "-n", "-i", "-u", "--",
 		"setpriv", "--reuid="+u, "--regid="+u, "--clear-groups", "--no-new-privs",

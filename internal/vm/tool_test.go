@@ -55,19 +55,7 @@ func TestToolJail(t *testing.T) {
 	if err := os.Chown(out, toolTestUID, toolTestUID); err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan struct{}, 1)
-	go func() {
-		if c, err := ln.Accept(); err == nil {
-			c.Close()
-			accepted <- struct{}{}
-		}
-	}()
-	port := strings.TrimPrefix(ln.Addr().String(), "127.0.0.1:")
+	port, accepted := listenLoopback(t)
 	tool := Tool{Path: "/bin/bash", Args: []string{"-c", probeScript, "probe", secret, given, out, filepath.Join(dir, "new"), port},
 		UID: toolTestUID, GID: toolTestUID, Read: []string{given}, Write: []string{out}}
 	b, err := tool.Output(context.Background())
@@ -112,6 +100,25 @@ func TestToolJail(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "new")); err == nil {
 		t.Error("the tool made a file in a directory it was not given")
 	}
+}
+
+// listenLoopback listens on the host's 127.0.0.1 until the test ends, and
+// returns its port and a channel that receives once a connection arrives.
+func listenLoopback(t *testing.T) (port string, accepted <-chan struct{}) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	ch := make(chan struct{}, 1)
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			c.Close()
+			ch <- struct{}{}
+		}
+	}()
+	return strings.TrimPrefix(ln.Addr().String(), "127.0.0.1:"), ch
 }
 
 // TestToolJailLimits: a tool that runs past its deadline is killed and
