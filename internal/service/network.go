@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"slices"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/errdefs"
@@ -43,6 +44,19 @@ func (s *Service) parseNetwork(ctx context.Context, owner string, raw json.RawMe
 	return p, b, nil
 }
 
+// mayChangeCredentials refuses a change to sb's credential rules by any
+// key but the one that owns it. A rule names a secret of the owner's and
+// the host it is sent to: another key, an admin's among them, could aim
+// the owner's secret at a host of its own and read it there. Policies
+// whose credential rules stay as they were are anyone's to set who may
+// see the sandbox.
+func mayChangeCredentials(p Principal, sb store.Sandbox, next policy.Policy) error {
+	if p.KeyID == sb.Owner || slices.Equal(storedPolicy(sb).Credentials, next.Normalized().Credentials) {
+		return nil
+	}
+	return fmt.Errorf("only the key that created sandbox %s may add, change or remove its credential rules: they send that key's secrets: %w", sb.ID, errdefs.ErrPermission)
+}
+
 // storedPolicy is the policy recorded for sb; a row without one (made
 // before sandboxes had networks) denies all egress.
 func storedPolicy(sb store.Sandbox) policy.Policy {
@@ -69,6 +83,9 @@ func (s *Service) SetNetwork(ctx context.Context, p Principal, id string, raw js
 	}
 	pol, stored, err := s.parseNetwork(ctx, sb.Owner, raw)
 	if err != nil {
+		return apiv1.Sandbox{}, err
+	}
+	if err := mayChangeCredentials(p, sb, pol); err != nil {
 		return apiv1.Sandbox{}, err
 	}
 	// One lifecycle change at a time: the VM must not come or go while

@@ -9,6 +9,8 @@ import (
 
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/ids"
+	"github.com/airlockhq/airlock/internal/store"
 )
 
 func TestParseNetwork(t *testing.T) {
@@ -64,5 +66,64 @@ func TestParseNetwork(t *testing.T) {
 	// Another key cannot name alice's secret.
 	if _, _, err := s.parseNetwork(ctx, "keybob", json.RawMessage(`{`+cred+`}`)); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("bob naming alice's secret: %v", err)
+	}
+}
+
+// TestMayChangeCredentials: only the sandbox's owner may add, change or
+// remove a credential rule, which aims the owner's secret at a host; an
+// admin key may still change the rest of the policy.
+func TestMayChangeCredentials(t *testing.T) {
+	ctx := context.Background()
+	s := secretService(t)
+	alice := Principal{KeyID: "keyalice", Role: apiv1.RoleUser}
+	admin := Principal{KeyID: "keyadmin", Role: apiv1.RoleAdmin}
+	if _, _, err := s.PutSecret(ctx, alice, apiv1.PutSecret{Name: "openai", Value: "sk-alice"}); err != nil {
+		t.Fatal(err)
+	}
+	cred := `"credentials":[{"host":"api.openai.com","header":"Authorization","secret":"openai","format":"Bearer {}"}]`
+	_, stored, err := s.parseNetwork(ctx, alice.KeyID, json.RawMessage(`{"egress":"deny","allow":["api.openai.com"],`+cred+`}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := store.Sandbox{ID: ids.New("sbx"), Owner: alice.KeyID, Network: stored}
+	for _, tc := range []struct {
+		name string
+		who  Principal
+		raw  string
+		ok   bool
+	}{
+		{"the owner changes the host", alice, `{"credentials":[{"host":"evil.example","header":"Authorization","secret":"openai"}]}`, true},
+		{"the owner removes them", alice, `{"egress":"deny"}`, true},
+		{"an admin aims the secret at its own host", admin, `{"credentials":[{"host":"admin.example","header":"Authorization","secret":"openai"}]}`, false},
+		{"an admin adds a second rule", admin, `{"egress":"deny","allow":["api.openai.com"],"credentials":[` +
+			`{"host":"api.openai.com","header":"Authorization","secret":"openai","format":"Bearer {}"},` +
+			`{"host":"admin.example","header":"X-Key","secret":"openai"}]}`, false},
+		{"an admin removes them", admin, `{"egress":"deny","allow":["api.openai.com"]}`, false},
+		{"an admin changes the rest", admin, `{"egress":"allow","deny":["evil.example"],` + cred + `}`, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			next, _, err := s.parseNetwork(ctx, sb.Owner, json.RawMessage(tc.raw))
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = mayChangeCredentials(tc.who, sb, next)
+			if tc.ok != (err == nil) || !tc.ok && !errors.Is(err, errdefs.ErrPermission) {
+				t.Fatalf("mayChangeCredentials = %v, want ok %v (or permission denied)", err, tc.ok)
+			}
+		})
+	}
+	// Through SetNetwork, the refusal comes before anything is changed.
+	sb.State = apiv1.StateRunning
+	if err := s.st.InsertSandbox(ctx, sb, store.Operation{ID: ids.New("op"), Kind: apiv1.OpCreate, TargetID: sb.ID,
+		Owner: alice.KeyID, Status: apiv1.OpSucceeded}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.SetNetwork(ctx, admin, sb.ID, json.RawMessage(`{"credentials":[{"host":"admin.example","header":"Authorization","secret":"openai"}]}`))
+	if !errors.Is(err, errdefs.ErrPermission) || !strings.Contains(err.Error(), "credential rules") {
+		t.Fatalf("SetNetwork by an admin aiming the owner's secret: %v", err)
+	}
+	got, err := s.st.GetSandbox(ctx, sb.ID)
+	if err != nil || string(got.Network) != string(stored) {
+		t.Fatalf("the stored policy after the refusal: %s, %v", got.Network, err)
 	}
 }
