@@ -395,8 +395,9 @@ func TestNetworkCredentials(t *testing.T) {
 	sb := ne.netSandbox(t, s.key, map[string]any{
 		"egress": "deny",
 		"allow":  []string{"api.test", "other.test"},
-		"credentials": []map[string]string{
-			{"host": "api.test", "header": "Authorization", "secret": "apitoken", "format": "Bearer {}"},
+		"credentials": []map[string]any{
+			// plain_http: port 80 gets the credential too (docs/network.md).
+			{"host": "api.test", "header": "Authorization", "secret": "apitoken", "format": "Bearer {}", "plain_http": true},
 		},
 	})
 	if strings.Contains(string(sb.Network), secret) {

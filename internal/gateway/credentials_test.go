@@ -1,15 +1,20 @@
 package gateway
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/airlockhq/airlock/internal/gateway/mitm"
 	"github.com/airlockhq/airlock/internal/gateway/policy"
@@ -19,7 +24,7 @@ func credentialPolicy() policy.Policy {
 	return policy.Policy{
 		Allow: []string{"api.test", "plain.test"},
 		Credentials: []policy.Credential{
-			{Host: "api.test", Header: "Authorization", Secret: "token", Format: "Bearer {}"},
+			{Host: "api.test", Header: "Authorization", Secret: "token", Format: "Bearer {}", PlainHTTP: true},
 		},
 	}
 }
@@ -192,6 +197,85 @@ func TestCredentialsWhenTheAddressDecides(t *testing.T) {
 		c.Close()
 		if err != nil || body != "host=api.test auth=Bearer s3cret" {
 			t.Fatalf("policy %+v: GET api.test: %q, %v", p, body, err)
+		}
+	}
+}
+
+// TestCredentialsPlainHTTPOptIn: on plain HTTP (port 80) a credential is
+// sent only for a rule that says plain_http, so that a guest cannot make
+// the secret cross the network in clear; HTTPS to the same host gets it
+// either way. And a TRACE or TRACK to a credential host, which a server
+// may answer by echoing the request (the header with it), is refused
+// before anything goes upstream.
+func TestCredentialsPlainHTTPOptIn(t *testing.T) {
+	var upstream []string // methods the upstream saw
+	var mu sync.Mutex
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		upstream = append(upstream, r.Method)
+		mu.Unlock()
+		hostHandler(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	api := netip.MustParseAddrPort("203.0.113.30:80")
+	ca, err := mitm.NewCA("sandbox test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	newNet := func(plain bool) *testNet {
+		p := credentialPolicy()
+		p.Credentials[0].PlainHTTP = plain
+		n := newTestNet(t, p, netOptions{
+			redirect: map[netip.AddrPort]string{api: srv.Listener.Addr().String()},
+			config: func(c *Config) {
+				c.CA = ca
+				c.Secret = secrets(map[string]string{"token": "s3cret"})
+			},
+		})
+		n.dns.set("api.test", api.Addr().String())
+		return n
+	}
+	n := newNet(false)
+	c, err := n.dial(api.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := httpGet(c, "api.test")
+	c.Close()
+	if err != nil || body != "host=api.test auth=" {
+		t.Fatalf("plain GET api.test without plain_http: %q, %v; want no credential", body, err)
+	}
+
+	n = newNet(true)
+	for _, method := range []string{"TRACE", "TRACK", "trace"} {
+		c, err := n.dial(api.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprintf(c, "%s / HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer guest\r\n\r\n", method)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			c.Close()
+			t.Fatalf("%s to a credential host: %v", method, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		c.Close()
+		if strings.Contains(string(b), "s3cret") {
+			t.Fatalf("%s to a credential host echoed the secret: %q", method, b)
+		}
+		// A lower-case method is not taken for HTTP (method names are
+		// case-sensitive): the flow is passed through as it is, with no
+		// credential in it.
+		if method != "trace" && resp.StatusCode != http.StatusMethodNotAllowed {
+			t.Fatalf("%s to a credential host: %s; want 405", method, resp.Status)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, m := range upstream {
+		if m == "TRACE" || m == "TRACK" {
+			t.Fatalf("the upstream saw a %s", m)
 		}
 	}
 }

@@ -123,7 +123,7 @@ func (g *Gateway) handleTCP(r *tcp.ForwarderRequest) {
 
 	guest := replay(conn, s.peeked)
 	var err error
-	if len(rules.Credentials(s.name)) > 0 && (s.tls && port == 443 || s.http && port == 80) {
+	if creds := rules.Credentials(s.name); s.tls && port == 443 && len(creds) > 0 || s.http && port == 80 && anyPlainHTTP(creds) {
 		ev.BytesOut, ev.BytesIn, err = g.intercept(ctx, pf, guest, s.tls)
 	} else {
 		ev.BytesOut, ev.BytesIn, err = g.splice(ctx, fl, guest, netip.AddrPortFrom(dst, port))
@@ -312,7 +312,7 @@ func (g *Gateway) intercept(ctx context.Context, pf policy.Flow, guest net.Conn,
 		RootCAs: g.cfg.RootCAs,
 		Dial:    g.dialName,
 		Injections: func(host string) ([]mitm.Injection, bool) {
-			return g.injections(ctx, pf, host)
+			return g.injections(ctx, pf, host, isTLS)
 		},
 		Log: g.log,
 	})
@@ -327,11 +327,18 @@ func (g *Gateway) intercept(ctx context.Context, pf policy.Flow, guest net.Conn,
 	return out, in, err
 }
 
+// anyPlainHTTP reports whether a credential rule of creds is for plain
+// HTTP too: only then is a plain HTTP flow to their host intercepted.
+func anyPlainHTTP(creds []policy.Credential) bool {
+	return slices.ContainsFunc(creds, func(c policy.Credential) bool { return c.PlainHTTP })
+}
+
 // injections says what the proxy sets on a request to host on the flow pf:
-// the credential headers of the rules in force, with their secrets' values.
-// It fails closed: a flow the rules now deny, a host other than the one
-// judged, or a secret that cannot be read refuses the request.
-func (g *Gateway) injections(ctx context.Context, pf policy.Flow, host string) ([]mitm.Injection, bool) {
+// the credential headers of the rules in force, with their secrets' values;
+// on plain HTTP (isTLS false) only those of rules with PlainHTTP. It fails
+// closed: a flow the rules now deny, a host other than the one judged, or a
+// secret that cannot be read refuses the request.
+func (g *Gateway) injections(ctx context.Context, pf policy.Flow, host string, isTLS bool) ([]mitm.Injection, bool) {
 	if normalizeName(host) != pf.Name {
 		return nil, false
 	}
@@ -340,6 +347,9 @@ func (g *Gateway) injections(ctx context.Context, pf policy.Flow, host string) (
 		return nil, false
 	}
 	creds := r.Credentials(pf.Name)
+	if !isTLS {
+		creds = slices.DeleteFunc(creds, func(c policy.Credential) bool { return !c.PlainHTTP })
+	}
 	if len(creds) > 0 && g.cfg.Secret == nil {
 		g.log.Warn("gateway: no secret store; request with credentials refused", "host", pf.Name)
 		return nil, false

@@ -291,6 +291,12 @@ func (s *session) serveRequest(ctx context.Context) (more bool, err error) {
 		s.reply(http.StatusMethodNotAllowed, "CONNECT is not supported")
 		return false, fmt.Errorf("CONNECT request: %w", errdefs.ErrInvalid)
 	}
+	// A server that answers TRACE echoes the request it got, credential
+	// headers included, back to the guest.
+	if strings.EqualFold(req.Method, http.MethodTrace) || strings.EqualFold(req.Method, "TRACK") {
+		s.reply(http.StatusMethodNotAllowed, req.Method+" is refused on a host with credentials: the answer would echo them")
+		return false, fmt.Errorf("%s request to a credential host: %w", req.Method, errdefs.ErrPermission)
+	}
 	// req.Host is the absolute-form URL's host when there is one, else the Host header (ReadRequest
 	// refuses two Host headers); it is also the Host that req.Write sends upstream.
 	if got := normalizeHost(hostname(req.Host)); got != s.host {

@@ -72,6 +72,9 @@ type Credential struct {
 	Header string `json:"header"`           // HTTP header name
 	Secret string `json:"secret"`           // name of a stored secret
 	Format string `json:"format,omitempty"` // "{}" replaced by the secret's value; default "{}"
+	// PlainHTTP sets the header on plain HTTP (port 80) too, where the
+	// secret crosses the network in clear; by default only HTTPS gets it.
+	PlainHTTP bool `json:"plain_http,omitempty"`
 }
 
 // Parse decodes a JSON NetworkPolicy and validates it. Unknown fields and
