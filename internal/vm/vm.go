@@ -295,7 +295,8 @@ func Args(cfg Config) []string {
 	)
 	if cfg.Disk != "" {
 		args = append(args,
-			"-drive", "id="+rootDrive+",file="+optValue(cfg.Disk)+",format=qcow2,if=none,discard=unmap,detect-zeroes=unmap",
+			"-drive", "id="+rootDrive+",file="+optValue(cfg.Disk)+",format=qcow2"+backingOpts(cfg.Backing)+
+				",if=none,discard=unmap,detect-zeroes=unmap",
 			"-device", "virtio-blk-device,drive="+rootDrive,
 		)
 	}
@@ -342,6 +343,24 @@ func Args(cfg Config) []string {
 // optValue escapes a value for QEMU's option syntax, where a comma ends
 // the value unless doubled.
 func optValue(s string) string { return strings.ReplaceAll(s, ",", ",,") }
+
+// backingOpts names the images under the root disk to QEMU, nearest first
+// (qcow2 layers, the raw template image last), so that QEMU opens the chain
+// the server recorded and never the one the disk's qcow2 header names; ""
+// when none is recorded.
+func backingOpts(chain []string) string {
+	var b strings.Builder
+	prefix := ""
+	for i, f := range chain {
+		prefix += "backing."
+		driver := "qcow2"
+		if i == len(chain)-1 {
+			driver = "raw"
+		}
+		fmt.Fprintf(&b, ",%sdriver=%s,%sfile.driver=file,%sfile.filename=%s", prefix, driver, prefix, prefix, optValue(f))
+	}
+	return b.String()
+}
 
 // Start launches QEMU and connects to its QMP socket. The VM's lifetime is
 // not tied to ctx, which bounds only the start itself.

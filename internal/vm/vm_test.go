@@ -116,6 +116,18 @@ func TestArgsMemoryAndIncoming(t *testing.T) {
 			notWant: []string{"share=off"},
 		},
 		{
+			// The chain the server recorded, named in full: QEMU never
+			// follows the backing name in the disk's own header.
+			name: "disk with a recorded chain",
+			modify: func(c *Config) {
+				c.Disk, c.Backing = "/s/disk.qcow2", []string{"/t/layer,1.qcow2", "/t/image.ext4"}
+			},
+			want: []string{"-drive id=root,file=/s/disk.qcow2,format=qcow2," +
+				"backing.driver=qcow2,backing.file.driver=file,backing.file.filename=/t/layer,,1.qcow2," +
+				"backing.backing.driver=raw,backing.backing.file.driver=file,backing.backing.file.filename=/t/image.ext4," +
+				"if=none,discard=unmap,detect-zeroes=unmap"},
+		},
+		{
 			name:   "private memory file with a comma",
 			modify: func(c *Config) { c.MemoryFile = "/t/a,b" },
 			want:   []string{"mem-path=/t/a,,b,share=off"},
