@@ -233,8 +233,10 @@ type toolSeen struct {
 	name, cmdline, uid, capEff, seccomp, noNewPrivs, netns string
 }
 
-// watchTools polls /proc for the image tools until stop is closed.
-func watchTools(stop <-chan struct{}) func() map[int]toolSeen {
+// watchTools polls /proc for the image tools working under the data
+// directory home (their command lines name files there) until stop is
+// closed.
+func watchTools(stop <-chan struct{}, home string) func() map[int]toolSeen {
 	var mu sync.Mutex
 	seen := map[int]toolSeen{}
 	done := make(chan struct{})
@@ -268,6 +270,9 @@ func watchTools(stop <-chan struct{}) func() map[int]toolSeen {
 					continue
 				}
 				cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+				if !strings.Contains(string(cmd), home) {
+					continue // another server's, or a test's of its own
+				}
 				netns, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", pid))
 				ts := toolSeen{name: name, cmdline: strings.ReplaceAll(string(cmd), "\x00", " "), netns: netns}
 				for _, line := range strings.Split(string(st), "\n") {
@@ -347,7 +352,7 @@ func TestAttackImageToolsJailed(t *testing.T) {
 	}
 	t.Cleanup(func() { s.stop(syscall.SIGTERM) }) // after the sandboxes' own clean-ups
 	stop := make(chan struct{})
-	seen := watchTools(stop)
+	seen := watchTools(stop, home)
 
 	status, body, op := buildAs(t, s, s.key, apiv1.CreateTemplate{Name: "watched", From: "tiny",
 		Steps: []apiv1.BuildStep{{Run: "echo built > /built.txt"}, {Workdir: "/srv/app"}}})
