@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -256,7 +257,7 @@ func watchTools(stop <-chan struct{}, home string) func() map[int]toolSeen {
 				}
 				comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
 				name := strings.TrimSpace(string(comm))
-				if !slicesContains(toolNames, name) {
+				if !slices.Contains(toolNames, name) {
 					continue
 				}
 				mu.Lock()
@@ -302,15 +303,6 @@ func watchTools(stop <-chan struct{}, home string) func() map[int]toolSeen {
 		<-done
 		return seen
 	}
-}
-
-func slicesContains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // TestAttackImageToolsJailed watches every image tool a build with a RUN

@@ -38,6 +38,22 @@ func secrets(m map[string]string) func(context.Context, string) (string, error) 
 	}
 }
 
+// credentialNet is a test network with policy p, whose host api.test
+// resolves to api, which is redirected to srv, with the CA ca and the
+// secret "token" = "s3cret".
+func credentialNet(t *testing.T, p policy.Policy, api netip.AddrPort, srv *httptest.Server, ca *mitm.CA) *testNet {
+	t.Helper()
+	n := newTestNet(t, p, netOptions{
+		redirect: map[netip.AddrPort]string{api: srv.Listener.Addr().String()},
+		config: func(c *Config) {
+			c.CA = ca
+			c.Secret = secrets(map[string]string{"token": "s3cret"})
+		},
+	})
+	n.dns.set("api.test", api.Addr().String())
+	return n
+}
+
 func TestCredentialsHTTP(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(hostHandler))
 	t.Cleanup(srv.Close)
@@ -181,14 +197,7 @@ func TestCredentialsWhenTheAddressDecides(t *testing.T) {
 		{Allow: []string{"203.0.113.0/24"}, Credentials: credentialPolicy().Credentials},
 		{Egress: "allow", Credentials: credentialPolicy().Credentials},
 	} {
-		n := newTestNet(t, p, netOptions{
-			redirect: map[netip.AddrPort]string{api: srv.Listener.Addr().String()},
-			config: func(c *Config) {
-				c.CA = ca
-				c.Secret = secrets(map[string]string{"token": "s3cret"})
-			},
-		})
-		n.dns.set("api.test", api.Addr().String())
+		n := credentialNet(t, p, api, srv, ca)
 		c, err := n.dial(api.String())
 		if err != nil {
 			t.Fatal(err)
@@ -203,8 +212,8 @@ func TestCredentialsWhenTheAddressDecides(t *testing.T) {
 
 // TestCredentialsPlainHTTPOptIn: on plain HTTP (port 80) a credential is
 // sent only for a rule that says plain_http, so that a guest cannot make
-// the secret cross the network in clear; HTTPS to the same host gets it
-// either way. And a TRACE or TRACK to a credential host, which a server
+// the secret cross the network in clear (TestCredentialsHTTPS covers
+// HTTPS, which gets it either way). And a TRACE or TRACK to a credential host, which a server
 // may answer by echoing the request (the header with it), is refused
 // before anything goes upstream.
 func TestCredentialsPlainHTTPOptIn(t *testing.T) {
@@ -225,15 +234,7 @@ func TestCredentialsPlainHTTPOptIn(t *testing.T) {
 	newNet := func(plain bool) *testNet {
 		p := credentialPolicy()
 		p.Credentials[0].PlainHTTP = plain
-		n := newTestNet(t, p, netOptions{
-			redirect: map[netip.AddrPort]string{api: srv.Listener.Addr().String()},
-			config: func(c *Config) {
-				c.CA = ca
-				c.Secret = secrets(map[string]string{"token": "s3cret"})
-			},
-		})
-		n.dns.set("api.test", api.Addr().String())
-		return n
+		return credentialNet(t, p, api, srv, ca)
 	}
 	n := newNet(false)
 	c, err := n.dial(api.String())

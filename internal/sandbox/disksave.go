@@ -18,6 +18,7 @@ import (
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/gateway"
 	"github.com/airlockhq/airlock/internal/gateway/mitm"
+	"github.com/airlockhq/airlock/internal/vm"
 )
 
 // A saved disk is a sandbox's root filesystem as a compact ext4 image, as
@@ -76,10 +77,7 @@ func (s *Sandbox) saveDisk(ctx context.Context, dst string) (diskSave, error) {
 		if s.Template.Image == "" {
 			return fail(fmt.Errorf("its record predates recorded disk chains: suspend it and save it then: %w", errdefs.ErrPrecondition))
 		}
-		rec.VM.Backing = []string{s.Template.Image}
-		if rec.Layer != "" {
-			rec.VM.Backing = []string{rec.Layer, s.Template.Image}
-		}
+		rec.VM.Backing = rec.chainOver(s.Template.Image)
 	}
 	tools, info, err := diskTools(rec)
 	if err != nil {
@@ -364,23 +362,9 @@ func copyOverlay(ctx context.Context, tools ImageTools, info diskInfo, dst strin
 }
 
 // chainOpts is qemu-img's --image-opts for the overlay over its chain: a
-// qcow2 node for the overlay and each layer, the template image raw.
+// qcow2 node for the overlay, then vm.BackingOpts.
 func chainOpts(info diskInfo) string {
-	files := append([]string{info.overlay}, info.backing...)
-	var b strings.Builder
-	prefix := ""
-	for i, f := range files {
-		if i > 0 {
-			b.WriteString(",")
-			prefix += "backing."
-		}
-		driver := "qcow2"
-		if i == len(files)-1 {
-			driver = "raw"
-		}
-		fmt.Fprintf(&b, "%sdriver=%s,%sfile.driver=file,%sfile.filename=%s", prefix, driver, prefix, prefix, strings.ReplaceAll(f, ",", ",,"))
-	}
-	return b.String()
+	return "driver=qcow2,file.driver=file,file.filename=" + strings.ReplaceAll(info.overlay, ",", ",,") + vm.BackingOpts(info.backing)
 }
 
 // finishImage makes the raw copy of a sandbox's disk at img a template

@@ -70,10 +70,16 @@ func (r *Runtime) backing(rec record) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("the template the disk stands on: %w", err)
 	}
+	return rec.chainOver(tpl.Image), nil
+}
+
+// chainOver is the chain a record written before chains were recorded
+// stands for: the warm layer it names, if any, over the template image.
+func (rec record) chainOver(image string) []string {
 	if rec.Layer != "" {
-		return []string{rec.Layer, tpl.Image}, nil
+		return []string{rec.Layer, image}
 	}
-	return []string{tpl.Image}, nil
+	return []string{image}
 }
 
 func writeRecord(dir string, rec record) error {

@@ -295,7 +295,7 @@ func Args(cfg Config) []string {
 	)
 	if cfg.Disk != "" {
 		args = append(args,
-			"-drive", "id="+rootDrive+",file="+optValue(cfg.Disk)+",format=qcow2"+backingOpts(cfg.Backing)+
+			"-drive", "id="+rootDrive+",file="+optValue(cfg.Disk)+",format=qcow2"+BackingOpts(cfg.Backing)+
 				",if=none,discard=unmap,detect-zeroes=unmap",
 			"-device", "virtio-blk-device,drive="+rootDrive,
 		)
@@ -345,10 +345,11 @@ func Args(cfg Config) []string {
 func optValue(s string) string { return strings.ReplaceAll(s, ",", ",,") }
 
 // backingOpts names the images under the root disk to QEMU, nearest first
-// (qcow2 layers, the raw template image last), so that QEMU opens the chain
-// the server recorded and never the one the disk's qcow2 header names; ""
-// when none is recorded.
-func backingOpts(chain []string) string {
+// (qcow2 layers, the raw template image last), as QEMU's block options
+// after the disk's own (",backing.driver=…"), so that QEMU and qemu-img
+// open the chain the server recorded and never the one the disk's qcow2
+// header names; "" when none is recorded.
+func BackingOpts(chain []string) string {
 	var b strings.Builder
 	prefix := ""
 	for i, f := range chain {
