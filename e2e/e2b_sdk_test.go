@@ -53,7 +53,9 @@ func TestE2BSDK(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	args := []string{"--e2b-listen", e2bAddr, "--e2b-domain", e2bSDKDomain}
+	// A sandbox made without network settings gets the operator's default
+	// egress; open here, as E2B's own default is.
+	args := []string{"--e2b-listen", e2bAddr, "--e2b-domain", e2bSDKDomain, "--default-egress", "allow"}
 	var env []string
 	var tn *testNet
 	if os.Geteuid() == 0 {

@@ -19,7 +19,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	goruntime "runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,7 +26,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
-	"golang.org/x/sys/unix"
+
+	"github.com/airlockhq/airlock/internal/testhost"
 )
 
 // testNet is a test host in a network namespace of its own, joined to the
@@ -39,8 +39,7 @@ import (
 // address it also holds, so even a broken gateway sends nothing off the
 // machine.
 type testNet struct {
-	ns     string // network namespace name
-	hostIf string
+	host   *testhost.Host
 	hostIP netip.Addr // the host's end of the veth: one of the host's own addresses
 	ip     netip.Addr // the test host's main address
 	other  netip.Addr // a second address of the test host ("another resolver")
@@ -72,39 +71,25 @@ func newTestNet(t testing.TB) *testNet {
 	}
 	n := os.Getpid()%200 + 20
 	tn := &testNet{
-		ns:     fmt.Sprintf("altest%d", os.Getpid()),
-		hostIf: fmt.Sprintf("alh%d", os.Getpid()),
 		hostIP: netip.MustParseAddr(fmt.Sprintf("198.18.%d.1", n)),
 		ip:     netip.MustParseAddr(fmt.Sprintf("198.18.%d.2", n)),
 		other:  netip.MustParseAddr(fmt.Sprintf("198.18.%d.3", n)),
 		ip6:    netip.MustParseAddr(fmt.Sprintf("fd00:a1:%x::2", n)),
 		seen:   map[string]int{},
 	}
-	peer := tn.hostIf + "p"
 	ip6host := netip.MustParseAddr(fmt.Sprintf("fd00:a1:%x::1", n))
-	exec.Command("ip", "netns", "del", tn.ns).Run() // a leftover of a crashed run
-	exec.Command("ip", "link", "del", tn.hostIf).Run()
-	t.Cleanup(tn.close)
-	for _, args := range [][]string{
-		{"netns", "add", tn.ns},
-		{"link", "add", tn.hostIf, "type", "veth", "peer", "name", peer},
-		{"link", "set", peer, "netns", tn.ns},
-		{"addr", "add", tn.hostIP.String() + "/29", "dev", tn.hostIf},
-		{"-6", "addr", "add", ip6host.String() + "/64", "dev", tn.hostIf, "nodad"},
-		{"link", "set", tn.hostIf, "up"},
-		{"route", "replace", metadataIP.String() + "/32", "dev", tn.hostIf},
-		{"-n", tn.ns, "addr", "add", tn.ip.String() + "/29", "dev", peer},
-		{"-n", tn.ns, "addr", "add", tn.other.String() + "/29", "dev", peer},
-		{"-n", tn.ns, "addr", "add", metadataIP.String() + "/32", "dev", peer},
-		{"-n", tn.ns, "-6", "addr", "add", tn.ip6.String() + "/64", "dev", peer, "nodad"},
-		{"-n", tn.ns, "link", "set", peer, "up"},
-		{"-n", tn.ns, "link", "set", "lo", "up"},
-		{"-n", tn.ns, "route", "add", "default", "via", tn.hostIP.String()},
-	} {
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
-		}
+	metadata := netip.PrefixFrom(metadataIP, 32)
+	var err error
+	tn.host, err = testhost.New(testhost.Config{
+		Name:      fmt.Sprintf("alt%d", os.Getpid()),
+		HostAddrs: []netip.Prefix{netip.PrefixFrom(tn.hostIP, 29), netip.PrefixFrom(ip6host, 64)},
+		Addrs:     []netip.Prefix{netip.PrefixFrom(tn.ip, 29), netip.PrefixFrom(tn.other, 29), metadata, netip.PrefixFrom(tn.ip6, 64)},
+		Routes:    []netip.Prefix{metadata},
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
+	t.Cleanup(tn.close)
 	tn.startServers(t)
 	tn.dns = newTestDNS(t, map[string][]string{
 		// An allowed name whose answers the gateway must drop: loopback
@@ -118,9 +103,7 @@ func (tn *testNet) close() {
 	for _, c := range tn.closers {
 		c.Close()
 	}
-	exec.Command("ip", "route", "del", metadataIP.String()+"/32", "dev", tn.hostIf).Run()
-	exec.Command("ip", "link", "del", tn.hostIf).Run()
-	exec.Command("ip", "netns", "del", tn.ns).Run()
+	tn.host.Close()
 }
 
 // count records one connection or datagram.
@@ -135,36 +118,6 @@ func (tn *testNet) seenCount(key string) int {
 	tn.mu.Lock()
 	defer tn.mu.Unlock()
 	return tn.seen[key]
-}
-
-// inNS runs f on a thread that is in the test namespace: sockets f
-// creates belong to it for good.
-func (tn *testNet) inNS(f func() error) error {
-	goruntime.LockOSThread()
-	self, err := os.Open("/proc/thread-self/ns/net")
-	if err != nil {
-		goruntime.UnlockOSThread()
-		return err
-	}
-	defer self.Close()
-	target, err := os.Open(filepath.Join("/run/netns", tn.ns))
-	if err != nil {
-		goruntime.UnlockOSThread()
-		return err
-	}
-	defer target.Close()
-	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-		goruntime.UnlockOSThread()
-		return fmt.Errorf("enter namespace %s: %w", tn.ns, err)
-	}
-	ferr := f()
-	if err := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); err != nil {
-		// The thread stays in the namespace: never unlock it, so it
-		// ends with its goroutine.
-		return fmt.Errorf("leave namespace %s: %w", tn.ns, err)
-	}
-	goruntime.UnlockOSThread()
-	return ferr
 }
 
 // Ports of the test host's servers.
@@ -193,7 +146,7 @@ func (tn *testNet) startServers(t testing.TB) {
 	mux.HandleFunc("/redirect", func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "http://other.test/auth", http.StatusFound)
 	})
-	err := tn.inNS(func() error {
+	err := tn.host.Do(func() error {
 		listen := func(port int, serve func(net.Listener)) error {
 			ln, err := net.Listen("tcp", ":"+strconv.Itoa(port))
 			if err != nil {
@@ -333,7 +286,7 @@ func (tn *testNet) makeCA(t testing.TB) tls.Certificate {
 // icmpEchoes reads how many ICMP echo requests the test host received.
 func (tn *testNet) icmpEchoes(t *testing.T) int {
 	t.Helper()
-	out, err := exec.Command("ip", "netns", "exec", tn.ns, "cat", "/proc/net/snmp").Output()
+	out, err := exec.Command("ip", "netns", "exec", tn.host.Name(), "cat", "/proc/net/snmp").Output()
 	if err != nil {
 		t.Fatalf("read the test host's ICMP counters: %v", err)
 	}

@@ -355,7 +355,7 @@ const cases = [
     },
   },
   {
-    name: 'internet access allowed by default',
+    name: 'internet access by default under --default-egress allow',
     needs: ['create'],
     timeoutMs: 90_000,
     fn: async (log) => {

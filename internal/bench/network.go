@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -20,6 +21,7 @@ import (
 	"github.com/airlockhq/airlock/internal/gateway"
 	"github.com/airlockhq/airlock/internal/gateway/policy"
 	"github.com/airlockhq/airlock/internal/sandbox"
+	"github.com/airlockhq/airlock/internal/testhost"
 )
 
 // The network scenarios run the same Python program, netProbe, in a
@@ -177,58 +179,57 @@ func pythonVersions(ctx context.Context, sb *sandbox.Sandbox, python string) (gu
 	return guest, host
 }
 
-// hostAddr is an IPv4 address of one of the host's interfaces, other than
-// loopback, for the servers the guest connects to. The guest cannot reach
-// the host's loopback: 127.0.0.1 in the guest is the guest's own.
-func hostAddr() (netip.Addr, error) {
-	ifs, err := net.Interfaces()
+// netHost is where the network scenarios' servers run: a test host in a
+// network namespace of its own (198.19.N.2), joined to this host by a veth
+// pair whose host end is 198.19.N.1. A gateway never dials the host's own
+// addresses, and nothing sent there leaves the machine.
+type netHost struct {
+	host *testhost.Host // nil: addr is the host's own (the unit tests' loopback)
+	addr netip.Addr // the servers' address, in the namespace
+	peer netip.Addr // the host's end of the veth: where every connection to addr comes from
+}
+
+// newNetHost makes the test host; close removes it.
+func newNetHost() (*netHost, error) {
+	n := os.Getpid()%200 + 20
+	h := &netHost{
+		addr: netip.AddrFrom4([4]byte{198, 19, byte(n), 2}),
+		peer: netip.AddrFrom4([4]byte{198, 19, byte(n), 1}),
+	}
+	var err error
+	h.host, err = testhost.New(testhost.Config{
+		Name:      fmt.Sprintf("alb%d", os.Getpid()),
+		HostAddrs: []netip.Prefix{netip.PrefixFrom(h.peer, 29)},
+		Addrs:     []netip.Prefix{netip.PrefixFrom(h.addr, 29)},
+	})
 	if err != nil {
-		return netip.Addr{}, fmt.Errorf("list the host's interfaces: %w", err)
+		return nil, fmt.Errorf("the network scenarios' test host (a network namespace, which needs root): %w", err)
 	}
-	var addrs []netip.Addr
-	for _, ifc := range ifs {
-		if ifc.Flags&net.FlagUp == 0 || ifc.Flags&net.FlagLoopback != 0 {
-			continue
-		}
-		as, err := ifc.Addrs()
-		if err != nil {
-			continue
-		}
-		for _, a := range as {
-			if ipn, ok := a.(*net.IPNet); ok {
-				if ip, ok := netip.AddrFromSlice(ipn.IP); ok {
-					addrs = append(addrs, ip.Unmap())
-				}
-			}
-		}
-	}
-	a, ok := pickHostAddr(addrs)
-	if !ok {
-		return netip.Addr{}, errors.New("the host has no IPv4 address outside loopback for the guest to reach it at")
-	}
-	return a, nil
+	return h, nil
 }
 
-// pickHostAddr picks the first of addrs a guest's connection through its
-// gateway can be opened to by an allow entry: IPv4 unicast, not loopback,
-// link-local or unspecified.
-func pickHostAddr(addrs []netip.Addr) (netip.Addr, bool) {
-	for _, a := range addrs {
-		a = a.Unmap()
-		if a.Is4() && !a.IsLoopback() && !a.IsLinkLocalUnicast() && !a.IsUnspecified() && !a.IsMulticast() &&
-			a != netip.AddrFrom4([4]byte{255, 255, 255, 255}) {
-			return a, true
-		}
+func (h *netHost) close() {
+	if h.host != nil {
+		h.host.Close()
 	}
-	return netip.Addr{}, false
 }
 
-// tcpServer accepts TCP connections on a port of a host address and hands
-// each to handle on a goroutine of its own. It listens on a host
-// interface, not loopback (the guest cannot reach that), so it takes only
-// connections from that same address, which is where the host's own
-// connections to it, the gateway's included, come from; others are closed
-// unread.
+// listen listens on a free TCP port of h.
+func (h *netHost) listen() (ln net.Listener, err error) {
+	listen := func() error {
+		ln, err = net.Listen("tcp", netip.AddrPortFrom(h.addr, 0).String())
+		return err
+	}
+	if h.host == nil {
+		return ln, listen()
+	}
+	return ln, h.host.Do(listen)
+}
+
+// tcpServer accepts TCP connections on a port of a netHost and hands
+// each to handle on a goroutine of its own. It takes only connections from
+// the host's end of the veth, where the host's own connections to it, the
+// gateway's included, come from; others are closed unread.
 type tcpServer struct {
 	ln     net.Listener
 	handle func(net.Conn)
@@ -238,27 +239,27 @@ type tcpServer struct {
 	conns map[net.Conn]struct{}
 }
 
-// listenTCP starts a tcpServer on a free port of host. Its goroutines end
+// listenTCP starts a tcpServer on a free port of h. Its goroutines end
 // with close.
-func listenTCP(host netip.Addr, handle func(net.Conn)) (*tcpServer, error) {
-	ln, err := net.Listen("tcp", netip.AddrPortFrom(host, 0).String())
+func listenTCP(h *netHost, handle func(net.Conn)) (*tcpServer, error) {
+	ln, err := h.listen()
 	if err != nil {
-		return nil, fmt.Errorf("listen on %s: %w", host, err)
+		return nil, fmt.Errorf("listen on %s: %w", h.addr, err)
 	}
 	s := &tcpServer{ln: ln, handle: handle, conns: make(map[net.Conn]struct{})}
 	s.wg.Add(1)
-	go s.serve(host) // ends when close closes the listener
+	go s.serve(h.peer) // ends when close closes the listener
 	return s, nil
 }
 
-func (s *tcpServer) serve(host netip.Addr) {
+func (s *tcpServer) serve(from netip.Addr) {
 	defer s.wg.Done()
 	for {
 		c, err := s.ln.Accept()
 		if err != nil {
 			return
 		}
-		if from, err := netip.ParseAddrPort(c.RemoteAddr().String()); err != nil || from.Addr().Unmap() != host {
+		if peer, err := netip.ParseAddrPort(c.RemoteAddr().String()); err != nil || peer.Addr().Unmap() != from {
 			c.Close()
 			continue
 		}
@@ -321,7 +322,7 @@ type sink struct {
 // one connection at a time is expected.
 const sinkResults = 8
 
-func startSink(host netip.Addr) (*sink, error) {
+func startSink(host *netHost) (*sink, error) {
 	s := &sink{results: make(chan sinkResult, sinkResults)}
 	srv, err := listenTCP(host, func(c net.Conn) {
 		select {
@@ -410,7 +411,7 @@ const firstByteWriteTimeout = 10 * time.Second
 
 // startFirstByte starts net_connect_latency's server: it writes "x" on
 // every connection and closes it.
-func startFirstByte(host netip.Addr) (*tcpServer, error) {
+func startFirstByte(host *netHost) (*tcpServer, error) {
 	return listenTCP(host, func(c net.Conn) {
 		c.SetWriteDeadline(time.Now().Add(firstByteWriteTimeout))
 		c.Write([]byte("x"))
@@ -513,10 +514,11 @@ func (r *runner) netTCPThroughput(ctx context.Context) (_ Result, err error) {
 	if err != nil {
 		return Result{}, err
 	}
-	host, err := hostAddr()
+	host, err := newNetHost()
 	if err != nil {
 		return Result{}, err
 	}
+	defer host.close()
 	s, err := startSink(host)
 	if err != nil {
 		return Result{}, err
@@ -578,10 +580,11 @@ func (r *runner) netConnectLatency(ctx context.Context) (_ Result, err error) {
 	if err != nil {
 		return Result{}, err
 	}
-	host, err := hostAddr()
+	host, err := newNetHost()
 	if err != nil {
 		return Result{}, err
 	}
+	defer host.close()
 	srv, err := startFirstByte(host)
 	if err != nil {
 		return Result{}, err

@@ -102,6 +102,7 @@ func runNode(ctx context.Context, env *Env, args []string) error {
 	maxQueued := fs.Int("max-queued-starts", 64, "most creates waiting for a start slot")
 	ping := fs.Duration("ping-interval", 15*time.Second, "how often idle event streams get a `: ping`")
 	defaultEgress := fs.String("default-egress", "deny", "egress of sandboxes created without a network policy: allow or deny")
+	egressPrivate := fs.String("egress-private", "", "comma-separated private `CIDRs` (within 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, 100.64.0.0/10) a sandbox's policy may open by naming an address in them (default: none)")
 	dnsUpstream := fs.String("dns-upstream", "", "resolver `HOST:PORT` the gateways ask (default: the host's, from /etc/resolv.conf)")
 	minFreeDisk := sizeFlag{n: 2 << 30}
 	fs.Var(&minFreeDisk, "min-free-disk", "free `size` to keep on the data directory's filesystem: creates and wakes are refused below it; 0: no check")
@@ -164,7 +165,8 @@ func runNode(ctx context.Context, env *Env, args []string) error {
 	if err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
-	if err := checkNetworkFlags(*defaultEgress, *dnsUpstream); err != nil {
+	private, err := checkNetworkFlags(*defaultEgress, *dnsUpstream, *egressPrivate)
+	if err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
 	restCfg, err := kubeConfig(*kubeconfig)
@@ -219,10 +221,10 @@ func runNode(ctx context.Context, env *Env, args []string) error {
 		return fmt.Errorf("node: %w", err)
 	}
 	_, svc, err := startService(ctx, sandbox.Config{Dir: env.Dir, Accel: *accel, Log: log, Unjailed: unjailed, UIDs: uids,
-		Network: sandbox.NetworkConfig{DNSUpstream: *dnsUpstream}}, service.Config{
+		Network: sandbox.NetworkConfig{DNSUpstream: *dnsUpstream, Private: private}}, service.Config{
 		Dir: env.Dir, Store: st, Log: log, Node: *name,
 		MaxSandboxes: *maxSandboxes, MaxStarts: *maxStarts, MaxQueuedStarts: *maxQueued,
-		DefaultEgress: *defaultEgress, Secrets: box, TokenKey: tokenKey, MinFreeDiskBytes: minFreeDisk.n,
+		DefaultEgress: *defaultEgress, EgressPrivate: private, Secrets: box, TokenKey: tokenKey, MinFreeDiskBytes: minFreeDisk.n,
 		TrustedRegistries: trustedRegistries, MaxBuilds: *maxBuilds, MaxContextBytes: *maxContext << 20, ReclaimEvery: *reclaimEvery,
 		FetchTemplate: fetcher.Fetch,
 	}, reg)

@@ -52,6 +52,7 @@ func TestNodeFlags(t *testing.T) {
 		{append(base, "--lease-duration", "1s"), "between 4s and 10m"},
 		{append(base, "--kube-wait", "-1s"), "must not be negative"},
 		{append(base, "--default-egress", "maybe"), "is not allow or deny"},
+		{append(base, "--egress-private", "127.0.0.0/8"), "--egress-private: \"127.0.0.0/8\" is not within a private range"},
 		{append(base, "--advertise", "not-an-ip", "--kubeconfig", kc), "kubeconfig"},
 		{append(base, "--kubeconfig", kc), "--kubeconfig " + kc},
 		{append(base, "extra"), "unexpected argument"},

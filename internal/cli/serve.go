@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
 	"strings"
@@ -21,6 +22,7 @@ import (
 	"github.com/airlockhq/airlock/internal/e2b/envd"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/gateway"
+	"github.com/airlockhq/airlock/internal/gateway/policy"
 	"github.com/airlockhq/airlock/internal/sandbox"
 	"github.com/airlockhq/airlock/internal/secrets"
 	"github.com/airlockhq/airlock/internal/service"
@@ -36,7 +38,11 @@ server stops; the next start re-adopts them and their commands.
 
 Every sandbox's network goes through its gateway in this process, which
 enforces the sandbox's egress policy (see docs/network.md). A sandbox
-created without a policy gets --default-egress. Names are resolved
+created without a policy gets --default-egress, and so do template builds
+and E2B creates that say nothing of egress. Loopback, link-local (cloud
+metadata), the host's own addresses and the private ranges are denied to
+every policy; --egress-private opens parts of the private ranges to
+policies that name their addresses literally. Names are resolved
 through the host's resolvers (/etc/resolv.conf) or --dns-upstream, and
 upstreams of hosts with credentials are verified with the host's roots
 (SSL_CERT_FILE is honoured).
@@ -101,6 +107,7 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	maxQueued := fs.Int("max-queued-starts", 64, "most creates waiting for a start slot")
 	ping := fs.Duration("ping-interval", 15*time.Second, "how often idle event streams get a `: ping`")
 	defaultEgress := fs.String("default-egress", "deny", "egress of sandboxes created without a network policy: allow or deny")
+	egressPrivate := fs.String("egress-private", "", "comma-separated private `CIDRs` (within 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, 100.64.0.0/10) a sandbox's policy may open by naming an address in them (default: none)")
 	dnsUpstream := fs.String("dns-upstream", "", "resolver `HOST:PORT` the gateways ask (default: the host's, from /etc/resolv.conf)")
 	e2bListen := fs.String("e2b-listen", "", "`address` to serve E2B's API on (default: not served)")
 	e2bDomain := fs.String("e2b-domain", "", "sandbox `domain` returned to E2B SDKs (default: none, the SDK's own E2B_DOMAIN)")
@@ -137,7 +144,8 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	if *maxBuilds < 1 || *maxContext < 1 {
 		return fmt.Errorf("serve: --max-builds and --max-build-context must be at least 1: %w", errdefs.ErrInvalid)
 	}
-	if err := checkNetworkFlags(*defaultEgress, *dnsUpstream); err != nil {
+	private, err := checkNetworkFlags(*defaultEgress, *dnsUpstream, *egressPrivate)
+	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
 	if fs.NArg() > 0 {
@@ -244,7 +252,7 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	sc := service.Config{
 		Dir: env.Dir, Store: st, Log: log,
 		MaxSandboxes: *maxSandboxes, MaxStarts: *maxStarts, MaxQueuedStarts: *maxQueued,
-		DefaultEgress: *defaultEgress, Secrets: box, TokenKey: tokenKey,
+		DefaultEgress: *defaultEgress, EgressPrivate: private, Secrets: box, TokenKey: tokenKey,
 		TrustedRegistries: trustedRegistries, MaxBuilds: *maxBuilds, MaxContextBytes: *maxContext << 20,
 		MinFreeDiskBytes: minFreeDisk.n, Warm: warm,
 	}
@@ -252,7 +260,7 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 		sc.Front, sc.Admitted, sc.NodeDown, sc.Unplaced = true, cl.admitted, cl.router.NodeDown, cl.router.Unplaced
 	}
 	rt, svc, err := startService(ctx, sandbox.Config{Dir: env.Dir, Accel: *accel, Log: log, Unjailed: unjailed, UIDs: uids,
-		Network: sandbox.NetworkConfig{DNSUpstream: *dnsUpstream}}, sc, reg)
+		Network: sandbox.NetworkConfig{DNSUpstream: *dnsUpstream, Private: private}}, sc, reg)
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
@@ -364,17 +372,22 @@ func startService(ctx context.Context, rc sandbox.Config, sc service.Config, reg
 	return rt, svc, nil
 }
 
-// checkNetworkFlags checks --default-egress and --dns-upstream.
-func checkNetworkFlags(defaultEgress, dnsUpstream string) error {
+// checkNetworkFlags checks --default-egress and --dns-upstream, and reads
+// --egress-private.
+func checkNetworkFlags(defaultEgress, dnsUpstream, egressPrivate string) ([]netip.Prefix, error) {
 	if defaultEgress != "allow" && defaultEgress != "deny" {
-		return fmt.Errorf("--default-egress %q is not allow or deny: %w", defaultEgress, errdefs.ErrInvalid)
+		return nil, fmt.Errorf("--default-egress %q is not allow or deny: %w", defaultEgress, errdefs.ErrInvalid)
 	}
 	if dnsUpstream != "" {
 		if _, port, err := net.SplitHostPort(dnsUpstream); err != nil || port == "" {
-			return fmt.Errorf("--dns-upstream %q is not HOST:PORT: %w", dnsUpstream, errdefs.ErrInvalid)
+			return nil, fmt.Errorf("--dns-upstream %q is not HOST:PORT: %w", dnsUpstream, errdefs.ErrInvalid)
 		}
 	}
-	return nil
+	private, err := policy.ParsePrivate(egressPrivate)
+	if err != nil {
+		return nil, fmt.Errorf("--egress-private: %w", err)
+	}
+	return private, nil
 }
 
 // openKeys opens the keys a server keeps in its data directory: the box

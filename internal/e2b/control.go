@@ -319,12 +319,16 @@ func createRequest(req newSandbox, v2 bool) (apiv1.CreateSandbox, error) {
 		}
 		allowOut, denyOut = n.AllowOut, n.DenyOut
 	}
-	pol, err := egressPolicy("network", req.AllowInternetAccess, allowOut, denyOut)
-	if err != nil {
-		return out, err
-	}
-	if out.Network, err = json.Marshal(pol); err != nil {
-		return out, err
+	// A sandbox whose request says nothing of egress gets the operator's
+	// --default-egress (E2B's own default is open).
+	if req.AllowInternetAccess != nil || len(allowOut) > 0 || len(denyOut) > 0 {
+		pol, err := egressPolicy("network", req.AllowInternetAccess, allowOut, denyOut)
+		if err != nil {
+			return out, err
+		}
+		if out.Network, err = json.Marshal(pol); err != nil {
+			return out, err
+		}
 	}
 	out.Env, out.Metadata = req.EnvVars, req.Metadata
 	return out, nil

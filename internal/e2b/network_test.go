@@ -132,3 +132,30 @@ func TestViewNetwork(t *testing.T) {
 		}
 	}
 }
+
+// TestCreateNetworkDefault checks that a create saying nothing of egress
+// leaves the policy to the server's --default-egress, and that one saying
+// anything gets E2B's meaning.
+func TestCreateNetworkDefault(t *testing.T) {
+	yes := true
+	tests := []struct {
+		name string
+		req  newSandbox
+		want string
+	}{
+		{"nothing said", newSandbox{TemplateID: "base"}, ""},
+		{"internet allowed", newSandbox{TemplateID: "base", AllowInternetAccess: &yes}, `{"egress":"allow"}`},
+		{"allowOut", newSandbox{TemplateID: "base", Network: &createNetwork{AllowOut: []string{"8.8.8.8"}, DenyOut: []string{"0.0.0.0/0"}}}, `{"egress":"deny","allow":["8.8.8.8"]}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			in, err := createRequest(tt.req, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(in.Network) != tt.want {
+				t.Fatalf("network %s, want %q", in.Network, tt.want)
+			}
+		})
+	}
+}

@@ -105,16 +105,18 @@ func TestDNSAdditionalFiltered(t *testing.T) {
 	}
 }
 
-// A literal allow entry opens an always-denied address, in answers too.
+// A literal allow entry opens an address in a private range the operator
+// opened, in answers too; loopback stays shut whatever the policy names.
 func TestDNSOpenedLiterally(t *testing.T) {
-	n := newTestNet(t, policy.Policy{Allow: []string{"local.test", "127.0.0.1:8080"}}, netOptions{})
-	n.dns.set("local.test", "127.0.0.1", "127.0.0.2")
-	if got := n.resolveA("local.test"); got != netip.MustParseAddr("127.0.0.1") {
+	open := func(c *Config) { c.Private = []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")} }
+	n := newTestNet(t, policy.Policy{Allow: []string{"local.test", "10.1.2.3:8080", "127.0.0.1", "10.2.0.0/16"}}, netOptions{config: open})
+	n.dns.set("local.test", "10.1.2.3", "10.1.2.4", "127.0.0.1", "10.2.0.1")
+	if got := n.resolveA("local.test"); got != netip.MustParseAddr("10.1.2.3") {
 		t.Errorf("got %v", got)
 	}
 	m, _ := n.query("udp", "local.test", dns.TypeA)
 	if len(m.Answer) != 1 {
-		t.Errorf("answer %v: 127.0.0.2 should be dropped", m.Answer)
+		t.Errorf("answer %v: all but 10.1.2.3 should be dropped", m.Answer)
 	}
 }
 

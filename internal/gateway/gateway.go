@@ -126,6 +126,10 @@ type Config struct {
 	Metrics *Metrics
 	// Limits bound the guest; zero fields take their defaults.
 	Limits Limits
+	// Private are the parts of the private ranges (RFC 1918, CGNAT) the
+	// operator opened: an allow entry naming an address in them literally
+	// admits it. The rest of those ranges is always denied.
+	Private []netip.Prefix
 }
 
 // Gateway is one sandbox's running network. It lives from Start until Close
@@ -420,7 +424,7 @@ func (g *Gateway) swapRules(p policy.Policy) error {
 
 func (g *Gateway) compileLocked(p policy.Policy) error {
 	addrs, gen := g.hosts.get()
-	r, err := policy.Compile(p, gatewayAddr, addrs)
+	r, err := policy.Compile(p, policy.Bounds{Gateway: gatewayAddr, Host: addrs, Private: g.cfg.Private})
 	if err != nil {
 		return err
 	}
@@ -467,7 +471,7 @@ func (g *Gateway) DialGuest(ctx context.Context, port uint16) (net.Conn, error) 
 // port (port 0: for no port).
 func (g *Gateway) alwaysDenied(r *policy.Rules, a netip.Addr, port uint16) bool {
 	addrs, _ := g.hosts.get()
-	denied, _ := policy.AlwaysDenied(a, gatewayAddr, addrs)
+	denied, _ := policy.AlwaysDenied(a, policy.Bounds{Gateway: gatewayAddr, Host: addrs})
 	return denied && !r.OpenedLiterally(a, port)
 }
 
@@ -509,21 +513,36 @@ func (h *hostAddrs) get() (addrs []netip.Addr, gen uint64) {
 	if err != nil {
 		return h.addrs, h.gen
 	}
-	var now []netip.Addr
+	if now := ipv4Of(ifAddrs); !slices.Equal(now, h.addrs) {
+		h.addrs = now
+		h.gen++
+	}
+	return h.addrs, h.gen
+}
+
+// HostAddrs returns the host's own IPv4 interface addresses, sorted: what
+// the gateway denies as the host's (see policy.Bounds).
+func HostAddrs() ([]netip.Addr, error) {
+	ifAddrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, fmt.Errorf("read the host's addresses: %w", err)
+	}
+	return ipv4Of(ifAddrs), nil
+}
+
+// ipv4Of returns the IPv4 addresses of interface addresses, sorted and
+// without repeats.
+func ipv4Of(ifAddrs []net.Addr) []netip.Addr {
+	var out []netip.Addr
 	for _, a := range ifAddrs {
 		n, ok := a.(*net.IPNet)
 		if !ok {
 			continue
 		}
 		if ip, ok := netip.AddrFromSlice(n.IP); ok && ip.Unmap().Is4() {
-			now = append(now, ip.Unmap())
+			out = append(out, ip.Unmap())
 		}
 	}
-	slices.SortFunc(now, netip.Addr.Compare)
-	now = slices.Compact(now)
-	if !slices.Equal(now, h.addrs) {
-		h.addrs = now
-		h.gen++
-	}
-	return h.addrs, h.gen
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
 }

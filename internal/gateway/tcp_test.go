@@ -23,6 +23,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 
+	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/gateway/mitm"
 	"github.com/airlockhq/airlock/internal/gateway/policy"
 )
@@ -125,24 +126,27 @@ func TestTCPRefusedAtSYN(t *testing.T) {
 	}
 }
 
-// The host-side dial checks the address again just before connect.
+// The host-side dial checks the address again just before connect: no
+// policy opens loopback, not even one that names the address literally
+// (as a policy stored before such entries were refused may).
 func TestDialTCPRechecks(t *testing.T) {
 	echo := echoServer(t)
 	ap := netip.MustParseAddrPort(echo)
 	n := newTestNet(t, policy.Policy{Allow: []string{"203.0.113.1"}}, netOptions{})
 	ctx := t.Context()
-	if c, err := n.gw.dialTCP(ctx, ap); err == nil {
-		c.Close()
-		t.Fatalf("dialed %s, which is always denied", echo)
+	for _, p := range []policy.Policy{{Allow: []string{"203.0.113.1"}}, {Egress: "allow", Allow: []string{echo, "127.0.0.0/8"}}} {
+		if err := n.gw.SetPolicy(p); err != nil {
+			t.Fatal(err)
+		}
+		c, err := n.gw.dialTCP(ctx, ap)
+		if err == nil {
+			c.Close()
+			t.Fatalf("dialed %s, which is always denied, under %+v", echo, p)
+		}
+		if !errors.Is(err, errdefs.ErrPermission) {
+			t.Fatalf("dial %s: %v, want ErrPermission", echo, err)
+		}
 	}
-	if err := n.gw.SetPolicy(policy.Policy{Allow: []string{echo}}); err != nil {
-		t.Fatal(err)
-	}
-	c, err := n.gw.dialTCP(ctx, ap)
-	if err != nil {
-		t.Fatalf("dial %s, opened literally: %v", echo, err)
-	}
-	c.Close()
 }
 
 // tlsServer serves HTTPS on 127.0.0.1 with a certificate for name from a

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -32,6 +33,10 @@ type NetworkConfig struct {
 	Metrics *gateway.Metrics
 	// Limits bound each sandbox's flows, handshakes and DNS queries.
 	Limits gateway.Limits
+	// Private are the parts of the private ranges (RFC 1918, CGNAT) the
+	// operator opened (airlock serve --egress-private): a policy's allow
+	// entry naming an address in them literally admits it.
+	Private []netip.Prefix
 	// Secret returns the value of the secret name for sandbox id's
 	// credential rules; nil means there are no secrets, and credential
 	// rules fail closed.
@@ -87,6 +92,7 @@ func (r *Runtime) startGateway(ctx context.Context, s *Sandbox, netMAC string) e
 		Events:      events,
 		Metrics:     nc.Metrics,
 		Limits:      nc.Limits,
+		Private:     nc.Private,
 	})
 	if err != nil {
 		events.Close()

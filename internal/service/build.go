@@ -206,7 +206,7 @@ func (s *Service) planBuild(ctx context.Context, req apiv1.CreateTemplate) (plan
 	if pl.diskMiB < 0 || pl.diskMiB > l.MaxDiskMiB {
 		return pl, fmt.Errorf("disk %d MiB is out of bounds: use up to %d: %w", pl.diskMiB, l.MaxDiskMiB, errdefs.ErrInvalid)
 	}
-	pol := policy.Policy{Egress: "allow"}
+	pol := policy.Policy{Egress: s.cfg.DefaultEgress}
 	if len(req.Network) > 0 && string(req.Network) != "null" {
 		var err error
 		if pol, err = policy.Parse(req.Network); err != nil {
@@ -217,6 +217,9 @@ func (s *Service) planBuild(ctx context.Context, req apiv1.CreateTemplate) (plan
 		}
 	}
 	pl.network = pol.Normalized()
+	if err := s.egressBounds().Check(pl.network, "network"); err != nil {
+		return pl, err
+	}
 	return pl, nil
 }
 

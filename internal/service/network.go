@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/netip"
 	"slices"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
@@ -32,6 +33,9 @@ func (s *Service) parseNetwork(ctx context.Context, owner string, raw json.RawMe
 		}
 	}
 	p = p.Normalized()
+	if err := s.egressBounds().Check(p, "network"); err != nil {
+		return p, nil, err
+	}
 	if names := p.Secrets(); len(names) > 0 {
 		if err := s.CheckSecrets(ctx, owner, names); err != nil {
 			return p, nil, err
@@ -42,6 +46,17 @@ func (s *Service) parseNetwork(ctx context.Context, owner string, raw json.RawMe
 		return p, nil, err
 	}
 	return p, b, nil
+}
+
+// egressBounds is what no policy may open on this host: the gateway's
+// address, the host's own, the always-denied ranges and the private ones
+// the operator did not open.
+func (s *Service) egressBounds() policy.Bounds {
+	host, err := gateway.HostAddrs()
+	if err != nil {
+		s.log.Warn("network policy: the host's addresses are unknown; its gateways still deny them", "err", err)
+	}
+	return policy.Bounds{Gateway: netip.MustParseAddr(gateway.GatewayIP), Host: host, Private: s.cfg.EgressPrivate}
 }
 
 // mayChangeCredentials refuses a change to sb's credential rules by any

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -27,12 +28,21 @@ func TestParseNetwork(t *testing.T) {
 		stored     string // the policy as stored; "" when it is refused
 		wantInErr  string
 		defaultOut string // the server's default egress, when not deny
+		private    string // the private range the operator opened, if any
+		denied     bool   // refused with permission denied, not invalid
 	}{
 		{name: "absent", raw: ``, stored: `{"egress":"deny"}`},
 		{name: "null", raw: `null`, stored: `{"egress":"deny"}`},
 		{name: "absent with an open default", raw: ``, stored: `{"egress":"allow"}`, defaultOut: "allow"},
 		{name: "rules", raw: `{"egress":"deny","allow":["Example.COM.","*.pypi.org:443","10.1.0.0/16"],"deny":["203.0.113.9"]}`,
-			stored: `{"egress":"deny","allow":["example.com","*.pypi.org:443","10.1.0.0/16"],"deny":["203.0.113.9"]}`},
+			stored: `{"egress":"deny","allow":["example.com","*.pypi.org:443","10.1.0.0/16"],"deny":["203.0.113.9"]}`, private: "10.0.0.0/8"},
+		{name: "a private range not opened", raw: `{"allow":["example.com","10.1.0.0/16"]}`, wantInErr: `network.allow[1] "10.1.0.0/16"`, denied: true},
+		{name: "a private range wider than opened", raw: `{"allow":["10.0.0.0/8"]}`, wantInErr: `network.allow[0] "10.0.0.0/8"`, private: "10.1.0.0/16", denied: true},
+		{name: "loopback", raw: `{"allow":["127.0.0.1:8080"]}`, wantInErr: "loopback", private: "10.0.0.0/8", denied: true},
+		{name: "metadata", raw: `{"egress":"allow","allow":["169.254.169.254"]}`, wantInErr: "link-local", denied: true},
+		{name: "the gateway", raw: `{"allow":["10.0.2.2:80"]}`, wantInErr: "gateway", private: "10.0.0.0/8", denied: true},
+		{name: "deny entries name anything", raw: `{"egress":"allow","deny":["127.0.0.1","169.254.169.254","10.0.0.0/8"]}`,
+			stored: `{"egress":"allow","deny":["127.0.0.1","169.254.169.254","10.0.0.0/8"]}`},
 		{name: "a stored secret", raw: `{"egress":"deny","allow":["api.openai.com"],` + cred + `}`,
 			stored: `{"egress":"deny","allow":["api.openai.com"],` + cred + `}`},
 		{name: "a secret of nobody", raw: `{"credentials":[{"host":"a.example","header":"X-Key","secret":"nope"}]}`, wantInErr: `"nope"`},
@@ -47,14 +57,21 @@ func TestParseNetwork(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s.cfg.DefaultEgress = "deny"
+			s.cfg.DefaultEgress, s.cfg.EgressPrivate = "deny", nil
 			if tt.defaultOut != "" {
 				s.cfg.DefaultEgress = tt.defaultOut
 			}
+			if tt.private != "" {
+				s.cfg.EgressPrivate = []netip.Prefix{netip.MustParsePrefix(tt.private)}
+			}
 			_, stored, err := s.parseNetwork(ctx, alice.KeyID, json.RawMessage(tt.raw))
 			if tt.stored == "" {
-				if !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), tt.wantInErr) {
-					t.Fatalf("got %s, %v; want invalid naming %q", stored, err, tt.wantInErr)
+				want := errdefs.ErrInvalid
+				if tt.denied {
+					want = errdefs.ErrPermission
+				}
+				if !errors.Is(err, want) || !strings.Contains(err.Error(), tt.wantInErr) {
+					t.Fatalf("got %s, %v; want %v naming %q", stored, err, want, tt.wantInErr)
 				}
 				return
 			}

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -60,6 +61,12 @@ type Config struct {
 	// DefaultEgress is the egress of a sandbox created without a network
 	// policy: "deny" (the default) or "allow".
 	DefaultEgress string
+	// EgressPrivate are the parts of the private ranges (RFC 1918, CGNAT)
+	// a policy may open by naming an address in them literally (airlock
+	// serve --egress-private). A policy naming any other private address,
+	// or an always-denied one, is refused. The runtime's gateways must be
+	// given the same ranges.
+	EgressPrivate []netip.Prefix
 	// Secrets seals and opens the values of stored secrets (POST
 	// /v1/secrets) for credential rules. Nil: the server keeps no secrets,
 	// and every secret call is refused with an error wrapping

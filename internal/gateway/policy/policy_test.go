@@ -510,7 +510,7 @@ func FuzzParse(f *testing.F) {
 				t.Fatalf("round trip of %s: normalized %+v, want %+v", b, got, n)
 			}
 		}
-		if _, err := Compile(p, gatewayAddr, nil); err != nil {
+		if _, err := Compile(p, Bounds{Gateway: gatewayAddr}); err != nil {
 			t.Fatalf("Compile of a valid policy: %v", err)
 		}
 	})

@@ -22,30 +22,52 @@ const (
 	reasonIPv6         = "ipv6"          // not an IPv4 address
 )
 
-// reserved is the fixed part of the always-denied set.
+// reserved is the fixed part of the always-denied set. The private ranges
+// are denied unless the operator opens them (Bounds.Private); the others
+// are denied whatever anyone says.
 var reserved = []struct {
-	prefix netip.Prefix
-	label  string
+	prefix  netip.Prefix
+	label   string
+	private bool
 }{
-	{netip.MustParsePrefix("0.0.0.0/8"), "this-network"},
-	{netip.MustParsePrefix("10.0.0.0/8"), "private"},
-	{netip.MustParsePrefix("100.64.0.0/10"), "cgnat"},
-	{netip.MustParsePrefix("127.0.0.0/8"), "loopback"},
-	{netip.MustParsePrefix("169.254.0.0/16"), "link-local"},
-	{netip.MustParsePrefix("172.16.0.0/12"), "private"},
-	{netip.MustParsePrefix("192.168.0.0/16"), "private"},
-	{netip.MustParsePrefix("224.0.0.0/4"), "multicast"},
-	{netip.MustParsePrefix("240.0.0.0/4"), "reserved"},
-	{netip.MustParsePrefix("255.255.255.255/32"), "broadcast"},
+	{netip.MustParsePrefix("0.0.0.0/8"), "this-network", false},
+	{netip.MustParsePrefix("10.0.0.0/8"), "private", true},
+	{netip.MustParsePrefix("100.64.0.0/10"), "cgnat", true},
+	{netip.MustParsePrefix("127.0.0.0/8"), "loopback", false},
+	{netip.MustParsePrefix("168.63.129.16/32"), "cloud-service", false},
+	{netip.MustParsePrefix("169.254.0.0/16"), "link-local", false},
+	{netip.MustParsePrefix("172.16.0.0/12"), "private", true},
+	{netip.MustParsePrefix("192.168.0.0/16"), "private", true},
+	{netip.MustParsePrefix("224.0.0.0/4"), "multicast", false},
+	{netip.MustParsePrefix("240.0.0.0/4"), "reserved", false},
+	{netip.MustParsePrefix("255.255.255.255/32"), "broadcast", false},
+}
+
+// Bounds is what judges addresses beside a policy: the gateway's own
+// address, the host's, and the private ranges the operator opened. No
+// policy reaches past them.
+type Bounds struct {
+	// Gateway is the gateway's own IPv4 address: denied on every port
+	// (DNS is served before the policy is asked).
+	Gateway netip.Addr
+	// Host are the host's own interface addresses: always denied. IPv6
+	// ones are ignored: the guest has no IPv6.
+	Host []netip.Addr
+	// Private are the parts of the private and CGNAT ranges the operator
+	// opened (airlock serve --egress-private). Inside them an allow entry
+	// that names an address or CIDR literally admits it; a name rule never
+	// does. The rest of those ranges is denied like loopback.
+	Private []netip.Prefix
 }
 
 // Rules is a policy compiled to judge flows. It is immutable and safe for
 // concurrent use.
 type Rules struct {
-	policy      Policy       // normalized; handed out only as copies
-	egressAllow bool         // what no rule names is allowed
-	gateway     netip.Addr   // IPv4
-	host        []netip.Addr // the host's own IPv4 addresses
+	policy      Policy         // normalized; handed out only as copies
+	egressAllow bool           // what no rule names is allowed
+	gateway     netip.Addr     // IPv4
+	host        []netip.Addr   // the host's own IPv4 addresses
+	private     []netip.Prefix // opened private ranges, IPv4
 
 	allowIPs   []entry // kindPrefix, policy order
 	denyIPs    []entry
@@ -71,30 +93,26 @@ func (r nameRule) live(port uint16) bool {
 	return portMatches(r.port, port) && !r.deadAnyPort && !r.deadPorts[port]
 }
 
-// Compile validates p and compiles it. gateway is the gateway's own IPv4
-// address; hostAddrs are the host's own interface addresses, denied unless
-// an allow entry names them literally (IPv6 ones are ignored: the guest has
-// no IPv6). Errors wrap errdefs.ErrInvalid.
-func Compile(p Policy, gateway netip.Addr, hostAddrs []netip.Addr) (*Rules, error) {
+// Compile validates p and compiles it against b. Entries that name what
+// b keeps closed compile and open nothing (Bounds.Check refuses them in new
+// policies). Errors wrap errdefs.ErrInvalid.
+func Compile(p Policy, b Bounds) (*Rules, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	gw := gateway.Unmap()
+	gw := b.Gateway.Unmap()
 	if !gw.Is4() {
-		return nil, fmt.Errorf("gateway address %v: not IPv4: %w", gateway, errdefs.ErrInvalid)
+		return nil, fmt.Errorf("gateway address %v: not IPv4: %w", b.Gateway, errdefs.ErrInvalid)
 	}
 	n := p.Normalized()
 	r := &Rules{
 		policy:        n,
 		egressAllow:   n.Egress == egressAllow,
 		gateway:       gw,
+		host:          b.host(),
+		private:       b.private(),
 		denyNamePorts: make(map[uint16]bool),
 		creds:         make(map[string][]Credential),
-	}
-	for _, a := range hostAddrs {
-		if a = a.Unmap(); a.Is4() && !slices.Contains(r.host, a) {
-			r.host = append(r.host, a)
-		}
 	}
 	for _, s := range n.Deny {
 		e, err := parseEntry(s)
@@ -203,9 +221,9 @@ func deny(reason, rule string) Verdict  { return Verdict{Reason: reason, Rule: r
 //     is "" or Dst is not among NameAddrs (so a made-up SNI does not unlock
 //     an address the gateway knows as a denied name's): deny.
 //  4. An allow IP or CIDR entry matches Dst and Port and opens it: allow.
-//     An entry opens an always-denied address only when it lies within the
-//     always-denied range, so 10.0.0.0/8 opens 10.1.2.3 but 0.0.0.0/0 does
-//     not, and only the host's address itself opens the host's address.
+//     Of the always-denied addresses only those in a private range the
+//     operator opened can be opened, by an entry that lies within the
+//     private range: 10.0.0.0/8 opens 10.1.2.3 but 0.0.0.0/0 does not.
 //  5. Dst is always denied (see AlwaysDenied): deny.
 //  6. With a Name, an allow name entry matching Name at Port: allow if Dst
 //     is among NameAddrs, else deny ("not-resolved"). DstNames are not
@@ -245,7 +263,7 @@ func (r *Rules) Decide(f Flow) Verdict {
 	if e := r.openingIP(dst, f.Port); e != nil {
 		return allow(reasonAllowRule, e.text)
 	}
-	if _, _, denied := deniedRange(dst, r.host); denied {
+	if _, _, denied := r.deniedRange(dst); denied {
 		return deny(reasonAlwaysDenied, "")
 	}
 	if name != "" {
@@ -287,7 +305,7 @@ func (r *Rules) NeedsName(dst netip.Addr, port uint16) bool {
 	if r.openingIP(dst, port) != nil {
 		return r.denyNameAt(port)
 	}
-	if _, _, denied := deniedRange(dst, r.host); denied {
+	if _, _, denied := r.deniedRange(dst); denied {
 		return false
 	}
 	return r.liveAllowNameAt(port) || r.egressAllow && r.denyNameAt(port)
@@ -316,7 +334,7 @@ func (r *Rules) couldAllow(dst netip.Addr, port uint16) bool {
 	if r.openingIP(dst, port) != nil {
 		return true
 	}
-	if _, _, denied := deniedRange(dst, r.host); denied {
+	if _, _, denied := r.deniedRange(dst); denied {
 		return false
 	}
 	return r.egressAllow || r.liveAllowNameAt(port)
@@ -341,64 +359,125 @@ func (r *Rules) AllowName(name string) Verdict {
 	return r.byEgress()
 }
 
-// AlwaysDenied reports whether a is in the always-denied set, whatever the
-// rules, and names the range: "gateway A/32", "host A/32", or a label and
-// CIDR such as "link-local 169.254.0.0/16"; "ipv6" for any address that is
-// not IPv4. The set is 0.0.0.0/8, 127.0.0.0/8 loopback, 169.254.0.0/16
-// link-local (cloud metadata), 10.0.0.0/8, 172.16.0.0/12 and 192.168.0.0/16,
-// 100.64.0.0/10 CGNAT, 224.0.0.0/4 multicast, 240.0.0.0/4 with the
-// 255.255.255.255 broadcast, the host's own addresses and the gateway's.
-// IPv4-mapped IPv6 addresses are judged as the IPv4 address they map.
-func AlwaysDenied(a netip.Addr, gateway netip.Addr, hostAddrs []netip.Addr) (bool, string) {
+// AlwaysDenied reports whether a is in the always-denied set, whatever
+// the rules, and names the range: "gateway A/32", "host A/32", or a label
+// and CIDR such as "link-local 169.254.0.0/16"; "ipv6" for any address that
+// is not IPv4. The set is 0.0.0.0/8, 127.0.0.0/8 loopback, 169.254.0.0/16
+// link-local (cloud metadata), 168.63.129.16 (a cloud's service address),
+// 10.0.0.0/8, 172.16.0.0/12 and 192.168.0.0/16, 100.64.0.0/10 CGNAT,
+// 224.0.0.0/4 multicast, 240.0.0.0/4 with the 255.255.255.255 broadcast,
+// the host's own addresses and the gateway's. An address in a private
+// range the operator opened is in the set too: only an allow entry that
+// names it literally admits it (see Rules.OpenedLiterally). IPv4-mapped
+// IPv6 addresses are judged as the IPv4 address they map.
+func AlwaysDenied(a netip.Addr, b Bounds) (bool, string) {
 	a = a.Unmap()
 	if !a.Is4() {
 		return true, reasonIPv6
 	}
-	if a == gateway.Unmap() {
+	if a == b.Gateway.Unmap() {
 		return true, "gateway " + netip.PrefixFrom(a, 32).String()
 	}
-	label, _, denied := deniedRange(a, hostAddrs)
+	label, _, _, denied := deniedRange(a, b.host())
 	return denied, label
 }
 
-// deniedRange reports whether the IPv4 address a is always denied (the
-// gateway aside), the label of the narrowest range holding it and that
-// range's prefix length.
-func deniedRange(a netip.Addr, host []netip.Addr) (label string, bits int, denied bool) {
-	for _, h := range host {
-		if h.Unmap() == a {
-			return "host " + netip.PrefixFrom(a, 32).String(), 32, true
+// Check refuses, with errdefs.ErrPermission, a policy whose allow entries
+// name an address b keeps closed to every policy: one that lies wholly in
+// an always-denied range or is the gateway's or the host's own, or one in
+// a private range the operator has not opened. The error names the entry
+// as field[i] "text". An entry wider than such a range (0.0.0.0/0) is
+// accepted: it opens none of it. Deny entries are never refused: they can
+// only close more.
+func (b Bounds) Check(p Policy, field string) error {
+	host, private := b.host(), b.private()
+	for i, s := range p.Allow {
+		e, err := parseEntry(s)
+		if err != nil || e.kind != kindPrefix {
+			continue // Validate reports malformed entries
 		}
+		a, bits := e.prefix.Addr(), e.prefix.Bits()
+		label, rangeBits, priv, denied := deniedRange(a, nil)
+		inRange := denied && bits >= rangeBits
+		closed := ""
+		switch {
+		case inRange && !priv:
+			closed = label
+		case bits == 32 && a == b.Gateway.Unmap():
+			closed = "the gateway's own address"
+		case bits == 32 && slices.Contains(host, a):
+			closed = "an address of the host's"
+		}
+		if closed != "" {
+			return fmt.Errorf("%s.allow[%d] %q: %s is always denied: no policy can open it: %w", field, i, s, closed, errdefs.ErrPermission)
+		}
+		if !inRange {
+			continue
+		}
+		if !slices.ContainsFunc(private, func(o netip.Prefix) bool { return o.Bits() <= bits && o.Contains(a) }) {
+			return fmt.Errorf("%s.allow[%d] %q: %s is closed on this server: the operator opens private ranges with airlock serve --egress-private CIDR: %w", field, i, s, label, errdefs.ErrPermission)
+		}
+	}
+	return nil
+}
+
+// host returns b's host addresses that are IPv4, unmapped, without repeats.
+func (b Bounds) host() []netip.Addr {
+	var out []netip.Addr
+	for _, a := range b.Host {
+		if a = a.Unmap(); a.Is4() && !slices.Contains(out, a) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// private returns b's opened private ranges that are IPv4, masked.
+func (b Bounds) private() []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range b.Private {
+		if p.Addr().Is4() {
+			out = append(out, p.Masked())
+		}
+	}
+	return out
+}
+
+// deniedRange reports whether the IPv4 address a is always denied (the
+// gateway aside), the label of the narrowest range holding it, that
+// range's prefix length, and whether the range is a private one an
+// operator may open.
+func deniedRange(a netip.Addr, host []netip.Addr) (label string, bits int, private, denied bool) {
+	if slices.Contains(host, a) {
+		return "host " + netip.PrefixFrom(a, 32).String(), 32, false, true
 	}
 	for _, r := range reserved {
 		if r.prefix.Contains(a) && (!denied || r.prefix.Bits() > bits) {
-			label, bits, denied = r.label+" "+r.prefix.String(), r.prefix.Bits(), true
+			label, bits, private, denied = r.label+" "+r.prefix.String(), r.prefix.Bits(), r.private, true
 		}
 	}
+	return label, bits, private, denied
+}
+
+// deniedRange is the package's deniedRange with r's host addresses.
+func (r *Rules) deniedRange(a netip.Addr) (label string, bits int, denied bool) {
+	label, bits, _, denied = deniedRange(a, r.host)
 	return label, bits, denied
 }
 
 // OpenedLiterally reports whether an allow IP or CIDR entry opens a, which
 // is what lets the gateway keep an always-denied address in a DNS answer or
 // dial it. port 0 asks about any port; another port asks about entries
-// without a port or with that one. For an always-denied address the entry
-// must lie within its range (see Decide); the gateway's address is never
-// opened.
+// without a port or with that one. Only an address in a private range the
+// operator opened can be opened, by an entry that lies within the private
+// range (see Decide); the gateway's and the host's addresses and the other
+// always-denied ranges never are.
 func (r *Rules) OpenedLiterally(a netip.Addr, port uint16) bool {
 	a = a.Unmap()
 	if !a.Is4() || a == r.gateway {
 		return false
 	}
-	if port != 0 {
-		return r.openingIP(a, port) != nil
-	}
-	_, bits, denied := deniedRange(a, r.host)
-	for i := range r.allowIPs {
-		if opens(&r.allowIPs[i], a, bits, denied) {
-			return true
-		}
-	}
-	return false
+	return r.opening(a, func(e *entry) bool { return port == 0 || portMatches(e.port, port) }) != nil
 }
 
 // Credentials returns the credential rules for exactly host, in policy
@@ -410,19 +489,26 @@ func (r *Rules) Credentials(host string) []Credential {
 // openingIP returns the first allow IP entry that matches the IPv4 address
 // a at port and opens it, or nil.
 func (r *Rules) openingIP(a netip.Addr, port uint16) *entry {
-	_, bits, denied := deniedRange(a, r.host)
+	return r.opening(a, func(e *entry) bool { return portMatches(e.port, port) })
+}
+
+// opening returns the first allow IP entry that covers the IPv4 address a,
+// passes ok, and opens a: any entry for an address outside the
+// always-denied set; for one in a private range the operator opened, an
+// entry that lies within the private range, so that 10.0.0.0/8 opens
+// 10.1.2.3 but 0.0.0.0/0 does not; for any other always-denied address,
+// none.
+func (r *Rules) opening(a netip.Addr, ok func(*entry) bool) *entry {
+	_, bits, private, denied := deniedRange(a, r.host)
+	if denied && (!private || !slices.ContainsFunc(r.private, func(o netip.Prefix) bool { return o.Contains(a) })) {
+		return nil
+	}
 	for i := range r.allowIPs {
-		if e := &r.allowIPs[i]; portMatches(e.port, port) && opens(e, a, bits, denied) {
+		if e := &r.allowIPs[i]; ok(e) && e.prefix.Contains(a) && (!denied || e.prefix.Bits() >= bits) {
 			return e
 		}
 	}
 	return nil
-}
-
-// opens reports whether the IP entry e covers a, and when a is always denied
-// in a range of prefix length bits, lies within that range.
-func opens(e *entry, a netip.Addr, bits int, denied bool) bool {
-	return e.prefix.Contains(a) && (!denied || e.prefix.Bits() >= bits)
 }
 
 func (r *Rules) matchAllowName(name string, port uint16) *nameRule {
@@ -522,4 +608,35 @@ func containsAddr(list []netip.Addr, a netip.Addr) bool {
 		}
 	}
 	return false
+}
+
+// ParsePrivate reads the operator's list of private ranges to open,
+// CIDR[,CIDR…] (an address alone is a /32). Each must lie within one of the
+// private ranges (10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16) or CGNAT
+// (100.64.0.0/10): nothing else can be opened. Errors wrap
+// errdefs.ErrInvalid.
+func ParsePrivate(list string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range strings.Split(list, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			a, aerr := netip.ParseAddr(s)
+			if aerr != nil {
+				return nil, fmt.Errorf("%q is not an IPv4 CIDR or address: %w", s, errdefs.ErrInvalid)
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		if !p.Addr().Is4() {
+			return nil, fmt.Errorf("%q is not IPv4: sandboxes have IPv4 only: %w", s, errdefs.ErrInvalid)
+		}
+		p = p.Masked()
+		if _, bits, private, denied := deniedRange(p.Addr(), nil); !private || !denied || p.Bits() < bits {
+			return nil, fmt.Errorf("%q is not within a private range (10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, 100.64.0.0/10): only those can be opened: %w", s, errdefs.ErrInvalid)
+		}
+		out = append(out, p)
+	}
+	return out, nil
 }

@@ -23,13 +23,17 @@ var (
 	otherIP   = netip.MustParseAddr("203.0.113.50")  // resolved for nothing the policy names
 	evilIP    = netip.MustParseAddr("203.0.113.66")  // evil.com, as the gateway resolved it
 	metadata  = netip.MustParseAddr("169.254.169.254")
+
+	// bounds is the tests' host: 10.0.0.0/8 is opened by the operator,
+	// the other private ranges are not.
+	bounds = Bounds{Gateway: gatewayAddr, Host: hostAddrs, Private: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}
 )
 
 func addr(s string) netip.Addr { return netip.MustParseAddr(s) }
 
 func compile(t testing.TB, p Policy) *Rules {
 	t.Helper()
-	r, err := Compile(p, gatewayAddr, hostAddrs)
+	r, err := Compile(p, bounds)
 	if err != nil {
 		t.Fatalf("Compile(%+v): %v", p, err)
 	}
@@ -197,16 +201,20 @@ func TestDecide(t *testing.T) {
 		{"allow 0.0.0.0/0 does not open metadata", Policy{Allow: []string{"0.0.0.0/0"}}, tcp(metadata, 80), denied("always-denied", "")},
 		{"allow 0.0.0.0/0 does not open loopback", Policy{Allow: []string{"0.0.0.0/0"}}, tcp(addr("127.0.0.1"), 22), denied("always-denied", "")},
 		{"allow wider than the range does not open it", Policy{Allow: []string{"10.0.0.0/7"}}, tcp(addr("10.1.2.3"), 22), denied("always-denied", "")},
-		{"allow metadata literally", Policy{Allow: []string{"169.254.169.254"}}, tcp(metadata, 80), allowed("allow-rule", "169.254.169.254")},
-		{"allow metadata with port", Policy{Allow: []string{"169.254.169.254:80"}}, tcp(metadata, 80), allowed("allow-rule", "169.254.169.254:80")},
+		{"allow metadata literally", Policy{Allow: []string{"169.254.169.254"}}, tcp(metadata, 80), denied("always-denied", "")},
+		{"allow metadata with port", Policy{Allow: []string{"169.254.169.254:80"}}, tcp(metadata, 80), denied("always-denied", "")},
 		{"allow metadata with port, other port", Policy{Allow: []string{"169.254.169.254:80"}}, tcp(metadata, 443), denied("always-denied", "")},
-		{"allow link-local range", Policy{Allow: []string{"169.254.0.0/16"}}, tcp(metadata, 80), allowed("allow-rule", "169.254.0.0/16")},
+		{"allow link-local range", Policy{Allow: []string{"169.254.0.0/16"}}, tcp(metadata, 80), denied("always-denied", "")},
+		{"allow loopback", Policy{Allow: []string{"127.0.0.1:8080"}}, tcp(addr("127.0.0.1"), 8080), denied("always-denied", "")},
+		{"allow cloud service address", Policy{Allow: []string{"168.63.129.16"}}, tcp(addr("168.63.129.16"), 80), denied("always-denied", "")},
+		{"allow private range the operator did not open", Policy{Allow: []string{"192.168.0.0/16"}}, tcp(addr("192.168.1.1"), 22), denied("always-denied", "")},
+		{"allow cgnat the operator did not open", Policy{Allow: []string{"100.64.0.0/10"}}, tcp(addr("100.64.1.1"), 22), denied("always-denied", "")},
 		{"allow private range", Policy{Allow: []string{"10.0.0.0/8"}}, tcp(addr("10.1.2.3"), 5432), allowed("allow-rule", "10.0.0.0/8")},
 		{"allow private subnet", Policy{Allow: []string{"10.1.0.0/16"}}, tcp(addr("10.1.2.3"), 5432), allowed("allow-rule", "10.1.0.0/16")},
 		{"allow private range does not open the host in it", Policy{Allow: []string{"10.0.0.0/8"}}, tcp(hostPrivate, 22), denied("always-denied", "")},
 		{"allow host subnet does not open the host", Policy{Allow: []string{"198.51.100.0/24"}}, tcp(hostPublic, 22), denied("always-denied", "")},
 		{"allow host subnet opens its neighbours", Policy{Allow: []string{"198.51.100.0/24"}}, tcp(addr("198.51.100.2"), 22), allowed("allow-rule", "198.51.100.0/24")},
-		{"allow host literally", Policy{Allow: []string{"198.51.100.1:8080"}}, tcp(hostPublic, 8080), allowed("allow-rule", "198.51.100.1:8080")},
+		{"allow host literally", Policy{Allow: []string{"198.51.100.1:8080"}}, tcp(hostPublic, 8080), denied("always-denied", "")},
 		{"allow reserved range does not open broadcast", Policy{Allow: []string{"240.0.0.0/4"}}, tcp(addr("255.255.255.255"), 80), denied("always-denied", "")},
 		{"name rule never opens private", Policy{Allow: []string{"db.internal"}}, named(addr("10.1.2.3"), 5432, "db.internal", addr("10.1.2.3")), denied("always-denied", "")},
 		{"deny wins over a literal opening", Policy{Allow: []string{"10.0.0.0/8"}, Deny: []string{"10.9.0.0/16"}}, tcp(addr("10.9.1.1"), 22), denied("deny-rule", "10.9.0.0/16")},
@@ -277,6 +285,8 @@ func TestAlwaysDenied(t *testing.T) {
 		{"127.0.0.1", true, "loopback 127.0.0.0/8"},
 		{"127.255.255.254", true, "loopback 127.0.0.0/8"},
 		{"169.254.169.254", true, "link-local 169.254.0.0/16"},
+		{"168.63.129.16", true, "cloud-service 168.63.129.16/32"},
+		{"168.63.129.15", false, ""},
 		{"10.0.0.1", true, "private 10.0.0.0/8"},
 		{"172.16.0.1", true, "private 172.16.0.0/12"},
 		{"172.31.255.255", true, "private 172.16.0.0/12"},
@@ -306,13 +316,13 @@ func TestAlwaysDenied(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.addr, func(t *testing.T) {
-			got, gotRange := AlwaysDenied(addr(tt.addr), gatewayAddr, hostAddrs)
+			got, gotRange := AlwaysDenied(addr(tt.addr), bounds)
 			if got != tt.want || gotRange != tt.wantRange {
 				t.Errorf("AlwaysDenied(%s) = %v, %q, want %v, %q", tt.addr, got, gotRange, tt.want, tt.wantRange)
 			}
 		})
 	}
-	if got, _ := AlwaysDenied(netip.Addr{}, gatewayAddr, nil); !got {
+	if got, _ := AlwaysDenied(netip.Addr{}, Bounds{Gateway: gatewayAddr}); !got {
 		t.Error("AlwaysDenied(zero Addr) = false, want true")
 	}
 }
@@ -332,7 +342,11 @@ func TestOpenedLiterally(t *testing.T) {
 		{"subnet", []string{"10.1.2.0/24"}, "10.1.2.3", 0, true},
 		{"wider than the range", []string{"0.0.0.0/0"}, "10.1.2.3", 0, false},
 		{"wider than metadata's range", []string{"169.0.0.0/8"}, "169.254.169.254", 0, false},
-		{"metadata", []string{"169.254.169.254"}, "169.254.169.254", 0, true},
+		{"metadata", []string{"169.254.169.254"}, "169.254.169.254", 0, false},
+		{"loopback", []string{"127.0.0.1"}, "127.0.0.1", 0, false},
+		{"cloud service address", []string{"168.63.129.16"}, "168.63.129.16", 0, false},
+		{"private range not opened", []string{"172.16.0.0/12"}, "172.16.1.1", 0, false},
+		{"cgnat not opened", []string{"100.64.0.1"}, "100.64.0.1", 0, false},
 		{"with port, any port asked", []string{"10.1.2.3:5432"}, "10.1.2.3", 0, true},
 		{"with port, that port asked", []string{"10.1.2.3:5432"}, "10.1.2.3", 5432, true},
 		{"with port, other port asked", []string{"10.1.2.3:5432"}, "10.1.2.3", 22, false},
@@ -340,7 +354,7 @@ func TestOpenedLiterally(t *testing.T) {
 		{"public address covered", []string{"0.0.0.0/0"}, "1.1.1.1", 0, true},
 		{"public address not covered", []string{"10.0.0.0/8"}, "1.1.1.1", 0, false},
 		{"host address by its subnet", []string{"198.51.100.0/24"}, "198.51.100.1", 0, false},
-		{"host address literally", []string{"198.51.100.1"}, "198.51.100.1", 0, true},
+		{"host address literally", []string{"198.51.100.1"}, "198.51.100.1", 0, false},
 		{"host address in a private range", []string{"10.0.0.0/8"}, "10.0.0.5", 0, false},
 		{"gateway literally", []string{"192.168.127.1"}, "192.168.127.1", 0, false},
 		{"gateway literally with port", []string{"192.168.127.1:80"}, "192.168.127.1", 80, false},
@@ -377,7 +391,8 @@ func TestPrecheck(t *testing.T) {
 		{"known name allowed", Policy{Allow: []string{"example.com"}}, exampleIP, 443, []string{"example.com"}, false, allowed("allow-rule", "example.com")},
 		{"known name denied, another name could pass", Policy{Egress: "allow", Deny: []string{"evil.com"}}, evilIP, 443, []string{"evil.com"}, false, denied("deny-rule", "evil.com")},
 		{"metadata", Policy{Egress: "allow", Allow: []string{"*.example.org"}}, metadata, 80, []string{"x.example.org"}, true, denied("always-denied", "")},
-		{"metadata opened", Policy{Allow: []string{"169.254.169.254:80"}}, metadata, 80, nil, false, allowed("allow-rule", "169.254.169.254:80")},
+		{"metadata named", Policy{Allow: []string{"169.254.169.254:80"}}, metadata, 80, nil, true, denied("always-denied", "")},
+		{"private opened", Policy{Allow: []string{"10.1.2.3:80"}}, addr("10.1.2.3"), 80, nil, false, allowed("allow-rule", "10.1.2.3:80")},
 		{"gateway", Policy{Egress: "allow"}, gatewayAddr, 22, nil, true, denied("gateway", "")},
 		{"ipv6", Policy{Egress: "allow"}, addr("::1"), 22, nil, true, denied("ipv6", "")},
 		{"every allowed name denied", Policy{Allow: []string{"a.test", "*.b.test"}, Deny: []string{"a.test", "*.test"}}, otherIP, 443, nil, true, denied("default-deny", "")},
@@ -418,7 +433,8 @@ func TestNeedsName(t *testing.T) {
 		{"allowed ip, a deny name on another port", Policy{Allow: []string{"203.0.113.0/24"}, Deny: []string{"evil.com:80"}}, otherIP, 443, false},
 		{"denied ip", Policy{Allow: []string{"example.com"}, Deny: []string{"203.0.113.50"}}, otherIP, 443, false},
 		{"always denied", Policy{Egress: "allow", Allow: []string{"example.com"}, Deny: []string{"evil.com"}}, metadata, 80, false},
-		{"always denied, opened, a deny name", Policy{Allow: []string{"169.254.169.254"}, Deny: []string{"evil.com"}}, metadata, 80, true},
+		{"private, opened, a deny name", Policy{Allow: []string{"10.1.2.3"}, Deny: []string{"evil.com"}}, addr("10.1.2.3"), 80, true},
+		{"metadata named, a deny name", Policy{Allow: []string{"169.254.169.254"}, Deny: []string{"evil.com"}}, metadata, 80, false},
 		{"gateway", Policy{Egress: "allow", Allow: []string{"example.com"}}, gatewayAddr, 443, false},
 		{"ipv6", Policy{Allow: []string{"example.com"}}, addr("::1"), 443, false},
 		{"allowed names all denied by a wildcard", Policy{Allow: []string{"a.test"}, Deny: []string{"*.test"}}, otherIP, 443, false},
@@ -553,20 +569,20 @@ func TestCredentials(t *testing.T) {
 
 func TestCompile(t *testing.T) {
 	t.Run("invalid policy", func(t *testing.T) {
-		_, err := Compile(Policy{Allow: []string{"10.0.0.0/33"}}, gatewayAddr, nil)
+		_, err := Compile(Policy{Allow: []string{"10.0.0.0/33"}}, bounds)
 		if !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), `network.allow[0] "10.0.0.0/33"`) {
 			t.Fatalf("error %v, want ErrInvalid naming the entry", err)
 		}
 	})
 	for _, gw := range []netip.Addr{{}, addr("fe80::1")} {
 		t.Run("gateway "+gw.String(), func(t *testing.T) {
-			if _, err := Compile(Policy{}, gw, nil); !errors.Is(err, errdefs.ErrInvalid) {
+			if _, err := Compile(Policy{}, Bounds{Gateway: gw}); !errors.Is(err, errdefs.ErrInvalid) {
 				t.Fatalf("error %v, want ErrInvalid", err)
 			}
 		})
 	}
 	t.Run("ipv4-mapped gateway", func(t *testing.T) {
-		r, err := Compile(Policy{Egress: "allow"}, addr("::ffff:192.168.127.1"), nil)
+		r, err := Compile(Policy{Egress: "allow"}, Bounds{Gateway: addr("::ffff:192.168.127.1")})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -576,7 +592,7 @@ func TestCompile(t *testing.T) {
 	})
 	t.Run("host addresses copied", func(t *testing.T) {
 		hosts := []netip.Addr{hostPublic}
-		r, err := Compile(Policy{Egress: "allow"}, gatewayAddr, hosts)
+		r, err := Compile(Policy{Egress: "allow"}, Bounds{Gateway: gatewayAddr, Host: hosts})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -628,4 +644,75 @@ func TestRulesConcurrent(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// TestBoundsCheck names each range no policy may open, and the private
+// ones the operator did not, as a user's allow entry: each is refused with
+// ErrPermission naming it.
+func TestBoundsCheck(t *testing.T) {
+	b := Bounds{Gateway: gatewayAddr, Host: hostAddrs, Private: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")}}
+	refused := []struct{ entry, says string }{
+		{"127.0.0.1", "loopback 127.0.0.0/8"},
+		{"127.0.0.0/8:22", "loopback 127.0.0.0/8"},
+		{"169.254.169.254", "link-local 169.254.0.0/16"},
+		{"169.254.169.254:80", "link-local"},
+		{"169.254.0.0/16", "link-local"},
+		{"168.63.129.16", "cloud-service"},
+		{"0.0.0.0", "this-network"},
+		{"224.0.0.1", "multicast"},
+		{"255.255.255.255", "broadcast"},
+		{"240.0.0.0/4", "reserved"},
+		{"198.51.100.1", "an address of the host's"},
+		{"198.51.100.1:8080", "an address of the host's"},
+		{"192.168.127.1", "the gateway's own address"},
+		{"192.168.1.1", "private 192.168.0.0/16 is closed on this server"},
+		{"172.16.0.0/12", "private 172.16.0.0/12 is closed"},
+		{"100.64.0.1", "cgnat 100.64.0.0/10 is closed"},
+		{"10.2.0.1", "private 10.0.0.0/8 is closed"},
+		{"10.0.0.0/8", "private 10.0.0.0/8 is closed"}, // wider than what was opened
+	}
+	for _, tt := range refused {
+		t.Run(tt.entry, func(t *testing.T) {
+			p := Policy{Egress: "deny", Allow: []string{"example.com", tt.entry}}
+			err := b.Check(p, "network")
+			if !errors.Is(err, errdefs.ErrPermission) || !strings.Contains(err.Error(), fmt.Sprintf("network.allow[1] %q", tt.entry)) || !strings.Contains(err.Error(), tt.says) {
+				t.Fatalf("Check(%q) = %v, want ErrPermission naming the entry and %q", tt.entry, err, tt.says)
+			}
+		})
+	}
+	for _, entry := range []string{"10.1.2.3", "10.1.0.0/16", "10.1.2.0/24:5432", "0.0.0.0/0", "8.8.8.8", "198.51.100.0/24", "example.com", "*.internal"} {
+		p := Policy{Allow: []string{entry}, Deny: []string{"127.0.0.1", "169.254.169.254", "10.0.0.0/8"}}
+		if err := b.Check(p, "network"); err != nil {
+			t.Errorf("Check(allow %q) = %v, want it accepted", entry, err)
+		}
+	}
+	// What the operator did not open stays shut to entries that got past
+	// Check when it was wider.
+	r, err := Compile(Policy{Allow: []string{"10.0.0.0/8"}}, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Decide(tcp(addr("10.2.0.1"), 22)); got.Allow {
+		t.Errorf("Decide to 10.2.0.1 outside the opened 10.1.0.0/16 = %+v, want denied", got)
+	}
+	if got := r.Decide(tcp(addr("10.1.0.1"), 22)); !got.Allow {
+		t.Errorf("Decide to 10.1.0.1 inside the opened 10.1.0.0/16 = %+v, want allowed", got)
+	}
+}
+
+func TestParsePrivate(t *testing.T) {
+	got, err := ParsePrivate(" 10.1.0.0/16, 192.168.5.7,100.64.0.0/10,172.16.9.9/12")
+	want := []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16"), netip.MustParsePrefix("192.168.5.7/32"),
+		netip.MustParsePrefix("100.64.0.0/10"), netip.MustParsePrefix("172.16.0.0/12")}
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("ParsePrivate = %v, %v; want %v", got, err, want)
+	}
+	if got, err := ParsePrivate(""); err != nil || got != nil {
+		t.Fatalf("ParsePrivate(\"\") = %v, %v", got, err)
+	}
+	for _, bad := range []string{"127.0.0.0/8", "169.254.169.254", "0.0.0.0/0", "10.0.0.0/7", "8.8.8.8", "fd00::/8", "10.0.0.0/33", "nope", "10.1.0.0/16,x"} {
+		if _, err := ParsePrivate(bad); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("ParsePrivate(%q) = %v, want ErrInvalid", bad, err)
+		}
+	}
 }
