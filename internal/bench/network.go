@@ -185,8 +185,8 @@ func pythonVersions(ctx context.Context, sb *sandbox.Sandbox, python string) (gu
 // addresses, and nothing sent there leaves the machine.
 type netHost struct {
 	host *testhost.Host // nil: addr is the host's own (the unit tests' loopback)
-	addr netip.Addr // the servers' address, in the namespace
-	peer netip.Addr // the host's end of the veth: where every connection to addr comes from
+	addr netip.Addr     // the servers' address, in the namespace
+	peer netip.Addr     // the host's end of the veth: where every connection to addr comes from
 }
 
 // newNetHost makes the test host; close removes it.
