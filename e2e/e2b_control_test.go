@@ -194,6 +194,16 @@ func TestE2BControlPlane(t *testing.T) {
 	if strings.TrimSpace(res.Stdout) != "1" {
 		t.Errorf("envVars: %+v", res)
 	}
+	// E2B's network calls meet the same closed ranges as airlock's: 403
+	// naming the entry, and nothing changes.
+	for _, bad := range []struct{ path, method, body string }{
+		{"/sandboxes/" + sb1.SandboxID + "/network", "PUT", `{"allowOut":["169.254.169.254"],"denyOut":["0.0.0.0/0"]}`},
+		{"/sandboxes", "POST", `{"templateID":"tiny","network":{"allowOut":["127.0.0.1"],"denyOut":["0.0.0.0/0"]}}`},
+	} {
+		if status, _, b := call(t, bad.method, bad.path, bad.body); status != 403 || !strings.Contains(string(b), "always denied") {
+			t.Errorf("%s %s %s: %d %s, want 403", bad.method, bad.path, bad.body, status, b)
+		}
+	}
 	for _, kill := range []string{id, sb1.SandboxID} {
 		must(t, 204, "DELETE", "/sandboxes/"+kill, "", nil)
 		if status, _, b := call(t, "GET", "/sandboxes/"+kill, ""); status != 404 || !strings.Contains(string(b), `"code":404`) {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"net/http"
 	"os"
 	"os/exec"
@@ -77,9 +78,10 @@ var laterCleanups []func()
 // serverEnv makes the server trust the test host's CA for upstreams.
 func (tn *testNet) serverEnv() []string { return []string{"SSL_CERT_FILE=" + tn.caFile} }
 
-// serverArgs point the server's gateways at the test DNS.
+// serverArgs point the server's gateways at the test DNS, and open the
+// test host's private range.
 func (tn *testNet) serverArgs() []string {
-	return []string{"--ping-interval", "1s", "--dns-upstream", tn.dns.addr}
+	return []string{"--ping-interval", "1s", "--dns-upstream", tn.dns.addr, "--egress-private", tn.privateNet.String()}
 }
 
 // netSandbox creates a sandbox of the base template (python3 runs the
@@ -164,7 +166,7 @@ func TestNetworkPolicy(t *testing.T) {
 
 	sb := ne.netSandbox(t, s.key, map[string]any{
 		"egress": "deny",
-		"allow":  []string{"allowed.test", "*.wild.test", "rebind.test", fmt.Sprintf("%s:%d", other, netEchoPort)},
+		"allow":  []string{"allowed.test", "*.wild.test", "rebind.test", fmt.Sprintf("%s:%d", other, netEchoPort), tn.private.String()},
 		"deny":   []string{"bad.wild.test"},
 	})
 	if !strings.Contains(string(sb.Network), `"allowed.test"`) {
@@ -236,6 +238,15 @@ func TestNetworkPolicy(t *testing.T) {
 			return ""
 		}},
 		{"other port of a literal ip rule", probe{"op": "tcp", "ip": other, "port": netOtherPort, "send": "ping"}, fails},
+		// The operator opened the test host's private range, and the
+		// policy names one address in it: that one only is reached.
+		{"private address named in an opened range", probe{"op": "tcp", "ip": tn.private.String(), "port": netEchoPort, "send": "ping", "first": true}, func(p probe) string {
+			if !p.ok() || p.str("data") != "ping" {
+				return fmt.Sprintf("want the echo: %v", p)
+			}
+			return ""
+		}},
+		{"private address not named in an opened range", probe{"op": "tcp", "ip": tn.privateOther.String(), "port": netEchoPort, "send": "ping"}, fails},
 		{"no name at an address an allowed name resolved to", probe{"op": "tcp", "ip": ip, "port": netOtherPort, "send": "ping", "first": true}, func(p probe) string {
 			if !p.ok() || p.str("data") != "ping" {
 				return fmt.Sprintf("want the echo: %v", p)
@@ -274,20 +285,22 @@ func TestNetworkPolicy(t *testing.T) {
 		t.Errorf("rebind.test was never resolved upstream: the drop of its answers was not tested")
 	}
 	for key, want := range map[string]int{
-		"http:denied.test":                                0,
-		"tcp:" + other + ":80":                            0,
-		"tcp:" + other + fmt.Sprintf(":%d", netOtherPort): 0,
-		"udp:" + other + ":53":                            0,
-		"tcp:" + other + ":53":                            0,
-		"udp:" + ip + ":443":                              0,
-		"tcp:" + metadataIP.String() + ":80":              0,
-		"tcp:[" + tn.ip6.String() + "]:80":                0,
+		"http:denied.test":                                     0,
+		"tcp:" + other + ":80":                                 0,
+		"tcp:" + other + fmt.Sprintf(":%d", netOtherPort):      0,
+		"udp:" + other + ":53":                                 0,
+		"tcp:" + other + ":53":                                 0,
+		"udp:" + ip + ":443":                                   0,
+		"tcp:" + metadataIP.String() + ":80":                   0,
+		"tcp:[" + tn.ip6.String() + "]:80":                     0,
+		fmt.Sprintf("tcp:%s:%d", tn.privateOther, netEchoPort): 0,
 	} {
 		if got := tn.seenCount(key); got != want {
 			t.Errorf("the test host saw %s %d times, want %d", key, got, want)
 		}
 	}
-	if tn.seenCount("http:allowed.test") == 0 || tn.seenCount(fmt.Sprintf("tcp:%s:%d", other, netEchoPort)) == 0 {
+	if tn.seenCount("http:allowed.test") == 0 || tn.seenCount(fmt.Sprintf("tcp:%s:%d", other, netEchoPort)) == 0 ||
+		tn.seenCount(fmt.Sprintf("tcp:%s:%d", tn.private, netEchoPort)) == 0 {
 		t.Errorf("allowed flows did not reach the test host: %v", tn.seen)
 	}
 	if hostHits.Load() != 0 {
@@ -378,6 +391,52 @@ func TestNetworkPolicy(t *testing.T) {
 		}
 		if after := s.state(t, sb.ID).Network; string(after) != string(before) {
 			t.Errorf("bad policies changed the sandbox's policy: %s -> %s", before, after)
+		}
+	})
+
+	// A user key names each range no policy may open, and a private one
+	// the operator did not: 403 naming the entry, on create and PUT
+	// network alike, and nothing changes (E2B's calls: TestE2BControlPlane).
+	t.Run("closed ranges", func(t *testing.T) {
+		var k apiv1.KeyCreated
+		s.must(t, 201, "POST", "/v1/keys", s.key, map[string]string{"name": "closed-ranges", "role": "user"}, &k)
+		mine := ne.netSandbox(t, k.Key, map[string]any{"egress": "deny"})
+		before := s.state(t, mine.ID).Network
+		var sandboxes apiv1.List[apiv1.Sandbox]
+		s.must(t, 200, "GET", "/v1/sandboxes", k.Key, nil, &sandboxes)
+		for _, entry := range []string{
+			"127.0.0.1", "127.0.0.53:53", "169.254.169.254", "169.254.169.254:80", "169.254.0.0/16", "168.63.129.16",
+			"0.0.0.0", "224.0.0.251", "255.255.255.255", "10.0.2.2:80", tn.hostIP.String(), tn.hostIP.String() + ":22",
+			"10.0.0.0/8", "10.1.2.3", "172.16.0.1", "192.168.1.1", "100.64.0.1", nextPrefix(tn.privateNet).String(),
+		} {
+			body := fmt.Sprintf(`{"egress":"deny","allow":["allowed.test",%q]}`, entry)
+			status, b := s.call(t, "PUT", "/v1/sandboxes/"+mine.ID+"/network", k.Key, body)
+			if status != 403 || !strings.Contains(string(b), "permission_denied") || !strings.Contains(string(b), fmt.Sprintf(`network.allow[1] \"%s\"`, entry)) {
+				t.Errorf("PUT network allowing %s: %d %s (want 403 naming the entry)", entry, status, b)
+			}
+			status, b = s.call(t, "POST", "/v1/sandboxes", k.Key, `{"template":"base","network":`+body+`}`)
+			if status != 403 || !strings.Contains(string(b), entry) {
+				t.Errorf("create allowing %s: %d %s (want 403 naming the entry)", entry, status, b)
+			}
+		}
+		if after := s.state(t, mine.ID).Network; string(after) != string(before) {
+			t.Errorf("refused policies changed the sandbox's policy: %s -> %s", before, after)
+		}
+		var now apiv1.List[apiv1.Sandbox]
+		s.must(t, 200, "GET", "/v1/sandboxes", k.Key, nil, &now)
+		if len(now.Items) != len(sandboxes.Items) {
+			t.Errorf("refused creates made sandboxes: %d before, %d after", len(sandboxes.Items), len(now.Items))
+		}
+		// Opened, named literally: accepted. Deny entries name anything.
+		for _, body := range []string{
+			fmt.Sprintf(`{"egress":"deny","allow":[%q]}`, tn.private.String()),
+			fmt.Sprintf(`{"egress":"deny","allow":[%q]}`, tn.privateNet.String()),
+			`{"egress":"allow","deny":["127.0.0.1","169.254.169.254","10.0.0.0/8"]}`,
+			`{"egress":"deny","allow":["0.0.0.0/0"]}`,
+		} {
+			if status, b := s.call(t, "PUT", "/v1/sandboxes/"+mine.ID+"/network", k.Key, body); status != 200 {
+				t.Errorf("PUT network %s: %d %s, want 200", body, status, b)
+			}
 		}
 	})
 }
@@ -764,4 +823,13 @@ func TestNetworkCLI(t *testing.T) {
 			t.Errorf("airlock run --net: %d %q %s", r.code, r.stdout, r.stderr)
 		}
 	})
+}
+
+// nextPrefix is the prefix of p's length right after p: a private range
+// beside the one the server opened.
+func nextPrefix(p netip.Prefix) netip.Prefix {
+	a := p.Addr().As4()
+	n := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])
+	n += 1 << (32 - p.Bits())
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}), p.Bits())
 }

@@ -44,6 +44,11 @@ type testNet struct {
 	ip     netip.Addr // the test host's main address
 	other  netip.Addr // a second address of the test host ("another resolver")
 	ip6    netip.Addr
+	// private and privateOther are test host addresses in a private range
+	// the server opens (--egress-private privateNet): a policy may name
+	// them literally.
+	private, privateOther netip.Addr
+	privateNet            netip.Prefix
 
 	caFile string // PEM of the CA that signed the TLS server's certificate
 	dns    *testDNS
@@ -76,6 +81,10 @@ func newTestNet(t testing.TB) *testNet {
 		other:  netip.MustParseAddr(fmt.Sprintf("198.18.%d.3", n)),
 		ip6:    netip.MustParseAddr(fmt.Sprintf("fd00:a1:%x::2", n)),
 		seen:   map[string]int{},
+
+		private:      netip.MustParseAddr(fmt.Sprintf("10.254.%d.2", n)),
+		privateOther: netip.MustParseAddr(fmt.Sprintf("10.254.%d.3", n)),
+		privateNet:   netip.MustParsePrefix(fmt.Sprintf("10.254.%d.0/29", n)),
 	}
 	ip6host := netip.MustParseAddr(fmt.Sprintf("fd00:a1:%x::1", n))
 	metadata := netip.PrefixFrom(metadataIP, 32)
@@ -83,8 +92,9 @@ func newTestNet(t testing.TB) *testNet {
 	tn.host, err = testhost.New(testhost.Config{
 		Name:      fmt.Sprintf("alt%d", os.Getpid()),
 		HostAddrs: []netip.Prefix{netip.PrefixFrom(tn.hostIP, 29), netip.PrefixFrom(ip6host, 64)},
-		Addrs:     []netip.Prefix{netip.PrefixFrom(tn.ip, 29), netip.PrefixFrom(tn.other, 29), metadata, netip.PrefixFrom(tn.ip6, 64)},
-		Routes:    []netip.Prefix{metadata},
+		Addrs: []netip.Prefix{netip.PrefixFrom(tn.ip, 29), netip.PrefixFrom(tn.other, 29), metadata, netip.PrefixFrom(tn.ip6, 64),
+			netip.PrefixFrom(tn.private, 29), netip.PrefixFrom(tn.privateOther, 29)},
+		Routes: []netip.Prefix{metadata, tn.privateNet},
 	})
 	if err != nil {
 		t.Fatal(err)
