@@ -82,8 +82,9 @@ the ratios compare across runs):
                               exit) vs exec of true through the runtime in-process
 
 The net_ scenarios use the base template (python3 times both sides) and
-a server on one of this host's own addresses, which the sandbox's policy
-opens literally. The api_ scenarios serve the API in-process from a temporary data directory
+a server on a test host in a network namespace of their own (198.19.N.2,
+joined to this host by a veth pair; the sandbox's policy names it), since
+no policy opens this host's own addresses. The api_ scenarios serve the API in-process from a temporary data directory
 that shares this one's boot artifacts and templates. idle_pss and
 concurrent_create run N sandboxes at once (--sandboxes, default 20).
 The template scenarios serve the API the same way from a temporary data
