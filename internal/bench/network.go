@@ -565,8 +565,8 @@ func (r *runner) netTCPThroughput(ctx context.Context) (_ Result, err error) {
 		Ratio:    ratio(a.MiBPerS, b.MiBPerS),
 		Notes: fmt.Sprintf("airlock: Python %s in a %s sandbox sends %d MiB in 64 KiB writes over one TCP connection "+
 			"through its gateway (virtio-net, the gateway's userspace TCP/IP stack, its connection on the host) to a "+
-			"byte counter on the host's address %s (the guest cannot reach the host's loopback), allowed by a literal "+
-			"policy entry; baseline: the same program under the host's Python %s into the same counter; timed by the "+
+			"byte counter on a test host at %s (a network namespace behind a veth pair), allowed by a literal "+
+			"policy entry; baseline: the same program under the host's Python %s into the same counter, over the same veth; timed by the "+
 			"counter from the first byte's arrival to the last's, byte counts verified; %d runs each, alternating, "+
 			"the median by time counts; ratio of MiB/s", guestPy, tpl, netThroughputMiB, to, hostPy, n),
 	}, nil
@@ -609,8 +609,8 @@ func (r *runner) netConnectLatency(ctx context.Context) (_ Result, err error) {
 		Airlock:  a,
 		Baseline: b,
 		Ratio:    ratio(a.P50, b.P50),
-		Notes: fmt.Sprintf("airlock: Python %s in a %s sandbox connects through its gateway to a server on the host's "+
-			"address %s that writes one byte and closes, and reads that byte (the gateway completes the guest's "+
+		Notes: fmt.Sprintf("airlock: Python %s in a %s sandbox connects through its gateway to a server on a test host "+
+			"(a network namespace behind a veth pair) at %s that writes one byte and closes, and reads that byte (the gateway completes the guest's "+
 			"handshake, judges the flow by the literal policy entry that allows it, and connects on the host); "+
 			"baseline: the same program under the host's Python %s to the same server; each sample from before "+
 			"connect to the byte's arrival, timed inside the program (time.perf_counter_ns), so no exec counts; "+
