@@ -9,8 +9,8 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/netip"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -228,6 +228,22 @@ func TestNetworkPolicy(t *testing.T) {
 		{"https denied sni with allowed host", probe{"op": "http", "ip": ip, "port": 443, "host": "allowed.test", "sni": "denied.test", "tls": true, "insecure": true}, fails},
 		{"http allowed host at an address not resolved for it", probe{"op": "http", "ip": other, "port": 80, "host": "allowed.test"}, fails},
 		{"raw ip", probe{"op": "tcp", "ip": other, "port": 80, "send": "x"}, fails},
+		// Fronting through the address of an allowed name: every request
+		// is judged by its own Host, and on port 80 a connection must name
+		// one in its first bytes.
+		{"pipelined second host", probe{"op": "tcp", "ip": ip, "port": 80, "send": "GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\nGET / HTTP/1.1\r\nHost: denied.test\r\n\r\n"}, func(p probe) string {
+			if d := p.str("data"); !strings.Contains(d, "hello from allowed.test") || !strings.Contains(d, "HTTP/1.1 403") {
+				return fmt.Sprintf("want the first answered and the second refused with 403: %v", p)
+			}
+			return ""
+		}},
+		{"leading empty line", probe{"op": "tcp", "ip": ip, "port": 80, "send": "\r\nGET / HTTP/1.1\r\nHost: denied.test\r\n\r\n"}, func(p probe) string {
+			if strings.Contains(p.str("data"), "hello") {
+				return fmt.Sprintf("reached the test host: %v", p)
+			}
+			return ""
+		}},
+		{"address as the Host", probe{"op": "http", "ip": ip, "port": 80, "host": ip}, fails},
 		// The test host's main address is one the allowed names resolved
 		// to, so a flow without a name is allowed there on any port; the
 		// other address is reached by the literal rule alone.
@@ -285,8 +301,9 @@ func TestNetworkPolicy(t *testing.T) {
 		t.Errorf("rebind.test was never resolved upstream: the drop of its answers was not tested")
 	}
 	for key, want := range map[string]int{
-		"http:denied.test":                                     0,
-		"tcp:" + other + ":80":                                 0,
+		"http:denied.test":     0,
+		"http:" + ip:           0,
+		"tcp:" + other + ":80": 0,
 		"tcp:" + other + fmt.Sprintf(":%d", netOtherPort):      0,
 		"udp:" + other + ":53":                                 0,
 		"tcp:" + other + ":53":                                 0,

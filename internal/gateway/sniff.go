@@ -47,22 +47,36 @@ func sniff(c net.Conn, limit int, timeout time.Duration) sniffed {
 	rec := &recorder{Conn: c, limit: limit}
 	c.SetReadDeadline(time.Now().Add(timeout))
 	defer c.SetReadDeadline(time.Time{})
+	// Servers skip empty lines before a request line (RFC 9112 2.2), so
+	// the sniffer does too: a request behind them is judged all the same.
 	var first [1]byte
-	if _, err := io.ReadFull(rec, first[:]); err != nil {
-		return sniffed{peeked: rec.buf}
+	skip := 0
+	for {
+		if _, err := io.ReadFull(rec, first[:]); err != nil {
+			return sniffed{peeked: rec.buf}
+		}
+		if first[0] != '\r' && first[0] != '\n' || skip == maxEmptyLines {
+			break
+		}
+		skip++
 	}
 	rec.rewind()
 	var s sniffed
 	switch {
-	case first[0] == 0x16: // a TLS handshake record
+	case first[0] == 0x16 && skip == 0: // a TLS handshake record
 		s.name, s.tls = clientHelloName(rec)
 		s.opaque = !s.tls
-	case 'A' <= first[0] && first[0] <= 'Z': // an HTTP method
-		s.name, s.http, s.opaque = requestHost(rec)
+	case isLetter(first[0]): // an HTTP method, perhaps
+		s.name, s.http, s.opaque = requestHost(rec, skip)
 	}
 	s.peeked = rec.buf
 	return s
 }
+
+// maxEmptyLines bounds the CR and LF bytes skipped before a request line.
+const maxEmptyLines = 16
+
+func isLetter(c byte) bool { return 'A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' }
 
 // clientHelloName has crypto/tls read a ClientHello from r (which may span
 // TCP segments and TLS records) and returns its server name.
@@ -77,20 +91,29 @@ func clientHelloName(r *recorder) (name string, ok bool) {
 	return normalizeName(name), ok
 }
 
-// requestHost parses an HTTP/1.x request head from r and returns its host.
-// ok is false when the head does not parse; opaque is true when it names
-// two hosts (its target another than its Host header), or does not parse
-// although its first line is an HTTP/1.x request line.
-func requestHost(r *recorder) (name string, ok, opaque bool) {
-	req, err := http.ReadRequest(bufio.NewReader(r))
+// requestHost parses an HTTP/1.x request head from r, after skip bytes of
+// empty lines, and returns its host. ok is false when the head does not
+// parse; opaque is true when it names two hosts (its target another than
+// its Host header), or does not parse although its first line is an
+// HTTP/1.x request line, or is cut short (by the time or size limit) in a
+// first line that starts as one does: a method and a space.
+func requestHost(r *recorder, skip int) (name string, ok, opaque bool) {
+	br := bufio.NewReader(r)
+	br.Discard(skip)
+	req, err := http.ReadRequest(br)
 	if err != nil {
-		line, _, _ := bytes.Cut(r.buf, []byte("\r\n"))
+		line, _, complete := bytes.Cut(r.buf[skip:], []byte("\n"))
+		if !complete {
+			method, _, spaced := bytes.Cut(line, []byte(" "))
+			return "", false, spaced && len(method) > 0 && bytes.IndexFunc(method, func(c rune) bool { return c > 0x7f || !isLetter(byte(c)) }) < 0
+		}
+		line = bytes.TrimSuffix(line, []byte("\r"))
 		return "", false, bytes.HasSuffix(line, []byte(" HTTP/1.1")) || bytes.HasSuffix(line, []byte(" HTTP/1.0"))
 	}
 	host := req.Host // the absolute target's host if there is one, else the Host header
 	if req.URL.Host != "" {
 		// ReadRequest drops the Host header; read it again from the head.
-		tp := textproto.NewReader(bufio.NewReader(bytes.NewReader(r.buf)))
+		tp := textproto.NewReader(bufio.NewReader(bytes.NewReader(r.buf[skip:])))
 		tp.ReadLine()
 		hdr, _ := tp.ReadMIMEHeader()
 		if h := hdr.Get("Host"); h != "" && !strings.EqualFold(h, req.URL.Host) {

@@ -78,6 +78,12 @@ func TestSniff(t *testing.T) {
 		{"HTTP to an IP address", []byte("GET / HTTP/1.1\r\nHost: 203.0.113.5\r\n\r\n"), 0, false, "", false, true, false},
 		{"HTTP head over the limit", []byte("GET / HTTP/1.1\r\nHost: web.test\r\nX: " + strings.Repeat("a", sniffLimit) + "\r\n\r\n"), 0, false, "", false, false, true},
 		{"client-first protocol", []byte("SSH-2.0-OpenSSH_9.2\r\n"), 0, true, "", false, false, false},
+		{"client-first protocol with a space", []byte("SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n"), 0, true, "", false, false, false},
+		{"HTTP behind empty lines", []byte("\r\n\nGET / HTTP/1.1\r\nHost: Web.test\r\n\r\n"), 0, false, "web.test", false, true, false},
+		{"HTTP with a lower-case method", []byte("get / HTTP/1.1\r\nHost: web.test\r\n\r\n"), 0, false, "web.test", false, true, false},
+		{"slow request line", []byte("GET / HT"), 0, false, "", false, false, true},
+		{"slow request line behind an empty line", []byte("\r\nGET /"), 0, false, "", false, false, true},
+		{"request head cut short", []byte("GET / HTTP/1.1\r\nHost: web"), 0, true, "", false, false, true},
 		{"binary", []byte{0, 1, 2, 3}, 0, true, "", false, false, false},
 	}
 	for _, tt := range tests {

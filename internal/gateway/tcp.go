@@ -95,13 +95,22 @@ func (g *Gateway) handleTCP(r *tcp.ForwarderRequest) {
 	}
 	defer g.unregister(fl)
 
-	// The name is needed when the policy may judge by it, and on the web
-	// ports when any host has credentials, which only the name tells.
+	// The name is needed when the policy may judge by it, and always on
+	// the web ports, where a connection must name its host: a TLS
+	// ClientHello or an HTTP request head within sniffTimeout, or it is
+	// refused.
 	var s sniffed
-	if rules.NeedsName(dst, port) || (port == 80 || port == 443) && len(rules.Policy().Credentials) > 0 {
+	web := webPort(port)
+	if web || rules.NeedsName(dst, port) {
 		s = sniff(conn, sniffLimit, sniffTimeout)
 	}
-	pf := policy.Flow{Proto: "tcp", Dst: dst, Port: port, Name: s.name}
+	if web && !s.tls && !s.http {
+		fl.ep.Abort()
+		ev.Host = s.name
+		g.refuse(ev, reasonNoHost)
+		return
+	}
+	pf := policy.Flow{Proto: "tcp", Dst: dst, Port: port, Name: s.name, HostRequired: web}
 	switch {
 	case s.opaque:
 		pf.Name = opaqueName
@@ -123,9 +132,12 @@ func (g *Gateway) handleTCP(r *tcp.ForwarderRequest) {
 
 	guest := replay(conn, s.peeked)
 	var err error
-	if creds := rules.Credentials(s.name); s.tls && port == 443 && len(creds) > 0 || s.http && port == 80 && anyPlainHTTP(creds) {
+	switch creds := rules.Credentials(s.name); {
+	case s.tls && port == 443 && len(creds) > 0, s.http && port == 80 && anyPlainHTTP(creds):
 		ev.BytesOut, ev.BytesIn, err = g.intercept(ctx, pf, guest, s.tls)
-	} else {
+	case s.http:
+		ev.BytesOut, ev.BytesIn, err = g.serveHTTP(ctx, pf, guest, ev)
+	default:
 		ev.BytesOut, ev.BytesIn, err = g.splice(ctx, fl, guest, netip.AddrPortFrom(dst, port))
 	}
 	g.cfg.Metrics.carried(ev.BytesOut, ev.BytesIn)
@@ -311,8 +323,9 @@ func (g *Gateway) intercept(ctx context.Context, pf policy.Flow, guest net.Conn,
 		CA:      g.cfg.CA,
 		RootCAs: g.cfg.RootCAs,
 		Dial:    g.dialName,
-		Injections: func(host string) ([]mitm.Injection, bool) {
-			return g.injections(ctx, pf, host, isTLS)
+		Judge: func(host string) mitm.Verdict {
+			inj, ok := g.injections(ctx, pf, host, isTLS)
+			return mitm.Verdict{Allowed: ok, Inject: inj, Credentialed: true}
 		},
 		Log: g.log,
 	})
@@ -325,6 +338,68 @@ func (g *Gateway) intercept(ctx context.Context, pf policy.Flow, guest net.Conn,
 		g.log.Debug("gateway: credential proxy", "host", pf.Name, "err", err)
 	}
 	return out, in, err
+}
+
+// reasonNoHost is the egress log's reason for a connection to a web port
+// that named no host in its first bytes in time.
+const reasonNoHost = "no-host"
+
+// webPort reports whether port is one where a connection must name its
+// host in its first bytes: 80 and 443.
+func webPort(port uint16) bool { return port == 80 || port == 443 }
+
+// serveHTTP serves an allowed plain HTTP flow request by request, to the
+// address the guest dialed: each request must pass the policy by its own
+// Host (a pipelined or kept-alive one too), or the gateway answers it 403
+// and closes the connection. pf is what the flow was judged on; ev is its
+// log entry, for the requests refused.
+func (g *Gateway) serveHTTP(ctx context.Context, pf policy.Flow, guest net.Conn, ev Event) (out, in int64, err error) {
+	dst := netip.AddrPortFrom(pf.Dst, pf.Port)
+	p, err := mitm.New(mitm.Config{
+		Dial: func(ctx context.Context, _ string, _ uint16) (net.Conn, error) {
+			return g.dialHost(ctx, dst)
+		},
+		Judge: func(host string) mitm.Verdict {
+			return g.judgeRequest(ctx, pf, host, ev)
+		},
+		Log: g.log,
+	})
+	if err != nil {
+		guest.Close()
+		return 0, 0, err
+	}
+	out, in, err = p.Serve(ctx, mitm.Conn{Guest: guest, Host: pf.Name, Port: pf.Port, PerRequest: true})
+	if err != nil && ctx.Err() == nil && !errors.Is(err, errdefs.ErrPermission) {
+		g.log.Debug("gateway: http", "host", pf.Name, "err", err)
+	}
+	return out, in, err
+}
+
+// judgeRequest judges one request on the plain HTTP flow pf by its own
+// host, with the rules in force: the flow with the request's host as its
+// name. A host with plain-HTTP credentials is refused on a connection
+// opened for another host: its requests get their secrets only on a
+// connection of their own, dialed by its name.
+func (g *Gateway) judgeRequest(ctx context.Context, pf policy.Flow, host string, ev Event) mitm.Verdict {
+	f := pf
+	f.Name, f.NameAddrs = normalizeName(host), nil
+	if f.Name != "" {
+		f.NameAddrs = g.cache.lookup(f.Name)
+		if !slices.Contains(f.NameAddrs, f.Dst) {
+			f.NameAddrs = g.resolveForFlow(ctx, f.Name)
+		}
+	}
+	r := g.currentRules()
+	creds := r.Credentials(f.Name)
+	v := r.Decide(f)
+	if v.Allow && f.Name != pf.Name && anyPlainHTTP(creds) {
+		v = policy.Verdict{Reason: "credential-host"}
+	}
+	if !v.Allow {
+		ev.Host = f.Name
+		g.refuse(ev, v.Reason)
+	}
+	return mitm.Verdict{Allowed: v.Allow, Credentialed: len(creds) > 0}
 }
 
 // anyPlainHTTP reports whether a credential rule of creds is for plain

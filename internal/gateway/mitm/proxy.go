@@ -1,5 +1,6 @@
-// Package mitm is the part of a sandbox's egress gateway that reads the guest's HTTP requests to a
-// host with credential rules, so that it can set the credential headers on them outside the VM.
+// Package mitm is the part of a sandbox's egress gateway that reads the guest's HTTP requests: to a
+// host with credential rules, so that it can set the credential headers on them outside the VM, and
+// every plain HTTP request, so that each is judged by its own Host.
 //
 // For HTTPS the guest's TLS is terminated with a leaf certificate from the sandbox's own CA (which
 // the guest trusts), and every request goes on to the upstream over a new TLS connection dialed by
@@ -8,8 +9,12 @@
 // whole header on a request to that verified upstream; bodies, queries and other headers are never
 // touched, and redirects are never followed.
 //
+// A plain HTTP connection may be served request by request (Conn.PerRequest): each request may name
+// its own host, which the caller judges, and all go to the one upstream the caller dials.
+//
 // The package does no policy and no name resolution: the caller judges the connection, resolves and
-// checks addresses in Config.Dial, and says per request what to inject through Config.Injections.
+// checks addresses in Config.Dial, and says per request whether it may go and what to inject through
+// Config.Judge.
 package mitm
 
 import (
@@ -48,10 +53,23 @@ const (
 	maxLingerBytes = 1 << 20
 	// bufSize is the size of the guest and upstream read and write buffers.
 	bufSize = 4 << 10
+	// maxEmptyLines bounds the CR and LF bytes skipped before a request line.
+	maxEmptyLines = 16
 )
 
 // Injection is one header to set on every request: Value is final (the secret already formatted).
 type Injection struct{ Header, Value string }
+
+// Verdict is what the caller says of one request to a host.
+type Verdict struct {
+	// Allowed false: the policy does not allow the host (now); the proxy answers 403 and closes.
+	Allowed bool
+	// Inject are the headers to set on the request.
+	Inject []Injection
+	// Credentialed: the host has credential rules, so TRACE and TRACK to it are refused (a server
+	// that answers them echoes the request back).
+	Credentialed bool
+}
 
 // Config configures a Proxy. Dial and Injections are required.
 type Config struct {
@@ -62,11 +80,11 @@ type Config struct {
 	// Dial opens a TCP connection to host:port for the upstream, by name (the caller resolves and checks
 	// the addresses). Required.
 	Dial func(ctx context.Context, host string, port uint16) (net.Conn, error)
-	// Injections returns what to set for host now; allowed false means the policy no longer allows the
-	// host: the proxy answers the request with 403 and closes. Asked before every request, so a policy
-	// change applies to the next request on a keep-alive connection.
-	Injections func(host string) (inj []Injection, allowed bool)
-	Log        *slog.Logger // nil: discard
+	// Judge says whether a request to host may go and what to set on it. Asked before every request,
+	// so a policy change applies to the next request on a keep-alive connection. host is the request's
+	// host as sent, without a port ("" when it has none).
+	Judge func(host string) Verdict
+	Log   *slog.Logger // nil: discard
 }
 
 // Validate reports whether cfg can build a Proxy.
@@ -74,8 +92,8 @@ func (cfg *Config) Validate() error {
 	if cfg.Dial == nil {
 		return fmt.Errorf("mitm config: Dial is required: %w", errdefs.ErrInvalid)
 	}
-	if cfg.Injections == nil {
-		return fmt.Errorf("mitm config: Injections is required: %w", errdefs.ErrInvalid)
+	if cfg.Judge == nil {
+		return fmt.Errorf("mitm config: Judge is required: %w", errdefs.ErrInvalid)
 	}
 	return nil
 }
@@ -112,6 +130,9 @@ type Conn struct {
 	Host  string   // the name the gateway judged: TLS SNI (TLS true) or the first request's Host
 	Port  uint16   // destination port the guest dialed (upstream is dialed on the same port)
 	TLS   bool     // true: terminate TLS with CA.Leaf(Host) and speak TLS upstream; false: plain HTTP
+	// PerRequest (plain HTTP only): a request may name another host than Host (or none); Judge
+	// decides each. Otherwise every request's host must equal Host (421).
+	PerRequest bool
 }
 
 // Serve proxies HTTP/1.1 requests on c until either side closes or ctx ends, and returns the bytes
@@ -215,7 +236,10 @@ func (s *session) lingerGuest() {
 }
 
 func (s *session) run(ctx context.Context) error {
-	if !validLeafName(s.host) || s.c.Port == 0 {
+	if s.c.PerRequest && s.c.TLS {
+		return fmt.Errorf("serve %q port %d: a TLS connection is not served per request: %w", s.c.Host, s.c.Port, errdefs.ErrInvalid)
+	}
+	if !s.c.PerRequest && !validLeafName(s.host) || s.c.Port == 0 {
 		return fmt.Errorf("serve %q port %d: invalid destination: %w", s.c.Host, s.c.Port, errdefs.ErrInvalid)
 	}
 	s.guest = s.c.Guest
@@ -254,12 +278,20 @@ func (s *session) run(ctx context.Context) error {
 
 // serveRequest reads one request from the guest and answers it. more false: the connection is done.
 func (s *session) serveRequest(ctx context.Context) (more bool, err error) {
-	// Wait for the first byte under the idle deadline: ending here is a normal close.
-	if _, err := s.gbr.Peek(1); err != nil {
-		if isClosed(err) {
-			return false, nil
+	// Wait for the first byte under the idle deadline: ending here is a normal close. Empty lines
+	// before a request line are skipped, as servers do (RFC 9112 2.2).
+	for skipped := 0; ; skipped++ {
+		b, err := s.gbr.Peek(1)
+		if err != nil {
+			if isClosed(err) {
+				return false, nil
+			}
+			return false, fmt.Errorf("read request: %w", err)
 		}
-		return false, fmt.Errorf("read request: %w", err)
+		if b[0] != '\r' && b[0] != '\n' || skipped == maxEmptyLines {
+			break
+		}
+		s.gbr.Discard(1)
 	}
 
 	s.gr.limit = maxRequestHeaderBytes + bufSize // the bufio slack; the exact check follows
@@ -291,27 +323,29 @@ func (s *session) serveRequest(ctx context.Context) (more bool, err error) {
 		s.reply(http.StatusMethodNotAllowed, "CONNECT is not supported")
 		return false, fmt.Errorf("CONNECT request: %w", errdefs.ErrInvalid)
 	}
-	// A server that answers TRACE echoes the request it got, credential
-	// headers included, back to the guest.
-	if strings.EqualFold(req.Method, http.MethodTrace) || strings.EqualFold(req.Method, "TRACK") {
-		s.reply(http.StatusMethodNotAllowed, req.Method+" is refused on a host with credentials: the answer would echo them")
-		return false, fmt.Errorf("%s request to a credential host: %w", req.Method, errdefs.ErrPermission)
-	}
 	// req.Host is the absolute-form URL's host when there is one, else the Host header (ReadRequest
 	// refuses two Host headers); it is also the Host that req.Write sends upstream.
-	if got := normalizeHost(hostname(req.Host)); got != s.host {
+	host := normalizeHost(hostname(req.Host))
+	if !s.c.PerRequest && host != s.host {
 		s.reply(http.StatusMisdirectedRequest, "request host does not match the connection's host")
 		return false, fmt.Errorf("request for host %q on connection to %s: %w", req.Host, s.host, errdefs.ErrPermission)
 	}
 
-	inj, allowed := s.p.cfg.Injections(s.host)
-	if !allowed {
+	v := s.p.cfg.Judge(host)
+	if !v.Allowed {
 		s.reply(http.StatusForbidden, "the sandbox's network policy does not allow this host")
-		return false, fmt.Errorf("request to %s: policy no longer allows the host: %w", s.host, errdefs.ErrPermission)
+		return false, fmt.Errorf("request to %q: the policy does not allow the host: %w", host, errdefs.ErrPermission)
 	}
+	// A server that answers TRACE echoes the request it got, credential
+	// headers included, back to the guest.
+	if (v.Credentialed || len(v.Inject) > 0) && (strings.EqualFold(req.Method, http.MethodTrace) || strings.EqualFold(req.Method, "TRACK")) {
+		s.reply(http.StatusMethodNotAllowed, req.Method+" is refused on a host with credentials: the answer would echo them")
+		return false, fmt.Errorf("%s request to a credential host: %w", req.Method, errdefs.ErrPermission)
+	}
+	inj := v.Inject
 	if err := checkInjections(inj); err != nil {
 		s.reply(http.StatusBadGateway, "credential configuration is invalid")
-		return false, fmt.Errorf("request to %s: %w", s.host, err)
+		return false, fmt.Errorf("request to %s: %w", host, err)
 	}
 
 	upType, err := s.prepare(req, inj)

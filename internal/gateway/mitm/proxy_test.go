@@ -219,11 +219,12 @@ func newFixture(t *testing.T, tlsOn bool, target string, roots *x509.CertPool, i
 			var d net.Dialer
 			return d.DialContext(ctx, "tcp", f.target)
 		},
-		Injections: func(host string) ([]Injection, bool) {
+		Judge: func(host string) Verdict {
 			if host != testHost {
-				return nil, false
+				return Verdict{}
 			}
-			return f.inj(int(f.calls.Add(1)))
+			inj, ok := f.inj(int(f.calls.Add(1)))
+			return Verdict{Allowed: ok, Inject: inj, Credentialed: true}
 		},
 		Log: testLogger(t),
 	})
@@ -1181,15 +1182,15 @@ func TestContextEnds(t *testing.T) {
 
 func TestNewValidates(t *testing.T) {
 	dial := func(context.Context, string, uint16) (net.Conn, error) { return nil, errors.New("no") }
-	inj := func(string) ([]Injection, bool) { return nil, true }
+	judge := func(string) Verdict { return Verdict{Allowed: true} }
 	tests := []struct {
 		name string
 		cfg  Config
 		ok   bool
 	}{
-		{name: "complete", cfg: Config{Dial: dial, Injections: inj}, ok: true},
-		{name: "no Dial", cfg: Config{Injections: inj}},
-		{name: "no Injections", cfg: Config{Dial: dial}},
+		{name: "complete", cfg: Config{Dial: dial, Judge: judge}, ok: true},
+		{name: "no Dial", cfg: Config{Judge: judge}},
+		{name: "no Judge", cfg: Config{Dial: dial}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -191,6 +191,10 @@ type Flow struct {
 	NameAddrs []netip.Addr
 	// DstNames are the names whose gateway-resolved addresses include Dst.
 	DstNames []string
+	// HostRequired marks a flow on a port where a connection must name its
+	// host (80 and 443): without a Name, DstNames can still deny it but no
+	// longer admit it, so it passes only by an address rule or egress.
+	HostRequired bool
 }
 
 // Verdict is the decision on a flow or a DNS query.
@@ -230,7 +234,7 @@ func deny(reason, rule string) Verdict  { return Verdict{Reason: reason, Rule: r
 //     consulted: an SNI no rule names, sent to an allowed name's address, is
 //     judged by egress (domain fronting).
 //  7. Without a Name, an allow name entry matching one of DstNames at Port:
-//     allow.
+//     allow; not for a flow with HostRequired.
 //  8. Egress: allow ("default-allow") or deny ("default-deny").
 func (r *Rules) Decide(f Flow) Verdict {
 	if f.Proto != "tcp" {
@@ -273,7 +277,7 @@ func (r *Rules) Decide(f Flow) Verdict {
 			}
 			return deny(reasonNotResolved, nr.text)
 		}
-	} else {
+	} else if !f.HostRequired {
 		for _, n := range f.DstNames {
 			if nr := r.matchAllowName(lookupName(n), f.Port); nr != nil {
 				return allow(reasonAllowRule, nr.text)

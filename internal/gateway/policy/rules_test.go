@@ -55,6 +55,13 @@ func known(dst netip.Addr, port uint16, dstNames ...string) Flow {
 	return Flow{Proto: "tcp", Dst: dst, Port: port, DstNames: dstNames}
 }
 
+// webKnown is known on a port where the flow must name its host.
+func webKnown(dst netip.Addr, port uint16, dstNames ...string) Flow {
+	f := known(dst, port, dstNames...)
+	f.HostRequired = true
+	return f
+}
+
 func allowed(reason, rule string) Verdict { return Verdict{Allow: true, Reason: reason, Rule: rule} }
 func denied(reason, rule string) Verdict  { return Verdict{Reason: reason, Rule: rule} }
 
@@ -105,6 +112,11 @@ func TestDecide(t *testing.T) {
 		{"name with port, other port", Policy{Allow: []string{"api.example.com:443"}}, named(otherIP, 80, "api.example.com", otherIP), denied("default-deny", "")},
 		{"wildcard with port, other port", Policy{Allow: []string{"*.example.org:443"}}, named(otherIP, 8443, "a.example.org", otherIP), denied("default-deny", "")},
 		{"no name, address known for an allowed name", onlyExample, known(exampleIP, 443, "example.com"), allowed("allow-rule", "example.com")},
+		{"no name on a web port, address known for an allowed name", onlyExample, webKnown(exampleIP, 443, "example.com"), denied("default-deny", "")},
+		{"no name on a web port, address known for a denied name", Policy{Egress: "allow", Deny: []string{"evil.com"}}, webKnown(evilIP, 80, "evil.com"), denied("deny-rule", "evil.com")},
+		{"no name on a web port, address rule", Policy{Allow: []string{"203.0.113.0/24"}}, webKnown(otherIP, 80, "example.com"), allowed("allow-rule", "203.0.113.0/24")},
+		{"no name on a web port, egress allow", Policy{Egress: "allow"}, webKnown(otherIP, 80), allowed("default-allow", "")},
+		{"a name on a web port", onlyExample, Flow{Proto: "tcp", Dst: exampleIP, Port: 443, Name: "example.com", NameAddrs: []netip.Addr{exampleIP}, HostRequired: true}, allowed("allow-rule", "example.com")},
 		{"no name, address known for a wildcard name", Policy{Allow: []string{"*.example.org"}}, known(otherIP, 22, "other.test", "git.example.org"), allowed("allow-rule", "*.example.org")},
 		{"no name, known name with other port", Policy{Allow: []string{"example.com:443"}}, known(exampleIP, 22, "example.com"), denied("default-deny", "")},
 		{"no name, known names not allowed", onlyExample, known(otherIP, 443, "other.test"), denied("default-deny", "")},
