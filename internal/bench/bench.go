@@ -61,6 +61,10 @@ const (
 	ScenarioNetThroughput = "net_tcp_throughput"
 	ScenarioNetConnect    = "net_connect_latency"
 	ScenarioNetDNS        = "net_dns_latency"
+	// ScenarioNetHTTPKeepAlive and ScenarioNetHTTPConnect price the
+	// gateway's per-request Host checks on plain HTTP against a splice.
+	ScenarioNetHTTPKeepAlive = "net_http_keepalive"
+	ScenarioNetHTTPConnect   = "net_http_connect"
 
 	ScenarioE2BCreate  = "e2b_create_to_first_output"
 	ScenarioE2BExecRTT = "e2b_exec_rtt"
@@ -81,7 +85,7 @@ const (
 // Scenarios lists every scenario in the order Run runs them.
 func Scenarios() []string {
 	return []string{ScenarioBoot, ScenarioSnapshot, ScenarioWarmPool, ScenarioJail, ScenarioExecRTT, ScenarioThroughput,
-		ScenarioNetThroughput, ScenarioNetConnect, ScenarioNetDNS, ScenarioPause,
+		ScenarioNetThroughput, ScenarioNetConnect, ScenarioNetDNS, ScenarioNetHTTPKeepAlive, ScenarioNetHTTPConnect, ScenarioPause,
 		ScenarioSuspend, ScenarioIdlePSS, ScenarioConcurrent, ScenarioTemplateBuild, ScenarioImageCreate,
 		ScenarioE2BCreate, ScenarioE2BExecRTT, ScenarioPGCreate, ScenarioPGExecRTT,
 		ScenarioClusterCreate, ScenarioClusterExecRTT, ScenarioClusterCreates, ScenarioAPICreate, ScenarioAPIExecRTT}
@@ -367,6 +371,8 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		{ScenarioNetThroughput, r.netTCPThroughput},
 		{ScenarioNetConnect, r.netConnectLatency},
 		{ScenarioNetDNS, r.netDNSLatency},
+		{ScenarioNetHTTPKeepAlive, func(ctx context.Context) (Result, error) { return r.netHTTP(ctx, true) }},
+		{ScenarioNetHTTPConnect, func(ctx context.Context) (Result, error) { return r.netHTTP(ctx, false) }},
 		{ScenarioPause, r.pauseResume},
 		{ScenarioSuspend, r.suspendWake},
 		{ScenarioIdlePSS, r.idlePSS},

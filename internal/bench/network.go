@@ -1,12 +1,14 @@
 package bench
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -47,6 +49,9 @@ const (
 	netRounds   = 5
 	netPerRound = 10
 	netWarmup   = 5
+	// netHTTPRequests is how many requests one process of
+	// net_http_keepalive sends on its connection.
+	netHTTPRequests = 1000
 	// netRunTimeout bounds one process of a latency scenario, Python's
 	// start under TCG included.
 	netRunTimeout = 2 * time.Minute
@@ -69,6 +74,11 @@ const (
 //	connect HOST PORT WARMUP N     connect and read the server's first byte, N+WARMUP
 //	                               times; prints the last N times
 //	dns SERVER PORT NAME WARMUP N  an A query for NAME over UDP, N+WARMUP times;
+//	                               prints the last N times
+//	http HOST PORT NAME WARMUP N FRESH
+//	                               N+WARMUP GETs with Host NAME, each to its 200
+//	                               and body "ok": on one kept-alive connection
+//	                               (FRESH 0) or each on a new one (FRESH 1);
 //	                               prints the last N times
 //	version                        prints Python's version
 //
@@ -122,10 +132,40 @@ def dns(server, port, name, warmup, n):
             out.append(t1 - t0)
     return out
 
+def http(host, port, name, warmup, n, fresh):
+    req = ("GET / HTTP/1.1\r\nHost: %s\r\n\r\n" % name).encode()
+    s = f = None
+    out = []
+    for i in range(int(warmup) + int(n)):
+        t0 = time.perf_counter_ns()
+        if s is None:
+            s = socket.create_connection((host, int(port)), timeout=30)
+            f = s.makefile("rb")
+        s.sendall(req)
+        status, length = f.readline(), 0
+        while True:
+            line = f.readline()
+            if line in (b"\r\n", b""):
+                break
+            k, _, v = line.partition(b":")
+            if k.strip().lower() == b"content-length":
+                length = int(v)
+        body = f.read(length)
+        t1 = time.perf_counter_ns()
+        if not status.startswith(b"HTTP/1.1 200") or body != b"ok":
+            sys.exit("request %d: %r %r from the server, want 200 and b'ok'" % (i, status, body))
+        if fresh == "1":
+            f.close()
+            s.close()
+            s = None
+        if i >= int(warmup):
+            out.append(t1 - t0)
+    return out
+
 def version():
     return [platform.python_version()]
 
-out = {"send": send, "connect": connect, "dns": dns, "version": version}[sys.argv[1]](*sys.argv[2:])
+out = {"send": send, "connect": connect, "dns": dns, "http": http, "version": version}[sys.argv[1]](*sys.argv[2:])
 if out:
     print("\n".join(map(str, out)))
 `
@@ -214,10 +254,10 @@ func (h *netHost) close() {
 	}
 }
 
-// listen listens on a free TCP port of h.
-func (h *netHost) listen() (ln net.Listener, err error) {
+// listen listens on TCP port of h (0: a free one).
+func (h *netHost) listen(port uint16) (ln net.Listener, err error) {
 	listen := func() error {
-		ln, err = net.Listen("tcp", netip.AddrPortFrom(h.addr, 0).String())
+		ln, err = net.Listen("tcp", netip.AddrPortFrom(h.addr, port).String())
 		return err
 	}
 	if h.host == nil {
@@ -242,7 +282,12 @@ type tcpServer struct {
 // listenTCP starts a tcpServer on a free port of h. Its goroutines end
 // with close.
 func listenTCP(h *netHost, handle func(net.Conn)) (*tcpServer, error) {
-	ln, err := h.listen()
+	return listenTCPOn(h, 0, handle)
+}
+
+// listenTCPOn is listenTCP on port (0: a free one).
+func listenTCPOn(h *netHost, port uint16, handle func(net.Conn)) (*tcpServer, error) {
+	ln, err := h.listen(port)
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", h.addr, err)
 	}
@@ -599,7 +644,7 @@ func (r *runner) netConnectLatency(ctx context.Context) (_ Result, err error) {
 	guestPy, hostPy := pythonVersions(ctx, sb, python)
 
 	args := []string{to.Addr().String(), strconv.Itoa(int(to.Port())), strconv.Itoa(netWarmup), strconv.Itoa(netPerRound)}
-	a, b, err := r.netLatency(ctx, ScenarioNetConnect, sb, netProbeArgv("python3", "connect", args...), netProbeArgv(python, "connect", args...))
+	a, b, err := r.netLatency(ctx, ScenarioNetConnect, netPerRound, inSandbox("sandbox", sb, netProbeArgv("python3", "connect", args...)), onHost(netProbeArgv(python, "connect", args...)))
 	if err != nil {
 		return Result{}, err
 	}
@@ -642,7 +687,7 @@ func (r *runner) netDNSLatency(ctx context.Context) (_ Result, err error) {
 	counts := []string{netDNSName, strconv.Itoa(netWarmup), strconv.Itoa(netPerRound)}
 	guestArgv := netProbeArgv("python3", "dns", append([]string{gateway.GatewayIP, "53"}, counts...)...)
 	hostArgv := netProbeArgv(python, "dns", append([]string{up.addr.Addr().String(), strconv.Itoa(int(up.addr.Port()))}, counts...)...)
-	a, b, err := r.netLatency(ctx, ScenarioNetDNS, sb, guestArgv, hostArgv)
+	a, b, err := r.netLatency(ctx, ScenarioNetDNS, netPerRound, inSandbox("sandbox", sb, guestArgv), onHost(hostArgv))
 	if err != nil {
 		return Result{}, err
 	}
@@ -663,10 +708,26 @@ func (r *runner) netDNSLatency(ctx context.Context) (_ Result, err error) {
 	}, nil
 }
 
+// netSide is one side of a latency scenario: a label for the progress
+// lines, and what runs netProbe's timing loop there.
+type netSide struct {
+	label string
+	run   func(ctx context.Context, w io.Writer) error
+}
+
+// inSandbox runs argv in sb; onHost runs it on the host.
+func inSandbox(label string, sb *sandbox.Sandbox, argv []string) netSide {
+	return netSide{label, func(ctx context.Context, w io.Writer) error { return runInSandbox(ctx, sb, argv, w) }}
+}
+
+func onHost(argv []string) netSide {
+	return netSide{"host", func(ctx context.Context, w io.Writer) error { return runOnHost(ctx, argv, w) }}
+}
+
 // netLatency runs a timing loop of netProbe netRounds times on each side,
-// a process in sb (guestArgv) then one on the host (hostArgv), and
-// summarizes every sample of each side.
-func (r *runner) netLatency(ctx context.Context, scenario string, sb *sandbox.Sandbox, guestArgv, hostArgv []string) (Measurement, Measurement, error) {
+// alternating, each printing perRound samples, and summarizes every sample
+// of each side.
+func (r *runner) netLatency(ctx context.Context, scenario string, perRound int, a, b netSide) (Measurement, Measurement, error) {
 	var air, base []time.Duration
 	loop := func(samples *[]time.Duration, run func(context.Context, io.Writer) error) measure {
 		return func(ctx context.Context) (time.Duration, error) {
@@ -676,7 +737,7 @@ func (r *runner) netLatency(ctx context.Context, scenario string, sb *sandbox.Sa
 			if err := run(ctx, &out); err != nil {
 				return 0, err
 			}
-			ds, err := parseTimings(out.String(), netPerRound)
+			ds, err := parseTimings(out.String(), perRound)
 			if err != nil {
 				return 0, err
 			}
@@ -689,14 +750,97 @@ func (r *runner) netLatency(ctx context.Context, scenario string, sb *sandbox.Sa
 		}
 	}
 	sides := []side{
-		{"sandbox run", loop(&air, func(ctx context.Context, w io.Writer) error { return runInSandbox(ctx, sb, guestArgv, w) })},
-		{"host run", loop(&base, func(ctx context.Context, w io.Writer) error { return runOnHost(ctx, hostArgv, w) })},
+		{a.label + " run", loop(&air, a.run)},
+		{b.label + " run", loop(&base, b.run)},
 	}
 	if _, err := timeRounds(ctx, netRounds, sides, func(i int, ds []time.Duration) {
-		r.progressf("%s %d/%d: sandbox mean %.3f ms, host mean %.3f ms", scenario, i, netRounds,
-			ms(ds[0]/netPerRound), ms(ds[1]/netPerRound))
+		r.progressf("%s %d/%d: %s mean %.3f ms, %s mean %.3f ms", scenario, i, netRounds,
+			a.label, ms(ds[0]/time.Duration(perRound)), b.label, ms(ds[1]/time.Duration(perRound)))
 	}); err != nil {
 		return Measurement{}, Measurement{}, err
 	}
 	return summarize(air), summarize(base), nil
+}
+
+// httpOK answers every HTTP/1.1 request on c with 200 and the body "ok",
+// keeping the connection, until c closes or sends what does not parse:
+// the least a server can do, so that the scenarios price the gateway.
+func httpOK(c net.Conn) {
+	br := bufio.NewReader(c)
+	for {
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		io.Copy(io.Discard, req.Body)
+		if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"); err != nil {
+			return
+		}
+	}
+}
+
+// netHTTP measures HTTP requests from a sandbox through its gateway to a
+// server on a test host: to port 80, where the gateway reads every request
+// and judges its Host, against the same requests to another port of the
+// same server, which the policy admits by address alone so that the
+// gateway splices the connection. keepAlive: netHTTPRequests requests on
+// one connection; else each request on a new connection.
+func (r *runner) netHTTP(ctx context.Context, keepAlive bool) (_ Result, err error) {
+	scenario := ScenarioNetHTTPConnect
+	if keepAlive {
+		scenario = ScenarioNetHTTPKeepAlive
+	}
+	host, err := newNetHost()
+	if err != nil {
+		return Result{}, err
+	}
+	defer host.close()
+	web, err := listenTCPOn(host, 80, httpOK)
+	if err != nil {
+		return Result{}, err
+	}
+	defer web.close()
+	other, err := listenTCP(host, httpOK)
+	if err != nil {
+		return Result{}, err
+	}
+	defer other.close()
+	pol := policy.Policy{Egress: "deny", Allow: []string{web.addr().String(), other.addr().String()}}
+	sb, tpl, err := r.netSandbox(ctx, scenario, pol, "")
+	if err != nil {
+		return Result{}, err
+	}
+	defer func() { err = errors.Join(err, destroy(sb)) }()
+	guestPy, _ := pythonVersions(ctx, sb, "python3")
+
+	perRound, warmup, fresh := netHTTPRequests, netWarmup, "0"
+	if !keepAlive {
+		perRound, fresh = netPerRound, "1"
+	}
+	argv := func(to netip.AddrPort) []string {
+		return netProbeArgv("python3", "http", to.Addr().String(), strconv.Itoa(int(to.Port())), netDNSName,
+			strconv.Itoa(warmup), strconv.Itoa(perRound), fresh)
+	}
+	a, b, err := r.netLatency(ctx, scenario, perRound, inSandbox("per-request", sb, argv(web.addr())), inSandbox("spliced", sb, argv(other.addr())))
+	if err != nil {
+		return Result{}, err
+	}
+	what := fmt.Sprintf("%d GETs on one kept-alive connection, each timed from its send to its whole answer", perRound)
+	if !keepAlive {
+		what = fmt.Sprintf("%d GETs, each on a new connection, timed from before the connect to the whole answer", perRound)
+	}
+	return Result{
+		Name:     scenario,
+		Unit:     "ms",
+		Airlock:  a,
+		Baseline: b,
+		Ratio:    ratio(a.P50, b.P50),
+		Notes: fmt.Sprintf("airlock: Python %s in a %s sandbox sends %s (Host %s) through its gateway to port 80 of a test "+
+			"host at %s, where the gateway reads each request, judges its Host by the policy and forwards it (the policy "+
+			"admits the address by a literal entry); baseline: the same program in the same sandbox to port %d of the same "+
+			"server, which the same kind of entry admits by address alone, so that the gateway splices the connection "+
+			"after its first judgment; the server answers 200 and \"ok\" without a look at the request; timed inside the "+
+			"program (time.perf_counter_ns) after %d untimed; %d processes each side, alternating; ratio of p50s",
+			guestPy, tpl, what, netDNSName, web.addr().Addr(), other.addr().Port(), warmup, netRounds),
+	}, nil
 }

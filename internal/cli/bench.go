@@ -49,6 +49,11 @@ the ratios compare across runs):
                               same from a host process
   net_dns_latency             a DNS query to the gateway vs the same query sent by a
                               host process straight to the upstream resolver
+  net_http_keepalive          1,000 HTTP requests on one connection to port 80, each
+                              judged by its Host, vs the same to another port the
+                              gateway splices
+  net_http_connect            an HTTP request on a new connection to port 80 (the
+                              gateway waits for its head) vs the same spliced
   pause_resume                sandbox pause and resume (with the guest's refresh) vs
                               QMP stop and cont on the same QEMU
   suspend_wake_512            suspend and wake of a 512 MiB sandbox vs a bare QEMU

@@ -100,8 +100,8 @@ func (g *Gateway) handleTCP(r *tcp.ForwarderRequest) {
 	// ClientHello or an HTTP request head within sniffTimeout, or it is
 	// refused.
 	var s sniffed
-	web := webPort(port)
-	if web || rules.NeedsName(dst, port) {
+	web, needsName := webPort(port), rules.NeedsName(dst, port)
+	if web || needsName {
 		s = sniff(conn, sniffLimit, sniffTimeout)
 	}
 	if web && !s.tls && !s.http {
@@ -114,7 +114,7 @@ func (g *Gateway) handleTCP(r *tcp.ForwarderRequest) {
 	switch {
 	case s.opaque:
 		pf.Name = opaqueName
-	case s.name != "":
+	case s.name != "" && needsName: // else the address decides, whatever the name resolves to
 		pf.NameAddrs = g.cache.lookup(s.name)
 		if !slices.Contains(pf.NameAddrs, dst) {
 			pf.NameAddrs = g.resolveForFlow(ctx, s.name)
@@ -383,13 +383,13 @@ func (g *Gateway) serveHTTP(ctx context.Context, pf policy.Flow, guest net.Conn,
 func (g *Gateway) judgeRequest(ctx context.Context, pf policy.Flow, host string, ev Event) mitm.Verdict {
 	f := pf
 	f.Name, f.NameAddrs = normalizeName(host), nil
-	if f.Name != "" {
+	r := g.currentRules()
+	if f.Name != "" && r.NeedsName(f.Dst, f.Port) { // else the address decides, whatever the name resolves to
 		f.NameAddrs = g.cache.lookup(f.Name)
 		if !slices.Contains(f.NameAddrs, f.Dst) {
 			f.NameAddrs = g.resolveForFlow(ctx, f.Name)
 		}
 	}
-	r := g.currentRules()
 	creds := r.Credentials(f.Name)
 	v := r.Decide(f)
 	if v.Allow && f.Name != pf.Name && anyPlainHTTP(creds) {
