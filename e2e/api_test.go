@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -586,5 +587,75 @@ func TestAPIMetricsCommandsRunning(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	if g := gauge(); g != "0" {
 		t.Errorf("commands running after it exited: %s", g)
+	}
+}
+
+// TestExecMemoryBounded runs 8 unary execs at once, each writing 16 MiB of
+// NUL bytes to stdout and to stderr (96 MiB a stream once JSON-escaped):
+// all complete whole, and the server's peak RSS rises by at most 256 MiB,
+// since the output waits on disk and is escaped a piece at a time.
+func TestExecMemoryBounded(t *testing.T) {
+	s := newServer(t)
+	sb := s.createSandbox(t, s.key, apiv1.CreateSandbox{})
+	const stream = 16 << 20
+	cmd := fmt.Sprintf("head -c %d /dev/zero; head -c %d /dev/zero >&2", stream, stream)
+	status := func(field string) int64 {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.pid()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, field+":"); ok {
+				kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+				return kb << 10
+			}
+		}
+		t.Fatalf("no %s in /proc/%d/status", field, s.pid())
+		return 0
+	}
+	// Warm the exec path, then start the peak from now (clear_refs 5
+	// resets VmHWM to the current RSS).
+	s.must(t, 200, "POST", "/v1/sandboxes/"+sb.ID+"/exec", s.key, apiv1.CommandRequest{Cmd: "head -c 1048576 /dev/zero"}, nil)
+	if err := os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", s.pid()), []byte("5"), 0); err != nil {
+		t.Fatal(err)
+	}
+	before := status("VmRSS")
+	body, _ := json.Marshal(apiv1.CommandRequest{Cmd: cmd})
+	want := int64(len(`{"exit_code":0,"signal":null,"timed_out":false,"stdout":"","stderr":"","truncated":false}`+"\n")) + 2*stream*int64(len(`\u0000`))
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 8 {
+		wg.Go(func() {
+			req, _ := http.NewRequest("POST", s.url+"/v1/sandboxes/"+sb.ID+"/exec", bytes.NewReader(body))
+			req.Header.Set("Authorization", "Bearer "+s.key)
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer resp.Body.Close()
+			head := make([]byte, 64)
+			n, _ := io.ReadFull(resp.Body, head)
+			rest, err := io.Copy(io.Discard, resp.Body)
+			switch {
+			case err != nil:
+				errs <- err
+			case resp.StatusCode != 200 || !bytes.HasPrefix(head[:n], []byte(`{"exit_code":0,"signal":null,"timed_out":false,"stdout":"\u0000`)):
+				errs <- fmt.Errorf("answer %d %q", resp.StatusCode, head[:n])
+			case int64(n)+rest != want:
+				errs <- fmt.Errorf("answer of %d bytes, want %d", int64(n)+rest, want)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	peak := status("VmHWM")
+	t.Logf("server RSS %d MiB before, peak %d MiB during 8 execs of 2 x 16 MiB", before>>20, peak>>20)
+	if peak-before > 256<<20 {
+		t.Errorf("the server's peak RSS rose by %d MiB, want at most 256", (peak-before)>>20)
 	}
 }

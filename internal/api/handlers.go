@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 
 	"net/http"
 	"net/url"
@@ -45,9 +46,26 @@ func jsonCall[Req, Res any](status int, f func(ctx context.Context, p service.Pr
 			w.WriteHeader(status)
 			return nil
 		}
+		if st, ok := any(res).(jsonStreamer); ok {
+			defer st.Close()
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(status)
+			if err := st.WriteJSON(w); err != nil {
+				// The status is sent: the client sees a body cut short.
+				panic(http.ErrAbortHandler)
+			}
+			return nil
+		}
 		writeJSON(w, status, res)
 		return nil
 	}
+}
+
+// jsonStreamer is an answer too large to hold in memory: it writes its
+// own JSON, a piece at a time (service.ExecOutput).
+type jsonStreamer interface {
+	WriteJSON(w io.Writer) error
+	Close() error
 }
 
 // jsonAction is jsonCall for calls that answer 204 without a body.

@@ -13,7 +13,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 
@@ -749,49 +748,41 @@ func (s *Service) Resize(ctx context.Context, p Principal, id string, rows, cols
 }
 
 // capBuffer keeps the first max bytes written to it.
-type capBuffer struct {
-	max       int
-	b         []byte
-	truncated bool
-}
-
-func (c *capBuffer) Write(p []byte) (int, error) {
-	room := c.max - len(c.b)
-	if len(p) > room {
-		c.truncated = true
-		p = p[:max(room, 0)]
-	}
-	c.b = append(c.b, p...)
-	return len(p), nil
-}
-
-func (c *capBuffer) text() string { return strings.ToValidUTF8(string(c.b), string(utf8.RuneError)) }
-
-// Exec runs a command to its end and returns its output.
-func (s *Service) Exec(ctx context.Context, p Principal, sbxID string, req apiv1.CommandRequest) (apiv1.ExecResult, error) {
+// Exec runs a command to its end and returns its output, kept on disk
+// (see ExecOutput); the caller must Close it.
+func (s *Service) Exec(ctx context.Context, p Principal, sbxID string, req apiv1.CommandRequest) (*ExecOutput, error) {
 	x, err := toExec(req)
 	if err != nil {
-		return apiv1.ExecResult{}, err
+		return nil, err
 	}
 	if x.Stdin {
-		return apiv1.ExecResult{}, fmt.Errorf("exec takes no stdin: create a command session for that: %w", errdefs.ErrInvalid)
+		return nil, fmt.Errorf("exec takes no stdin: create a command session for that: %w", errdefs.ErrInvalid)
 	}
 	lv, _, err := s.runningSandbox(ctx, p, sbxID)
 	if err != nil {
-		return apiv1.ExecResult{}, err
+		return nil, err
 	}
-	stdout, stderr := &capBuffer{max: execOutputCap}, &capBuffer{max: execOutputCap}
 	box, vmCtx, err := lv.vm()
 	if err != nil {
-		return apiv1.ExecResult{}, err
+		return nil, err
 	}
-	proc, err := box.Exec(vmCtx, x, agentclient.Stdio{Stdout: stdout, Stderr: stderr})
+	out := &ExecOutput{}
+	if out.stdout, err = newSpool(s.execTmp(), execOutputCap); err != nil {
+		return nil, err
+	}
+	if out.stderr, err = newSpool(s.execTmp(), execOutputCap); err != nil {
+		out.Close()
+		return nil, err
+	}
+	proc, err := box.Exec(vmCtx, x, agentclient.Stdio{Stdout: out.stdout, Stderr: out.stderr})
 	if err != nil {
 		if errors.Is(err, errdefs.ErrNotFound) {
 			s.m.commandEnded("exited")
-			return apiv1.ExecResult{ExitCode: 127, Stderr: agentMessage(err) + "\n"}, nil
+			out.Result.ExitCode, out.note = 127, agentMessage(err)+"\n"
+			return out, nil
 		}
-		return apiv1.ExecResult{}, err
+		out.Close()
+		return nil, err
 	}
 	s.m.following(1)
 	select {
@@ -804,15 +795,15 @@ func (s *Service) Exec(ctx context.Context, p Principal, sbxID string, req apiv1
 	s.m.following(-1)
 	if err != nil {
 		s.m.commandEnded("lost")
-		return apiv1.ExecResult{}, err
+		out.Close()
+		return nil, err
 	}
 	s.m.commandEnded("exited")
-	s.m.streamed(len(stdout.b) + len(stderr.b))
-	res := apiv1.ExecResult{ExitCode: exit.ExitCode, TimedOut: exit.TimedOut,
-		Stdout: stdout.text(), Stderr: stderr.text(), Truncated: stdout.truncated || stderr.truncated}
+	s.m.streamed(int(out.stdout.n + out.stderr.n))
+	out.Result = apiv1.ExecResult{ExitCode: exit.ExitCode, TimedOut: exit.TimedOut, Truncated: out.stdout.truncated || out.stderr.truncated}
 	if exit.Signal != "" {
 		sig := exit.Signal
-		res.Signal = &sig
+		out.Result.Signal = &sig
 	}
-	return res, nil
+	return out, nil
 }
