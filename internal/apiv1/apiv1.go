@@ -419,17 +419,62 @@ const (
 // CreateKey is the body of POST /v1/keys. An empty Role means RoleUser, an
 // empty Format KeyFormatAirlock.
 type CreateKey struct {
-	Name   string `json:"name"`
-	Role   string `json:"role"`
-	Format string `json:"format,omitempty"`
+	Name   string  `json:"name"`
+	Role   string  `json:"role"`
+	Format string  `json:"format,omitempty"`
+	Limits *Limits `json:"limits,omitempty"`
 }
 
-// Key is an API key as listed; the secret is never shown again.
+// Limits bound what one API key may hold. A nil field is no limit of the
+// key's own: a user key then takes the server's default (airlock serve
+// --default-limits), an admin key has none.
+type Limits struct {
+	// Sandboxes counts every sandbox not deleted.
+	Sandboxes *int64 `json:"sandboxes,omitempty"`
+	// VCPUs and MemoryMiB count the sandboxes whose VM holds memory
+	// (creating, running, paused, suspending, waking).
+	VCPUs     *int64 `json:"vcpus,omitempty"`
+	MemoryMiB *int64 `json:"memory_mib,omitempty"`
+	// DiskMiB counts the disks of every sandbox not deleted.
+	DiskMiB *int64 `json:"disk_mib,omitempty"`
+	// SuspendedMiB counts the memory images of suspended sandboxes.
+	SuspendedMiB *int64 `json:"suspended_mib,omitempty"`
+	// Checkpoints counts the key's checkpoints.
+	Checkpoints *int64 `json:"checkpoints,omitempty"`
+	// Builds counts the key's template builds queued or running.
+	Builds *int64 `json:"builds,omitempty"`
+	// BuildContextMiB bounds each build context upload of the key (under
+	// the server's own bound, airlock serve --max-build-context). It is a
+	// size per upload, not a running total, so Usage has no such field.
+	BuildContextMiB *int64 `json:"build_context_mib,omitempty"`
+}
+
+// Usage is what a key holds now, in the units of Limits.
+type Usage struct {
+	Sandboxes    int64 `json:"sandboxes"`
+	VCPUs        int64 `json:"vcpus"`
+	MemoryMiB    int64 `json:"memory_mib"`
+	DiskMiB      int64 `json:"disk_mib"`
+	SuspendedMiB int64 `json:"suspended_mib"`
+	Checkpoints  int64 `json:"checkpoints"`
+	Builds       int64 `json:"builds"`
+}
+
+// SetLimits is the body of PATCH /v1/keys/{id}.
+type SetLimits struct {
+	Limits *Limits `json:"limits"`
+}
+
+// Key is an API key as listed; the secret is never shown again. GET
+// /v1/keys/{id} and /v1/keys/self add the limits in force (the key's own,
+// the server's defaults filling the rest for a user key) and the usage.
 type Key struct {
 	ID        string    `json:"id"`
 	Name      string    `json:"name"`
 	Role      string    `json:"role"`
 	Format    string    `json:"format"`
+	Limits    Limits    `json:"limits"`
+	Usage     *Usage    `json:"usage,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 }
 
@@ -440,6 +485,7 @@ type KeyCreated struct {
 	Role      string    `json:"role"`
 	Format    string    `json:"format"`
 	Key       string    `json:"key"`
+	Limits    Limits    `json:"limits"`
 	CreatedAt time.Time `json:"created_at"`
 }
 

@@ -104,6 +104,8 @@ var conformance = []struct {
 	{"BadText", testBadText},
 	{"SandboxNodes", testSandboxNodes},
 	{"Settings", testSettings},
+	{"KeyUsage", testKeyUsage},
+	{"InsertSandboxWithin", testInsertSandboxWithin},
 }
 
 // testSettings: the first value of a setting stays; later ones read it;

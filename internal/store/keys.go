@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -25,9 +26,12 @@ type Key struct {
 	Format string
 	// CreatedAt is when the key was made; the zero time means now.
 	CreatedAt time.Time
+	// Limits are the key's own limits, JSON of apiv1.Limits; nil means
+	// none of its own.
+	Limits json.RawMessage
 }
 
-const keyColumns = "id, name, role, hash, format, created_at"
+const keyColumns = "id, name, role, hash, format, created_at, limits"
 
 // InsertKey stores k. A key with the same ID or the same hash is a
 // conflict.
@@ -41,8 +45,8 @@ func (s *Store) InsertKey(ctx context.Context, k Key) error {
 	if k.Format == "" {
 		k.Format = "airlock"
 	}
-	_, err := s.db.ExecContext(ctx, "INSERT INTO keys ("+keyColumns+") VALUES (?, ?, ?, ?, ?, ?)",
-		k.ID, k.Name, k.Role, nonNil(k.Hash), k.Format, nanos(k.CreatedAt))
+	_, err := s.db.ExecContext(ctx, "INSERT INTO keys ("+keyColumns+") VALUES (?, ?, ?, ?, ?, ?, ?)",
+		k.ID, k.Name, k.Role, nonNil(k.Hash), k.Format, nanos(k.CreatedAt), limitsText(k.Limits))
 	if isUniqueViolationOf(err, "keys", "hash") {
 		return fmt.Errorf("insert key %s: another key has the same hash: %w", k.ID, errdefs.ErrConflict)
 	}
@@ -103,6 +107,23 @@ func (s *Store) DeleteKey(ctx context.Context, id string) error {
 	return mustAffect(res, "key", id)
 }
 
+// SetKeyLimits replaces the key's own limits (JSON of apiv1.Limits).
+func (s *Store) SetKeyLimits(ctx context.Context, id string, limits json.RawMessage) error {
+	res, err := s.db.ExecContext(ctx, "UPDATE keys SET limits = ? WHERE id = ?", limitsText(limits), id)
+	if err != nil {
+		return fmt.Errorf("set limits of key %s: %w", id, classify(err))
+	}
+	return mustAffect(res, "key", id)
+}
+
+// limitsText is limits as stored: "{}" for none.
+func limitsText(limits json.RawMessage) string {
+	if len(limits) == 0 {
+		return "{}"
+	}
+	return string(limits)
+}
+
 // CountKeys returns the number of keys with the given role, or of all keys
 // when role is "".
 func (s *Store) CountKeys(ctx context.Context, role string) (int, error) {
@@ -118,8 +139,12 @@ func (s *Store) CountKeys(ctx context.Context, role string) (int, error) {
 func scanKey(r scanner) (Key, error) {
 	var k Key
 	var created int64
-	if err := r.Scan(&k.ID, &k.Name, &k.Role, &k.Hash, &k.Format, &created); err != nil {
+	var limits string
+	if err := r.Scan(&k.ID, &k.Name, &k.Role, &k.Hash, &k.Format, &created, &limits); err != nil {
 		return Key{}, err
+	}
+	if limits != "{}" {
+		k.Limits = json.RawMessage(limits)
 	}
 	k.Hash = nonNil(k.Hash)
 	k.CreatedAt = fromNanos(created)

@@ -350,6 +350,10 @@ CREATE TABLE build_contexts (
 	created_at BIGINT NOT NULL
 );
 `},
+	{11, "add keys.limits", `
+-- JSON apiv1.Limits: the key's own limits ("{}": none of its own).
+ALTER TABLE keys ADD COLUMN limits TEXT NOT NULL DEFAULT '{}';
+`, postgresSame},
 }
 
 // schemaVersion reads the version of the schema: SQLite's PRAGMA

@@ -37,6 +37,7 @@ var migrationTests = []migrationTest{
 	{version: 8, before: fillSchema1, after: checkSchema8},
 	{version: 9, before: fillSchema1, after: checkSchema9},
 	{version: 10, before: fillBuilds9, after: checkSchema10},
+	{version: 11, before: fillKeys3, after: checkSchema11},
 }
 
 // fillBuilds9 stores a build as servers before migration 10 did.
@@ -66,6 +67,23 @@ func checkSchema10(t *testing.T, db *sql.DB) {
 }
 
 // checkSchema9: a store from before has no settings, and one can be set.
+// checkSchema11: keys from before have no limits of their own, and limits
+// can be set.
+func checkSchema11(t *testing.T, db *sql.DB) {
+	s := &Store{db: &conn{db: db, eng: sqliteEngine}}
+	ctx := context.Background()
+	k, err := s.GetKey(ctx, "key1")
+	if err != nil || k.Limits != nil {
+		t.Fatalf("limits after migration 11: %s, %v", k.Limits, err)
+	}
+	if err := s.SetKeyLimits(ctx, "key1", []byte(`{"sandboxes":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.KeyUsage(ctx, "key1"); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func checkSchema9(t *testing.T, db *sql.DB) {
 	s := &Store{db: &conn{db: db, eng: sqliteEngine}}
 	if got, err := s.EnsureSetting(context.Background(), "k", "v"); err != nil || got != "v" {

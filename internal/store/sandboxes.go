@@ -84,6 +84,12 @@ func sandboxRow(sb Sandbox) ([]any, error) {
 // taken is a conflict, and then neither is stored. UpdatedAt is set to
 // CreatedAt.
 func (s *Store) InsertSandbox(ctx context.Context, sb Sandbox, op Operation) error {
+	return s.insertSandbox(ctx, sb, op, nil)
+}
+
+// insertSandbox is InsertSandbox, running check (if not nil) in the
+// transaction once inserts are serialized, before anything is written.
+func (s *Store) insertSandbox(ctx context.Context, sb Sandbox, op Operation, check func(t *tx) error) error {
 	if err := requireID("insert sandbox", sb.ID); err != nil {
 		return err
 	}
@@ -101,6 +107,11 @@ func (s *Store) InsertSandbox(ctx context.Context, sb Sandbox, op Operation) err
 	return s.inTx(ctx, func(t *tx) error {
 		if err := t.lockSeq(ctx, "sandboxes"); err != nil {
 			return fmt.Errorf("insert sandbox %s: %w", sb.ID, classify(err))
+		}
+		if check != nil {
+			if err := check(t); err != nil {
+				return err
+			}
 		}
 		_, err := t.ExecContext(ctx, "INSERT INTO sandboxes ("+sandboxColumns+") VALUES ("+placeholders(len(row))+")", row...)
 		if isUniqueViolation(err) {
