@@ -242,6 +242,8 @@ func (fx *badFixture) routes(sbx, cmd, op, key string) []badRoute {
 	return []badRoute{
 		{"keys_create", "POST", "/v1/keys", `{"name":"badinput-probe","role":"user"}`},
 		{"keys_list", "GET", "/v1/keys", nil},
+		{"keys_get", "GET", "/v1/keys/" + key, nil},
+		{"keys_limits", "PATCH", "/v1/keys/" + key, `{"limits":{"sandboxes":100}}`},
 		{"keys_delete", "DELETE", "/v1/keys/" + key, nil},
 		{"operation_get", "GET", "/v1/operations/" + op, nil},
 		{"sandboxes_create", "POST", "/v1/sandboxes", `{"template":"tiny"}`},

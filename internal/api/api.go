@@ -111,6 +111,8 @@ func (s *Server) routes() []route {
 
 		{"POST", "/v1/keys", authKey, nil, jsonCall(http.StatusCreated, s.createKey)},
 		{"GET", "/v1/keys", authKey, page, s.listKeys},
+		{"GET", "/v1/keys/{id}", authKey, nil, s.getKey},
+		{"PATCH", "/v1/keys/{id}", authKey, nil, jsonCall(http.StatusOK, s.svc.SetKeyLimits)},
 		{"DELETE", "/v1/keys/{id}", authKey, nil, s.deleteKey},
 
 		{"GET", "/v1/operations/{id}", authKey, []string{"wait_s"}, s.getOperation},
@@ -394,6 +396,10 @@ func writeError(w http.ResponseWriter, err error) {
 		code = apiv1.CodeUnavailable
 	}
 	body := apiv1.ErrorBody{Error: apiv1.Error{Code: code, Message: message(err)}}
+	var d interface{ Details() map[string]any }
+	if errors.As(err, &d) {
+		body.Error.Details = d.Details()
+	}
 	if code == apiv1.CodeResourceExhausted {
 		w.Header().Set("Retry-After", "1")
 	}

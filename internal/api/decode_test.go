@@ -114,7 +114,7 @@ func TestRoutesAreUnique(t *testing.T) {
 			t.Errorf("route %s %s registered twice", r.Method, r.Path)
 		}
 		seen[r] = true
-		if r.Method != http.MethodGet && r.Method != http.MethodPost && r.Method != http.MethodPut && r.Method != http.MethodDelete {
+		if r.Method != http.MethodGet && r.Method != http.MethodPost && r.Method != http.MethodPut && r.Method != http.MethodDelete && r.Method != http.MethodPatch {
 			t.Errorf("route %s %s has an odd method", r.Method, r.Path)
 		}
 	}

@@ -150,6 +150,16 @@ func (s *Server) listKeys(w http.ResponseWriter, r *http.Request, p service.Prin
 	return nil
 }
 
+// getKey answers a key with its limits and usage; "self" is the caller's.
+func (s *Server) getKey(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	k, err := s.svc.GetKey(r.Context(), p, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, k)
+	return nil
+}
+
 func (s *Server) deleteKey(w http.ResponseWriter, r *http.Request, p service.Principal) error {
 	if err := s.svc.DeleteKey(r.Context(), p, r.PathValue("id")); err != nil {
 		return err
@@ -484,7 +494,19 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request, p servic
 // putBuildContext stores a tar body as a build context, streamed to disk
 // and bounded by the server's limit (413 past it).
 func (s *Server) putBuildContext(w http.ResponseWriter, r *http.Request, p service.Principal) error {
-	bc, err := s.svc.PutBuildContext(r.Context(), r.Body, s.svc.MaxContextBytes())
+	limit, keyMiB, err := s.svc.ContextLimit(r.Context(), p)
+	if err != nil {
+		return err
+	}
+	bc, err := s.svc.PutBuildContext(r.Context(), r.Body, limit)
+	if errors.Is(err, errdefs.ErrTooLarge) && keyMiB >= 0 {
+		// The key's own limit stopped it, not the server's.
+		asked := keyMiB + 1
+		if r.ContentLength > 0 {
+			asked = (r.ContentLength + 1<<20 - 1) >> 20
+		}
+		return &service.LimitError{Limit: "build_context_mib", Max: keyMiB, Requested: asked, Key: p.KeyID}
+	}
 	if err != nil {
 		return err
 	}

@@ -361,6 +361,21 @@ func (c *Client) ListKeys(ctx context.Context, lo ListOptions) (apiv1.List[apiv1
 	return out, err
 }
 
+// GetKey returns a key with its limits and usage; id "self" is the
+// client's own key.
+func (c *Client) GetKey(ctx context.Context, id string) (apiv1.Key, error) {
+	var out apiv1.Key
+	err := c.call(ctx, http.MethodGet, p("v1", "keys", id), nil, nil, &out, nil)
+	return out, err
+}
+
+// SetKeyLimits replaces a key's own limits (admin only).
+func (c *Client) SetKeyLimits(ctx context.Context, id string, l apiv1.Limits, opts ...CallOption) (apiv1.Key, error) {
+	var out apiv1.Key
+	err := c.call(ctx, http.MethodPatch, p("v1", "keys", id), nil, apiv1.SetLimits{Limits: &l}, &out, opts)
+	return out, err
+}
+
 // DeleteKey revokes an API key.
 func (c *Client) DeleteKey(ctx context.Context, id string, opts ...CallOption) error {
 	return c.call(ctx, http.MethodDelete, p("v1", "keys", id), nil, nil, nil, opts)

@@ -176,11 +176,11 @@ func TestKeyUsage(t *testing.T) {
 	if err := Run(context.Background(), env, []string{"key"}); ExitCode(err) != 2 || !strings.Contains(errb.String(), "airlock key COMMAND") {
 		t.Errorf("key without a command: %v, %q", err, errb.String())
 	}
-	if err := Run(context.Background(), env, []string{"key", "get", "x"}); !errors.Is(err, errdefs.ErrInvalid) || ExitCode(err) != 2 {
-		t.Errorf("key get (no such command): %v", err)
+	if err := Run(context.Background(), env, []string{"key", "show", "x"}); !errors.Is(err, errdefs.ErrInvalid) || ExitCode(err) != 2 {
+		t.Errorf("key show (no such command): %v", err)
 	}
 	out.Reset()
-	if err := Run(context.Background(), env, []string{"help"}); err != nil || !strings.Contains(out.String(), "create, list and remove API keys") {
+	if err := Run(context.Background(), env, []string{"help"}); err != nil || !strings.Contains(out.String(), "create, list, limit and remove API keys") {
 		t.Errorf("help does not list key: %v\n%s", err, out.String())
 	}
 	_, stderr, err := s.runKey(t, s.key, "create", "-h")

@@ -107,6 +107,9 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	maxQueued := fs.Int("max-queued-starts", 64, "most creates waiting for a start slot")
 	ping := fs.Duration("ping-interval", 15*time.Second, "how often idle event streams get a `: ping`")
 	defaultEgress := fs.String("default-egress", "deny", "egress of sandboxes created without a network policy: allow or deny")
+	defaultLimits := fs.String("default-limits", "", "`limits` of user keys where they have none of their own, NAME=N[,NAME=N…] (sandboxes, vcpus, memory_mib, disk_mib, suspended_mib, checkpoints, builds, build_context_mib; default: none)")
+	var memoryBudget sizeFlag
+	fs.Var(&memoryBudget, "memory-budget", "most memory (`size`, like 16GiB) this host's sandboxes' VMs may hold: creates and wakes past it are refused (default: the host's RAM less 1 GiB)")
 	egressPrivate := fs.String("egress-private", "", "comma-separated private `CIDRs` (within 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, 100.64.0.0/10) a sandbox's policy may open by naming an address in them (default: none)")
 	dnsUpstream := fs.String("dns-upstream", "", "resolver `HOST:PORT` the gateways ask (default: the host's, from /etc/resolv.conf)")
 	e2bListen := fs.String("e2b-listen", "", "`address` to serve E2B's API on (default: not served)")
@@ -143,6 +146,10 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	}
 	if *maxBuilds < 1 || *maxContext < 1 {
 		return fmt.Errorf("serve: --max-builds and --max-build-context must be at least 1: %w", errdefs.ErrInvalid)
+	}
+	limits, err := service.ParseLimits(*defaultLimits)
+	if err != nil {
+		return fmt.Errorf("%s: --default-limits: %w", fs.Name(), err)
 	}
 	private, err := checkNetworkFlags(*defaultEgress, *dnsUpstream, *egressPrivate)
 	if err != nil {
@@ -252,7 +259,7 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	sc := service.Config{
 		Dir: env.Dir, Store: st, Log: log,
 		MaxSandboxes: *maxSandboxes, MaxStarts: *maxStarts, MaxQueuedStarts: *maxQueued,
-		DefaultEgress: *defaultEgress, EgressPrivate: private, Secrets: box, TokenKey: tokenKey,
+		DefaultEgress: *defaultEgress, EgressPrivate: private, DefaultLimits: limits, MemoryBudgetMiB: memoryBudget.n >> 20, Secrets: box, TokenKey: tokenKey,
 		TrustedRegistries: trustedRegistries, MaxBuilds: *maxBuilds, MaxContextBytes: *maxContext << 20,
 		MinFreeDiskBytes: minFreeDisk.n, Warm: warm,
 	}

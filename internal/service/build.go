@@ -116,6 +116,17 @@ func (s *Service) CreateTemplate(ctx context.Context, p Principal, req apiv1.Cre
 	if err != nil {
 		return apiv1.TemplateOperation{}, err
 	}
+	l, err := s.limitsOf(ctx, p.KeyID)
+	if err != nil {
+		return apiv1.TemplateOperation{}, err
+	}
+	u, err := s.st.KeyUsage(ctx, p.KeyID)
+	if err != nil {
+		return apiv1.TemplateOperation{}, err
+	}
+	if err := within(p.KeyID, l, u, want{builds: 1}); err != nil {
+		return apiv1.TemplateOperation{}, err
+	}
 	body, _ := json.Marshal(redactAuth(req))
 	return s.startBuild(p, pl, body)
 }

@@ -250,3 +250,17 @@ func lastLinesText(lines []string) string {
 
 // MaxContextBytes is the largest build context the server takes.
 func (s *Service) MaxContextBytes() int64 { return s.cfg.MaxContextBytes }
+
+// ContextLimit is the largest build context p may upload: the server's
+// bound, or the key's build_context_mib when lower. keyMiB is then that
+// limit (else -1), for the refusal of an upload that passes it.
+func (s *Service) ContextLimit(ctx context.Context, p Principal) (limit, keyMiB int64, err error) {
+	l, err := s.limitsOf(ctx, p.KeyID)
+	if err != nil {
+		return 0, 0, err
+	}
+	if l.BuildContextMiB != nil && *l.BuildContextMiB<<20 < s.cfg.MaxContextBytes {
+		return *l.BuildContextMiB << 20, *l.BuildContextMiB, nil
+	}
+	return s.cfg.MaxContextBytes, -1, nil
+}

@@ -61,7 +61,7 @@ func (s *Service) Realize(ctx context.Context, id string) error {
 	if err != nil {
 		return s.failCreate(sb, op, fmt.Errorf("node %s cannot make template %s (%s): %w", s.cfg.Node, sb.TemplateRef, sb.TemplateDigest, err))
 	}
-	cctx, c, err := s.admitCreate(id)
+	cctx, c, err := s.admitCreate(id, int64(sb.MemoryMiB))
 	if errors.Is(err, errMaking) {
 		return nil // a call beside this one got there first
 	}
@@ -84,7 +84,7 @@ func (s *Service) Realize(ctx context.Context, id string) error {
 // fetched image is not reclaimed meanwhile: the sandbox's row names it.
 // A fetch that fails fails the create with the reason.
 func (s *Service) realizeFetched(id string, sb store.Sandbox, op store.Operation, want sandbox.Spec) error {
-	cctx, c, err := s.admitCreate(id)
+	cctx, c, err := s.admitCreate(id, int64(sb.MemoryMiB))
 	if errors.Is(err, errMaking) {
 		return nil
 	}
@@ -161,14 +161,18 @@ func (s *Service) failCreate(sb store.Sandbox, op store.Operation, err error) er
 // admitToCluster records a create on an API replica: the row and its
 // pending operation, which the controller makes a Pod of and a node
 // realizes. The caps of each host are the nodes' to check.
-func (s *Service) admitToCluster(ctx context.Context, sb store.Sandbox, op store.Operation) (apiv1.SandboxOperation, error) {
+func (s *Service) admitToCluster(ctx context.Context, sb store.Sandbox, op store.Operation, admit func(store.Usage) error) (apiv1.SandboxOperation, error) {
 	s.mu.Lock()
 	closed := s.closed
 	s.mu.Unlock()
 	if closed {
 		return apiv1.SandboxOperation{}, fmt.Errorf("the server is shutting down: retry shortly: %w", errdefs.ErrUnavailable)
 	}
-	if err := s.st.InsertSandbox(ctx, sb, op); err != nil {
+	if err := s.st.InsertSandboxWithin(ctx, sb, op, admit); err != nil {
+		var le *LimitError
+		if errors.As(err, &le) {
+			return apiv1.SandboxOperation{}, err
+		}
 		return apiv1.SandboxOperation{}, fmt.Errorf("record sandbox: %w", err)
 	}
 	s.m.opStarted(op.Kind)

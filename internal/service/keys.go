@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -108,10 +109,13 @@ func (s *Service) CreateKey(ctx context.Context, p Principal, req apiv1.CreateKe
 	if req.Format != apiv1.KeyFormatAirlock && req.Format != apiv1.KeyFormatE2B {
 		return apiv1.KeyCreated{}, fmt.Errorf("format %q is not \"airlock\" or \"e2b\": %w", truncate(req.Format, 20), errdefs.ErrInvalid)
 	}
-	return s.newKey(ctx, req.Name, req.Role, req.Format)
+	if err := checkLimits("limits", req.Limits); err != nil {
+		return apiv1.KeyCreated{}, err
+	}
+	return s.newKey(ctx, req.Name, req.Role, req.Format, req.Limits)
 }
 
-func (s *Service) newKey(ctx context.Context, name, role, format string) (apiv1.KeyCreated, error) {
+func (s *Service) newKey(ctx context.Context, name, role, format string, limits *apiv1.Limits) (apiv1.KeyCreated, error) {
 	id := ids.New("key")
 	var key string
 	var hash []byte
@@ -124,10 +128,82 @@ func (s *Service) newKey(ctx context.Context, name, role, format string) (apiv1.
 		key, hash = formatKey(id, secret), hashSecret(secret)
 	}
 	k := store.Key{ID: id, Name: name, Role: role, Hash: hash, Format: format, CreatedAt: s.now()}
+	if limits != nil {
+		k.Limits, _ = json.Marshal(limits)
+	}
+	eff, err := s.keyLimits(k)
+	if err != nil {
+		return apiv1.KeyCreated{}, err
+	}
 	if err := s.st.InsertKey(ctx, k); err != nil {
 		return apiv1.KeyCreated{}, fmt.Errorf("record key: %w", err)
 	}
-	return apiv1.KeyCreated{ID: id, Name: name, Role: role, Format: format, Key: key, CreatedAt: k.CreatedAt}, nil
+	return apiv1.KeyCreated{ID: id, Name: name, Role: role, Format: format, Key: key, Limits: eff, CreatedAt: k.CreatedAt}, nil
+}
+
+// GetKey returns a key with the limits in force and its usage. id "self"
+// is the calling key; a user key sees only itself (another answers 404).
+func (s *Service) GetKey(ctx context.Context, p Principal, id string) (apiv1.Key, error) {
+	if id == "self" {
+		id = p.KeyID
+	}
+	if err := checkID("key", "key", id); err != nil {
+		return apiv1.Key{}, err
+	}
+	if !p.owns(id) {
+		return apiv1.Key{}, fmt.Errorf("key %q not found: %w", id, errdefs.ErrNotFound)
+	}
+	k, err := s.st.GetKey(ctx, id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return apiv1.Key{}, fmt.Errorf("key %q not found: %w", id, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return apiv1.Key{}, err
+	}
+	v, err := s.keyView(k)
+	if err != nil {
+		return apiv1.Key{}, err
+	}
+	u, err := s.st.KeyUsage(ctx, id)
+	if err != nil {
+		return apiv1.Key{}, err
+	}
+	v.Usage = usageView(u)
+	return v, nil
+}
+
+// SetKeyLimits replaces a key's own limits; only an admin may. Fields left
+// out take the server's defaults (for a user key) again. What the key
+// holds already is kept: the limits apply to what it asks for next.
+func (s *Service) SetKeyLimits(ctx context.Context, p Principal, id string, req apiv1.SetLimits) (apiv1.Key, error) {
+	if !p.Admin() {
+		return apiv1.Key{}, fmt.Errorf("only an admin key may change limits: %w", errdefs.ErrPermission)
+	}
+	if err := checkID("key", "key", id); err != nil {
+		return apiv1.Key{}, err
+	}
+	if req.Limits == nil {
+		return apiv1.Key{}, fmt.Errorf("limits is required, for example {\"limits\": {\"sandboxes\": 5}}; {} takes the defaults: %w", errdefs.ErrInvalid)
+	}
+	if err := checkLimits("limits", req.Limits); err != nil {
+		return apiv1.Key{}, err
+	}
+	b, _ := json.Marshal(req.Limits)
+	if err := s.st.SetKeyLimits(ctx, id, b); errors.Is(err, errdefs.ErrNotFound) {
+		return apiv1.Key{}, fmt.Errorf("key %q not found: %w", id, errdefs.ErrNotFound)
+	} else if err != nil {
+		return apiv1.Key{}, err
+	}
+	return s.GetKey(ctx, p, id)
+}
+
+// keyView is k as the API shows it, with the limits in force.
+func (s *Service) keyView(k store.Key) (apiv1.Key, error) {
+	l, err := s.keyLimits(k)
+	if err != nil {
+		return apiv1.Key{}, err
+	}
+	return apiv1.Key{ID: k.ID, Name: k.Name, Role: k.Role, Format: k.Format, Limits: l, CreatedAt: k.CreatedAt}, nil
 }
 
 // ListKeys lists the keys, a page at a time; a user key sees only itself.
@@ -139,7 +215,11 @@ func (s *Service) ListKeys(ctx context.Context, p Principal, limit int, pageToke
 	all := []apiv1.Key{}
 	for _, k := range keys {
 		if p.owns(k.ID) {
-			all = append(all, apiv1.Key{ID: k.ID, Name: k.Name, Role: k.Role, Format: k.Format, CreatedAt: k.CreatedAt})
+			v, err := s.keyView(k)
+			if err != nil {
+				return apiv1.List[apiv1.Key]{}, err
+			}
+			all = append(all, v)
 		}
 	}
 	items, next, err := page(all, func(k apiv1.Key) string { return k.ID }, limit, pageToken)
@@ -183,7 +263,7 @@ func (s *Service) EnsureAdminKey(ctx context.Context, path string) (string, erro
 	if n > 0 {
 		return "", nil
 	}
-	k, err := s.newKey(ctx, "admin", apiv1.RoleAdmin, apiv1.KeyFormatAirlock)
+	k, err := s.newKey(ctx, "admin", apiv1.RoleAdmin, apiv1.KeyFormatAirlock, nil)
 	if err != nil {
 		return "", err
 	}

@@ -257,15 +257,17 @@ func (s *Service) Wake(ctx context.Context, p Principal, id string) (apiv1.Sandb
 	transitional := ""
 	if cur.State == apiv1.StateSuspended {
 		transitional = apiv1.StateWaking
-		if err := s.admit(); err != nil {
+		if err := s.admitWake(ctx, cur); err != nil {
 			return apiv1.SandboxOperation{}, err
 		}
 	}
 	sb, op, f, _, err := s.beginOp(ctx, p, id, apiv1.OpWake, transitional)
 	if err != nil {
+		s.endWake(id)
 		return apiv1.SandboxOperation{}, err
 	}
 	go func() {
+		defer s.endWake(id)
 		start := time.Now()
 		clock := timings.StartAt(op.CreatedAt)
 		clock.Lap("admit and record")
@@ -297,14 +299,42 @@ func (s *Service) Wake(ctx context.Context, p Principal, id string) (apiv1.Sandb
 	return apiv1.SandboxOperation{Sandbox: s.sandboxView(sb), Operation: opView(op)}, nil
 }
 
-// admit checks the host-wide cap on sandboxes holding a VM.
-func (s *Service) admit() error {
+// admitWake checks the wake of the suspended sandbox sb against its
+// owner's limits (the memory and vCPUs it takes back), the host-wide cap
+// on sandboxes holding a VM and the memory budget, and holds its memory
+// in the budget until endWake.
+func (s *Service) admitWake(ctx context.Context, sb store.Sandbox) error {
+	l, err := s.limitsOf(ctx, sb.Owner)
+	if err != nil {
+		return err
+	}
+	u, err := s.st.KeyUsage(ctx, sb.Owner)
+	if err != nil {
+		return err
+	}
+	if err := within(sb.Owner, l, u, want{vcpus: int64(sb.VCPUs), memoryMiB: int64(sb.MemoryMiB)}); err != nil {
+		return err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if n := s.vmCount(); n >= s.cfg.MaxSandboxes {
 		return fmt.Errorf("this host already runs %d sandboxes, its limit (max_sandboxes=%d): delete or suspend one and retry: %w", n, s.cfg.MaxSandboxes, errdefs.ErrExhausted)
 	}
+	if _, ok := s.waking[sb.ID]; ok {
+		return fmt.Errorf("sandbox %s is being woken: %w", sb.ID, errdefs.ErrConflict)
+	}
+	if err := s.fitsBudget(int64(sb.MemoryMiB)); err != nil {
+		return err
+	}
+	s.waking[sb.ID] = int64(sb.MemoryMiB)
 	return nil
+}
+
+// endWake gives back what admitWake held for sandbox id, if anything.
+func (s *Service) endWake(id string) {
+	s.mu.Lock()
+	delete(s.waking, id)
+	s.mu.Unlock()
 }
 
 // vmCount is the number of sandboxes holding or making a VM. s.mu is held.

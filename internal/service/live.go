@@ -76,6 +76,13 @@ func (lv *live) vm() (*sandbox.Sandbox, context.Context, error) {
 	return lv.box, lv.vmCtx, nil
 }
 
+// vmBox returns the sandbox's VM, nil while it has none.
+func (lv *live) vmBox() *sandbox.Sandbox {
+	lv.mu.Lock()
+	defer lv.mu.Unlock()
+	return lv.box
+}
+
 // hasVM reports whether the sandbox holds a VM (for the host-wide cap).
 func (lv *live) hasVM() bool {
 	lv.mu.Lock()

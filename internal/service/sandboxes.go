@@ -136,17 +136,25 @@ func (s *Service) CreateSandbox(ctx context.Context, p Principal, req apiv1.Crea
 		sb.ExpiresAt = &exp
 	}
 	op := store.Operation{ID: ids.New("op"), Kind: apiv1.OpCreate, TargetID: sb.ID, Owner: p.KeyID, Status: apiv1.OpPending, CreatedAt: now}
+	admit, err := s.keyAdmits(ctx, sb)
+	if err != nil {
+		return apiv1.SandboxOperation{}, err
+	}
 	if s.cfg.Front {
-		return s.admitToCluster(ctx, sb, op)
+		return s.admitToCluster(ctx, sb, op, admit)
 	}
 
-	cctx, c, err := s.admitCreate(sb.ID)
+	cctx, c, err := s.admitCreate(sb.ID, int64(sb.MemoryMiB))
 	if err != nil {
 		return apiv1.SandboxOperation{}, err
 	}
 	// Desired state first: the rows exist before any work starts.
-	if err := s.st.InsertSandbox(ctx, sb, op); err != nil {
+	if err := s.st.InsertSandboxWithin(ctx, sb, op, admit); err != nil {
 		s.unadmit(sb.ID, c)
+		var le *LimitError
+		if errors.As(err, &le) {
+			return apiv1.SandboxOperation{}, err
+		}
 		return apiv1.SandboxOperation{}, fmt.Errorf("record sandbox: %w", err)
 	}
 	keep = true
@@ -156,9 +164,22 @@ func (s *Service) CreateSandbox(ctx context.Context, p Principal, req apiv1.Crea
 	return apiv1.SandboxOperation{Sandbox: s.sandboxView(sb), Operation: opView(op)}, nil
 }
 
-// admitCreate checks the host's caps and takes the sandbox's place among
-// the creations, under one lock; runCreate, or unadmit, gives it back.
-func (s *Service) admitCreate(id string) (context.Context, *creation, error) {
+// keyAdmits returns the check of a create of sb against its owner's
+// limits, which the store runs on what the owner holds when the create is
+// recorded (store.InsertSandboxWithin).
+func (s *Service) keyAdmits(ctx context.Context, sb store.Sandbox) (func(store.Usage) error, error) {
+	l, err := s.limitsOf(ctx, sb.Owner)
+	if err != nil {
+		return nil, err
+	}
+	w := want{sandboxes: 1, vcpus: int64(sb.VCPUs), memoryMiB: int64(sb.MemoryMiB), diskMiB: int64(sb.DiskMiB)}
+	return func(u store.Usage) error { return within(sb.Owner, l, u, w) }, nil
+}
+
+// admitCreate checks the host's caps and memory budget and takes the
+// sandbox's place among the creations, under one lock; runCreate, or
+// unadmit, gives it back.
+func (s *Service) admitCreate(id string, memoryMiB int64) (context.Context, *creation, error) {
 	if err := s.checkFreeDisk(s.cfg.Dir.Sandboxes()); err != nil {
 		return nil, nil, err
 	}
@@ -176,8 +197,11 @@ func (s *Service) admitCreate(id string) (context.Context, *creation, error) {
 	if n := len(s.creating); n >= s.cfg.MaxStarts+s.cfg.MaxQueuedStarts {
 		return nil, nil, fmt.Errorf("%d sandboxes are starting or waiting to start, the limit (max_starts=%d plus %d queued): retry shortly: %w", n, s.cfg.MaxStarts, s.cfg.MaxQueuedStarts, errdefs.ErrExhausted)
 	}
+	if err := s.fitsBudget(memoryMiB); err != nil {
+		return nil, nil, err
+	}
 	cctx, cancel := context.WithCancel(s.ctx)
-	c := &creation{cancel: cancel, done: make(chan struct{})}
+	c := &creation{cancel: cancel, done: make(chan struct{}), memoryMiB: memoryMiB}
 	s.creating[id] = c
 	s.work.Add(1)
 	return cctx, c, nil

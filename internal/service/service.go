@@ -61,6 +61,14 @@ type Config struct {
 	// DefaultEgress is the egress of a sandbox created without a network
 	// policy: "deny" (the default) or "allow".
 	DefaultEgress string
+	// DefaultLimits are the limits of a user key where it has none of its
+	// own (airlock serve --default-limits); admin keys have only their own.
+	DefaultLimits apiv1.Limits
+	// MemoryBudgetMiB caps the memory of this host's sandboxes' VMs, those
+	// running, paused and being created or woken: a create or wake past it
+	// is refused. Default the host's RAM less 1 GiB. Warm pool members are
+	// the operator's to size and are not counted.
+	MemoryBudgetMiB int64
 	// EgressPrivate are the parts of the private ranges (RFC 1918, CGNAT)
 	// a policy may open by naming an address in them literally (airlock
 	// serve --egress-private). A policy naming any other private address,
@@ -170,6 +178,15 @@ func (c *Config) Validate() error {
 	if c.MaxContextBytes == 0 {
 		c.MaxContextBytes = 1 << 30
 	}
+	if c.MemoryBudgetMiB == 0 {
+		c.MemoryBudgetMiB = max(hostMemoryMiB()-1024, 1024)
+	}
+	if c.MemoryBudgetMiB < 0 {
+		return fmt.Errorf("memory budget %d MiB is negative: %w", c.MemoryBudgetMiB, errdefs.ErrInvalid)
+	}
+	if err := checkLimits("default limits", &c.DefaultLimits); err != nil {
+		return err
+	}
 	if c.ShutdownGrace == 0 {
 		c.ShutdownGrace = 10 * time.Second
 	}
@@ -224,6 +241,7 @@ type Service struct {
 	builds   map[string]*running  // builds in progress, by ID
 	live     map[string]*live     // sandboxes this server looks after (with a VM, or suspended)
 	creating map[string]*creation // creates in flight
+	waking   map[string]int64     // wakes of suspended sandboxes in flight: the memory they will hold
 	busy     map[string]*inflight // lifecycle operations in flight, by sandbox
 	watchers map[string]map[chan apiv1.Sandbox]struct{}
 	opWait   map[string]chan struct{} // closed when the operation finishes
@@ -233,8 +251,9 @@ type Service struct {
 
 // creation is a create in flight.
 type creation struct {
-	cancel context.CancelFunc
-	done   chan struct{}
+	cancel    context.CancelFunc
+	done      chan struct{}
+	memoryMiB int64 // what its VM will hold, for the memory budget
 }
 
 // New starts the service: it recovers what an earlier server left (adopts
@@ -254,6 +273,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		closing:    make(chan struct{}),
 		live:       map[string]*live{},
 		creating:   map[string]*creation{},
+		waking:     map[string]int64{},
 		busy:       map[string]*inflight{},
 		watchers:   map[string]map[chan apiv1.Sandbox]struct{}{},
 		opWait:     map[string]chan struct{}{},
