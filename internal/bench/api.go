@@ -641,3 +641,44 @@ func apiSession(ctx context.Context, c *apiclient.Client, id string, argv []stri
 	}
 	return nil
 }
+
+// apiLimits measures a create to first output over the API by a user key
+// with limits on everything a create counts, which the store checks
+// against the key's usage inside the create's insert, against the same by
+// the admin key, which has no limits and counts nothing.
+func (r *runner) apiLimits(ctx context.Context) (Result, error) {
+	s, err := r.apiServer(ctx)
+	if err != nil {
+		return Result{}, err
+	}
+	high := int64(1 << 30)
+	k, err := s.svc.CreateKey(ctx, s.admin, apiv1.CreateKey{Name: "bench-limited", Role: apiv1.RoleUser,
+		Limits: &apiv1.Limits{Sandboxes: &high, VCPUs: &high, MemoryMiB: &high, DiskMiB: &high}})
+	if err != nil {
+		return Result{}, fmt.Errorf("create a limited key: %w", err)
+	}
+	limited := *s
+	limited.client = apiclient.New(s.url, k.Key, apiclient.WithHTTPClient(s.hc))
+	n := r.cfg.APIRuns
+	a, b, err := r.retryingPairs(ctx, ScenarioAPILimits, n,
+		"limited", func(ctx context.Context) (time.Duration, error) {
+			return r.apiFirstOutput(ctx, &limited, r.cfg.Template)
+		},
+		"unlimited", func(ctx context.Context) (time.Duration, error) {
+			return r.apiFirstOutput(ctx, s, r.cfg.Template)
+		})
+	if err != nil {
+		return Result{}, err
+	}
+	return Result{
+		Name:     ScenarioAPILimits,
+		Unit:     "ms",
+		Airlock:  a,
+		Baseline: b,
+		Ratio:    ratio(a.P50, b.P50),
+		Notes: fmt.Sprintf("airlock: api_create_to_first_output's create and first output (template %s) by a user key with "+
+			"limits on sandboxes, vcpus, memory_mib and disk_mib, each counted against its usage in the store's insert; "+
+			"baseline: the same by the admin key, which has no limits and counts nothing; same server, %d samples each, "+
+			"alternating; ratio of p50s (exec is not limited: it counts nothing)", r.tpl.Ref(), n),
+	}, nil
+}

@@ -21,13 +21,13 @@ import (
 
 func TestAPIScenariosSelectable(t *testing.T) {
 	all := Scenarios()
-	for _, name := range []string{ScenarioAPICreate, ScenarioAPIExecRTT} {
+	for _, name := range []string{ScenarioAPICreate, ScenarioAPIExecRTT, ScenarioAPILimits} {
 		if !slices.Contains(all, name) {
 			t.Errorf("Scenarios() = %v, want it to hold %s", all, name)
 		}
 	}
-	if want := []string{"api_create_to_first_output", "api_exec_rtt"}; !slices.Equal(all[len(all)-2:], want) {
-		t.Errorf("Scenarios() ends %v, want the API scenarios last: %v", all[len(all)-2:], want)
+	if want := []string{"api_create_to_first_output", "api_exec_rtt", "api_limits_create"}; !slices.Equal(all[len(all)-3:], want) {
+		t.Errorf("Scenarios() ends %v, want the API scenarios last: %v", all[len(all)-3:], want)
 	}
 	dir := datadir.Dir{Root: "/nonexistent/airlock"}
 	tests := []struct {

@@ -51,6 +51,8 @@ const (
 	ScenarioThroughput = "stdout_throughput"
 	ScenarioAPICreate  = "api_create_to_first_output"
 	ScenarioAPIExecRTT = "api_exec_rtt"
+	// ScenarioAPILimits prices a key's limits on creates.
+	ScenarioAPILimits = "api_limits_create"
 	ScenarioPause      = "pause_resume"
 	ScenarioSuspend    = "suspend_wake_512"
 	ScenarioIdlePSS    = "idle_pss"
@@ -88,7 +90,7 @@ func Scenarios() []string {
 		ScenarioNetThroughput, ScenarioNetConnect, ScenarioNetDNS, ScenarioNetHTTPKeepAlive, ScenarioNetHTTPConnect, ScenarioPause,
 		ScenarioSuspend, ScenarioIdlePSS, ScenarioConcurrent, ScenarioTemplateBuild, ScenarioImageCreate,
 		ScenarioE2BCreate, ScenarioE2BExecRTT, ScenarioPGCreate, ScenarioPGExecRTT,
-		ScenarioClusterCreate, ScenarioClusterExecRTT, ScenarioClusterCreates, ScenarioAPICreate, ScenarioAPIExecRTT}
+		ScenarioClusterCreate, ScenarioClusterExecRTT, ScenarioClusterCreates, ScenarioAPICreate, ScenarioAPIExecRTT, ScenarioAPILimits}
 }
 
 // clusterScenarios are those that run a local cluster, which needs
@@ -387,6 +389,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		{ScenarioClusterExecRTT, r.clusterExecRTT},
 		{ScenarioClusterCreates, r.clusterCreates},
 		{ScenarioAPICreate, r.apiCreate},
+		{ScenarioAPILimits, r.apiLimits},
 		{ScenarioAPIExecRTT, r.apiExecRTT},
 	}
 	for _, s := range scenarios {

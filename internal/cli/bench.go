@@ -81,6 +81,8 @@ the ratios compare across runs):
                               (2 nodes, 2 replicas) vs a single-host server
   cluster_creates_per_second  N creates at once through the local cluster with
                               both nodes schedulable vs with one cordoned
+  api_limits_create           api_create_to_first_output by a key with limits (checked
+                              in the create's insert) vs by a key without
   api_create_to_first_output  HTTP API create, command, attach to the first stdout
                               of echo hi vs runtime create and exec in-process
   api_exec_rtt                HTTP API exec of true (and a command session to its

@@ -166,11 +166,15 @@ func (s *Service) CreateSandbox(ctx context.Context, p Principal, req apiv1.Crea
 
 // keyAdmits returns the check of a create of sb against its owner's
 // limits, which the store runs on what the owner holds when the create is
-// recorded (store.InsertSandboxWithin).
+// recorded (store.InsertSandboxWithin); nil when the owner has no limit a
+// create touches, so that its creates count nothing.
 func (s *Service) keyAdmits(ctx context.Context, sb store.Sandbox) (func(store.Usage) error, error) {
 	l, err := s.limitsOf(ctx, sb.Owner)
 	if err != nil {
 		return nil, err
+	}
+	if l.Sandboxes == nil && l.VCPUs == nil && l.MemoryMiB == nil && l.DiskMiB == nil {
+		return nil, nil
 	}
 	w := want{sandboxes: 1, vcpus: int64(sb.VCPUs), memoryMiB: int64(sb.MemoryMiB), diskMiB: int64(sb.DiskMiB)}
 	return func(u store.Usage) error { return within(sb.Owner, l, u, w) }, nil
