@@ -512,8 +512,10 @@ type Health struct {
 // query its gateway judged.
 type EgressEvent struct {
 	Time     time.Time `json:"time"`
-	Proto    string    `json:"proto"` // "tcp", "udp" or "dns"
-	Host     string    `json:"host"`  // the name (SNI, Host or query), "" if none
+	Proto    string    `json:"proto"`           // "tcp", "udp" or "dns"; "log" for the log's own counts of what it dropped
+	Phase    string    `json:"phase,omitempty"` // "open" or "end" for an allowed TCP flow
+	Count    int64     `json:"count,omitempty"` // the events this entry sums, when more than one (or, for "log", dropped)
+	Host     string    `json:"host"`            // the name (SNI, Host or query), "" if none
 	IP       string    `json:"ip"`
 	Port     uint16    `json:"port"`
 	Verdict  string    `json:"verdict"` // "allow" or "deny"

@@ -65,10 +65,12 @@ func (g *Gateway) answer(w dns.ResponseWriter, req *dns.Msg) {
 	if !g.dnsLimit.Allow() {
 		writeRcode(w, req, dns.RcodeRefused)
 		g.cfg.Metrics.query("deny")
+		ev.Verdict, ev.Reason = "deny", "rate-limit"
 		if g.dnsNotice.Allow() {
 			g.log.Warn("gateway: guest DNS queries over the rate limit are refused", "per_second", g.cfg.Limits.DNSPerSecond)
-			ev.Verdict, ev.Reason = "deny", "rate-limit"
 			g.event(ev)
+		} else if g.cfg.Events != nil {
+			g.cfg.Events.Suppressed(ev)
 		}
 		return
 	}
@@ -86,7 +88,7 @@ func (g *Gateway) answer(w dns.ResponseWriter, req *dns.Msg) {
 		writeRcode(w, req, rcode)
 		g.cfg.Metrics.query("deny")
 		ev.Verdict, ev.Reason = "deny", reason
-		g.event(ev)
+		g.sampled(g.denyNotice, ev)
 	}
 	if q.Qclass != dns.ClassINET {
 		deny(dns.RcodeRefused, "class")

@@ -17,12 +17,22 @@ import (
 const DefaultLogSegment = 1 << 20
 
 // Event is one entry of the egress log: a guest flow or DNS query and what
-// the gateway decided.
+// the gateway decided, or (Proto "log") what the log itself dropped.
 type Event struct {
-	// Time is when the flow started or the query arrived.
+	// Time is when the flow opened (Phase "open"), ended (Phase "end") or
+	// was refused, or the query arrived; for an entry that counts several
+	// (Count), the first of them.
 	Time time.Time `json:"time"`
-	// Proto is "tcp", "udp" or "dns".
+	// Proto is "tcp", "udp" or "dns"; "log" for an entry of the log's own.
 	Proto string `json:"proto"`
+	// Phase is "open" or "end" for an allowed TCP flow, which is logged
+	// when it opens and again when it ends; "" otherwise.
+	Phase string `json:"phase,omitempty"`
+	// Count is how many events of the same kind to the same destination
+	// within one second this entry stands for, when more than one: allowed
+	// events are summed (bytes too), so that a flood of them costs one
+	// entry a second. For Proto "log" it is how many entries were dropped.
+	Count int64 `json:"count,omitempty"`
 	// Host is the name: the DNS query's, or the TLS SNI or HTTP Host the
 	// guest sent on a TCP flow ("" if none).
 	Host string `json:"host"`
@@ -35,7 +45,9 @@ type Event struct {
 	// Reason is short and machine-friendly: the policy's reason
 	// ("allow-rule", "default-deny", "not-resolved", ...) or the gateway's
 	// own ("gateway", "limit", "rate-limit", "udp", "upstream-error",
-	// "dial-error").
+	// "dial-error", "no-host"). For Proto "log": "sampled" (refused flows,
+	// queries and datagrams past the log's rate, not written one by one)
+	// or "rotated" (the entries of the oldest segment, discarded).
 	Reason string `json:"reason"`
 	// BytesOut and BytesIn count what a TCP flow carried from the guest and
 	// to it.
@@ -47,18 +59,41 @@ type Event struct {
 // files: PATH, which Add appends to, and PATH.1, the one before. When PATH
 // would grow past the segment size it becomes PATH.1 (dropping the older
 // one) and a new PATH starts, so the disk a sandbox's log takes is bounded
-// by two segments and a restarted server still lists what happened. It is
-// safe for concurrent use.
+// by two segments and a restarted server still lists what happened.
+//
+// Nothing leaves it silently. Allowed events of one kind to one
+// destination are summed per second (Count), so that a guest opening
+// flows or asking names as fast as it can writes one entry a second for
+// each; refused ones the gateway does not write (it samples them) are
+// counted with Suppressed and written as one "sampled" entry a second; and
+// a rotation starts the new segment with a "rotated" entry counting the
+// entries it discarded. It is safe for concurrent use.
 type Log struct {
 	path    string
 	segment int64
 
-	mu     sync.Mutex // guards f, size, err and serializes rotation against List
-	f      *os.File   // PATH, opened for append; nil once closed
-	size   int64      // bytes in PATH
-	err    error      // the first write error, reported by Close
-	closed bool
+	mu      sync.Mutex // guards f, size, err, closed, pending and sampled, and serializes rotation against List
+	f       *os.File   // PATH, opened for append; nil once closed
+	size    int64      // bytes in PATH
+	err     error      // the first write error, reported by Close
+	closed  bool
+	dropped int64             // entries the rotations discarded so far, as PATH's "rotated" entry says
+	pending map[aggKey]*Event // allowed events being summed, by kind and second
+	sampled *Event            // refused events not written, this second
+
+	stop chan struct{} // closed by Close: ends the flush loop
+	done chan struct{} // closed when the flush loop has ended
 }
+
+// aggKey is what allowed events are summed by: all but their counts.
+type aggKey struct {
+	second                               int64
+	proto, phase, host, ip, verdict, why string
+	port                                 uint16
+}
+
+// flushEvery is how often the summed entries of past seconds are written.
+const flushEvery = 250 * time.Millisecond
 
 // OpenLog opens or creates the egress log at path, whose directory must
 // exist. maxBytes bounds each of the two segments; 0 means
@@ -67,11 +102,67 @@ func OpenLog(path string, maxBytes int64) (*Log, error) {
 	if maxBytes <= 0 {
 		maxBytes = DefaultLogSegment
 	}
-	l := &Log{path: path, segment: maxBytes}
+	l := &Log{path: path, segment: maxBytes, pending: map[aggKey]*Event{}, stop: make(chan struct{}), done: make(chan struct{})}
 	if err := l.open(); err != nil {
 		return nil, err
 	}
+	l.dropped = droppedIn(path)
+	go l.flushLoop()
 	return l, nil
+}
+
+// flushLoop writes the summed entries of each second once it has passed.
+func (l *Log) flushLoop() {
+	defer close(l.done)
+	t := time.NewTicker(flushEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.stop:
+			return
+		case now := <-t.C:
+			l.mu.Lock()
+			l.flushLocked(now.Unix())
+			l.mu.Unlock()
+		}
+	}
+}
+
+// flushLocked writes the summed entries of the seconds before second, in
+// the order of their times. l.mu is held.
+func (l *Log) flushLocked(second int64) {
+	var out []*Event
+	for k, e := range l.pending {
+		if k.second < second {
+			out = append(out, e)
+			delete(l.pending, k)
+		}
+	}
+	if l.sampled != nil && l.sampled.Time.Unix() < second {
+		out = append(out, l.sampled)
+		l.sampled = nil
+	}
+	slices.SortStableFunc(out, func(a, b *Event) int { return a.Time.Compare(b.Time) })
+	for _, e := range out {
+		if e.Count == 1 && e.Proto != "log" {
+			e.Count = 0 // one event: written as it was
+		}
+		l.writeLocked(*e)
+	}
+}
+
+// Suppressed counts an event the gateway refused and did not write (it
+// samples refusals under a flood): the log writes how many, once a second.
+func (l *Log) Suppressed(e Event) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return
+	}
+	if l.sampled == nil {
+		l.sampled = &Event{Time: e.Time, Proto: "log", Verdict: "deny", Reason: "sampled"}
+	}
+	l.sampled.Count++
 }
 
 // open opens PATH for append. A last line cut short by a crash is ended so
@@ -104,19 +195,38 @@ func (l *Log) open() error {
 	return nil
 }
 
-// Add appends e. A write error is kept and reported by Close; the event is
-// lost.
+// Add appends e; an allowed event is summed with the others of its kind,
+// destination and second, and written once that second has passed. A write
+// error is kept and reported by Close; the event is lost.
 func (l *Log) Add(e Event) {
-	line, err := json.Marshal(e)
-	if err != nil { // cannot happen: Event has only plain fields
-		return
-	}
-	line = append(line, '\n')
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
 		return
 	}
+	if e.Verdict != "allow" {
+		l.writeLocked(e)
+		return
+	}
+	k := aggKey{second: e.Time.Unix(), proto: e.Proto, phase: e.Phase, host: e.Host, ip: e.IP, verdict: e.Verdict, why: e.Reason, port: e.Port}
+	if p := l.pending[k]; p != nil {
+		p.Count++
+		p.BytesOut += e.BytesOut
+		p.BytesIn += e.BytesIn
+		return
+	}
+	e.Count = 1
+	l.pending[k] = &e
+}
+
+// writeLocked appends e to PATH, rotating first when it would not fit.
+// l.mu is held.
+func (l *Log) writeLocked(e Event) {
+	line, err := json.Marshal(e)
+	if err != nil { // cannot happen: Event has only plain fields
+		return
+	}
+	line = append(line, '\n')
 	if l.f == nil { // a rotation failed to reopen: try again
 		if err := l.open(); err != nil {
 			l.fail(err)
@@ -142,17 +252,64 @@ func (l *Log) fail(err error) {
 	}
 }
 
-// rotate makes PATH the older segment and starts a new PATH.
+// rotate makes PATH the older segment and starts a new PATH, whose first
+// entry counts the entries of the older segment it discarded.
 func (l *Log) rotate() error {
 	err := l.f.Close()
 	l.f = nil
 	if err != nil {
 		return fmt.Errorf("rotate egress log: %w", err)
 	}
+	gone, first := countEntries(l.path + ".1")
 	if err := os.Rename(l.path, l.path+".1"); err != nil {
 		return fmt.Errorf("rotate egress log: %w", err)
 	}
-	return l.open()
+	if err := l.open(); err != nil {
+		return err
+	}
+	l.dropped += gone
+	if l.dropped > 0 {
+		line, _ := json.Marshal(Event{Time: first, Proto: "log", Verdict: "deny", Reason: "rotated", Count: l.dropped})
+		line = append(line, '\n')
+		n, err := l.f.Write(line)
+		l.size += int64(n)
+		if err != nil {
+			return fmt.Errorf("write egress log: %w", err)
+		}
+	}
+	return nil
+}
+
+// countEntries counts the entries of the segment at path but its
+// "rotated" one (which PATH's own carries on), and returns the time of the
+// oldest; 0 when there is no segment.
+func countEntries(path string) (n int64, oldest time.Time) {
+	evs, err := readEvents(path)
+	if err != nil {
+		return 0, time.Time{}
+	}
+	for i, e := range evs {
+		if e.Proto != "log" || e.Reason != "rotated" {
+			n++
+		}
+		if i == 0 || e.Time.Before(oldest) {
+			oldest = e.Time
+		}
+	}
+	return n, oldest
+}
+
+// droppedIn is the count of the "rotated" entry of the segment at path:
+// what the rotations before it discarded.
+func droppedIn(path string) int64 {
+	evs, _ := readEvents(path)
+	var n int64
+	for _, e := range evs {
+		if e.Proto == "log" && e.Reason == "rotated" {
+			n = max(n, e.Count)
+		}
+	}
+	return n
 }
 
 // List returns up to limit events (all when limit <= 0), newest first by
@@ -160,6 +317,9 @@ func (l *Log) rotate() error {
 func (l *Log) List(limit int) ([]Event, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if !l.closed {
+		l.flushLocked(1 << 62) // what is being summed is shown too
+	}
 	var all []Event
 	for _, p := range []string{l.path + ".1", l.path} {
 		evs, err := readEvents(p)
@@ -212,11 +372,17 @@ func readEvents(path string) ([]Event, error) {
 // Add after Close does nothing; List still reads the files.
 func (l *Log) Close() error {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if l.closed {
+		l.mu.Unlock()
 		return nil
 	}
+	l.flushLocked(1 << 62)
 	l.closed = true
+	close(l.stop)
+	l.mu.Unlock()
+	<-l.done
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	var err error
 	if l.f != nil {
 		err = l.f.Close()

@@ -23,6 +23,7 @@ func TestLogRotatesAndLists(t *testing.T) {
 	}
 	for i := range 40 {
 		l.Add(ev(i))
+		l.List(1) // writes what is being summed: each event on its own
 	}
 	for _, p := range []string{path, path + ".1"} {
 		st, err := os.Stat(p)
@@ -39,10 +40,24 @@ func TestLogRotatesAndLists(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(all) < 5 || len(all) >= 40 {
-			t.Fatalf("%s: %d events kept of 40, want the last two segments' worth", what, len(all))
+		// The log's own entries count what the rotations discarded: with
+		// the events kept, all 40 are accounted for.
+		var kept []Event
+		var dropped int64
+		for _, e := range all {
+			if e.Proto == "log" && e.Reason == "rotated" {
+				dropped = max(dropped, e.Count) // each counts those before it too
+				continue
+			}
+			kept = append(kept, e)
 		}
-		for i, e := range all { // newest first, the newest the last added, across both segments
+		if len(kept) < 5 || len(kept) >= 40 {
+			t.Fatalf("%s: %d events kept of 40, want the last two segments' worth", what, len(kept))
+		}
+		if int64(len(kept))+dropped < 40 {
+			t.Errorf("%s: %d kept and %d counted as dropped, of 40: some went silently", what, len(kept), dropped)
+		}
+		for i, e := range kept { // newest first, the newest the last added, across both segments
 			if want := ev(39 - i); e != want {
 				t.Fatalf("%s: event %d = %+v, want %+v", what, i, e, want)
 			}
@@ -124,5 +139,77 @@ func TestLogConcurrentAdds(t *testing.T) {
 	all, err := l.List(0)
 	if err != nil || len(all) != 400 {
 		t.Fatalf("%d events, %v", len(all), err)
+	}
+}
+
+// Allowed events of one kind to one destination within a second are one
+// entry with their count and bytes; refused ones the gateway did not write
+// are counted in one entry a second.
+func TestLogSummarizes(t *testing.T) {
+	l, err := OpenLog(filepath.Join(t.TempDir(), "egress.log"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	for i := range 1000 {
+		l.Add(Event{Time: t0.Add(time.Duration(i) * time.Millisecond / 2), Proto: "tcp", Phase: "end", Host: "a.test", IP: "203.0.113.1",
+			Port: 443, Verdict: "allow", Reason: "allow-rule", BytesOut: 2, BytesIn: 3})
+		l.Add(Event{Time: t0, Proto: "dns", Host: "a.test", Port: 53, Verdict: "allow", Reason: "allow-rule"})
+		l.Suppressed(Event{Time: t0, Proto: "tcp", Verdict: "deny", Reason: "default-deny"})
+	}
+	l.Add(Event{Time: t0, Proto: "tcp", IP: "203.0.113.9", Port: 22, Verdict: "deny", Reason: "default-deny"})
+	all, err := l.List(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]Event{
+		"tcp end":     {Time: t0, Proto: "tcp", Phase: "end", Count: 1000, Host: "a.test", IP: "203.0.113.1", Port: 443, Verdict: "allow", Reason: "allow-rule", BytesOut: 2000, BytesIn: 3000},
+		"dns ":        {Time: t0, Proto: "dns", Count: 1000, Host: "a.test", Port: 53, Verdict: "allow", Reason: "allow-rule"},
+		"log sampled": {Time: t0, Proto: "log", Count: 1000, Verdict: "deny", Reason: "sampled"},
+		"tcp ":        {Time: t0, Proto: "tcp", IP: "203.0.113.9", Port: 22, Verdict: "deny", Reason: "default-deny"},
+	}
+	if len(all) != len(want) {
+		t.Fatalf("%d entries, want %d: %+v", len(all), len(want), all)
+	}
+	for _, e := range all {
+		k := e.Proto + " " + e.Phase
+		if e.Proto == "log" {
+			k = "log " + e.Reason
+		}
+		if e != want[k] {
+			t.Errorf("entry %+v, want %+v", e, want[k])
+		}
+	}
+}
+
+// A guest that floods the log cannot wash an early entry out silently: it
+// goes, and the log says how many went.
+func TestLogFloodIsCounted(t *testing.T) {
+	l, err := OpenLog(filepath.Join(t.TempDir(), "egress.log"), 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	l.Add(Event{Time: t0, Proto: "tcp", IP: "203.0.113.1", Port: 22, Verdict: "deny", Reason: "deny-rule"})
+	const flood = 500
+	for i := range flood {
+		l.Add(Event{Time: t0.Add(time.Second), Proto: "dns", Host: fmt.Sprintf("x%d.test", i), Port: 53, Verdict: "deny", Reason: "default-deny"})
+	}
+	all, err := l.List(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kept, counted int64
+	for _, e := range all {
+		if e.Proto == "log" {
+			counted = max(counted, e.Count)
+		} else {
+			kept++
+		}
+	}
+	if kept >= flood+1 || kept+counted != flood+1 {
+		t.Fatalf("%d entries kept and %d counted as dropped, want all %d accounted for", kept, counted, flood+1)
 	}
 }

@@ -33,7 +33,7 @@ func TestMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Close()
-	n.waitEvent(t, func(e Event) bool { return e.Verdict == "allow" && e.Proto == "tcp" })
+	n.waitEvent(t, func(e Event) bool { return e.Verdict == "allow" && e.Proto == "tcp" && e.Phase == "end" })
 
 	want := map[string]float64{
 		`airlock_egress_flows_total{verdict=allow}`: 1,

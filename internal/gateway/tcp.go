@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/time/rate"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
@@ -129,6 +130,9 @@ func (g *Gateway) handleTCP(r *tcp.ForwarderRequest) {
 		return
 	}
 	g.cfg.Metrics.flow("allow")
+	open := ev
+	open.Verdict, open.Reason, open.Phase = "allow", v.Reason, "open"
+	g.event(open)
 
 	guest := replay(conn, s.peeked)
 	var err error
@@ -141,6 +145,7 @@ func (g *Gateway) handleTCP(r *tcp.ForwarderRequest) {
 		ev.BytesOut, ev.BytesIn, err = g.splice(ctx, fl, guest, netip.AddrPortFrom(dst, port))
 	}
 	g.cfg.Metrics.carried(ev.BytesOut, ev.BytesIn)
+	ev.Time, ev.Phase = time.Now(), "end"
 	ev.Verdict, ev.Reason = "allow", v.Reason
 	if errors.Is(err, errDial) {
 		ev.Reason = "dial-error"
@@ -154,12 +159,21 @@ func (g *Gateway) handleTCP(r *tcp.ForwarderRequest) {
 }
 
 // refuse counts and logs a flow the gateway refused. Under a flood the
-// egress log gets a sample only (denyNotice), so that it keeps its history.
+// egress log gets a sample only (denyNotice), so that it keeps its history,
+// and a count of the rest.
 func (g *Gateway) refuse(ev Event, reason string) {
 	g.cfg.Metrics.flow("deny")
-	if g.denyNotice.Allow() {
-		ev.Verdict, ev.Reason = "deny", reason
+	ev.Verdict, ev.Reason = "deny", reason
+	g.sampled(g.denyNotice, ev)
+}
+
+// sampled writes ev to the egress log if limit allows one more now, and
+// otherwise has the log count it among those it did not write.
+func (g *Gateway) sampled(limit *rate.Limiter, ev Event) {
+	if limit.Allow() {
 		g.event(ev)
+	} else if g.cfg.Events != nil {
+		g.cfg.Events.Suppressed(ev)
 	}
 }
 

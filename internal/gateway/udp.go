@@ -14,8 +14,6 @@ import (
 func (g *Gateway) handleUDP(r *udp.ForwarderRequest) {
 	id := r.ID()
 	g.cfg.Metrics.flow("deny")
-	if g.udpNotice.Allow() {
-		g.event(Event{Time: time.Now(), Proto: "udp", IP: addrOf(id.LocalAddress).String(), Port: id.LocalPort,
-			Verdict: "deny", Reason: "udp"})
-	}
+	g.sampled(g.udpNotice, Event{Time: time.Now(), Proto: "udp", IP: addrOf(id.LocalAddress).String(), Port: id.LocalPort,
+		Verdict: "deny", Reason: "udp"})
 }

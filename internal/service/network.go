@@ -178,7 +178,7 @@ func (s *Service) EgressLog(ctx context.Context, p Principal, id string, limit i
 	}
 	for _, e := range events {
 		out.Items = append(out.Items, apiv1.EgressEvent{
-			Time: e.Time, Proto: e.Proto, Host: e.Host, IP: e.IP, Port: e.Port,
+			Time: e.Time, Proto: e.Proto, Phase: e.Phase, Count: e.Count, Host: e.Host, IP: e.IP, Port: e.Port,
 			Verdict: e.Verdict, Reason: e.Reason, BytesOut: e.BytesOut, BytesIn: e.BytesIn,
 		})
 	}
