@@ -52,7 +52,7 @@ const (
 	ScenarioAPICreate  = "api_create_to_first_output"
 	ScenarioAPIExecRTT = "api_exec_rtt"
 	// ScenarioAPILimits prices a key's limits on creates.
-	ScenarioAPILimits = "api_limits_create"
+	ScenarioAPILimits  = "api_limits_create"
 	ScenarioPause      = "pause_resume"
 	ScenarioSuspend    = "suspend_wake_512"
 	ScenarioIdlePSS    = "idle_pss"
