@@ -3,6 +3,7 @@ package service
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 
@@ -18,6 +19,12 @@ import (
 // fails requests up front instead of leaving half-written images and
 // snapshots behind.
 func (s *Service) checkFreeDisk(dir string) error {
+	return s.checkFreeDiskFor(dir, 0)
+}
+
+// checkFreeDiskFor is checkFreeDisk for an operation that writes about
+// need bytes: they must fit and leave Config.MinFreeDiskBytes free.
+func (s *Service) checkFreeDiskFor(dir string, need int64) error {
 	keep := s.cfg.MinFreeDiskBytes
 	if keep <= 0 {
 		return nil
@@ -26,11 +33,48 @@ func (s *Service) checkFreeDisk(dir string) error {
 	if err != nil {
 		return fmt.Errorf("measure the free disk space: %w", err)
 	}
-	if free < keep {
-		return fmt.Errorf("the host's data directory has %s free, less than the %s `airlock serve --min-free-disk` asks for: "+
-			"free some space (or lower --min-free-disk) and retry: %w", byteSize(free), byteSize(keep), errdefs.ErrExhausted)
+	if free-need < keep {
+		what := ""
+		if need > 0 {
+			what = fmt.Sprintf(" once the %s it writes are taken", byteSize(need))
+		}
+		return fmt.Errorf("the host's data directory has %s free%s, less than the %s `airlock serve --min-free-disk` asks for: "+
+			"free some space (or lower --min-free-disk) and retry: %w", byteSize(free-need), what, byteSize(keep), errdefs.ErrExhausted)
 	}
 	return nil
+}
+
+// spaceGuard reads r and stops with ErrExhausted as soon as the
+// filesystem of dir would have less than Config.MinFreeDiskBytes free: an
+// upload is cut off as it passes the free space, not after. The space is
+// measured again every guardEvery bytes.
+type spaceGuard struct {
+	r     io.Reader
+	s     *Service
+	dir   string
+	since int64 // bytes since the last measure
+	err   error
+}
+
+const guardEvery = 8 << 20
+
+func (g *spaceGuard) Read(p []byte) (int, error) {
+	if g.err != nil {
+		return 0, g.err
+	}
+	if g.since == 0 || g.since >= guardEvery {
+		if err := g.s.checkFreeDiskFor(g.dir, guardEvery); err != nil {
+			g.err = err
+			return 0, err
+		}
+		g.since = 0
+	}
+	n, err := g.r.Read(p[:min(len(p), guardEvery)])
+	g.since += int64(n)
+	if g.since == 0 {
+		g.since = 1 // measured once already
+	}
+	return n, err
 }
 
 // freeBytes is the space left for unprivileged use on the filesystem that

@@ -2,7 +2,9 @@ package service
 
 import (
 	"errors"
+	"io"
 	"math"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -60,3 +62,35 @@ func TestByteSize(t *testing.T) {
 		}
 	}
 }
+
+// TestSpaceGuard: an upload is cut off as it passes the free space the
+// server keeps, within a measure's worth, not when it ends.
+func TestSpaceGuard(t *testing.T) {
+	dir := t.TempDir()
+	free, err := freeBytes(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Service{cfg: Config{MinFreeDiskBytes: free - 24<<20}}
+	f, err := os.Create(filepath.Join(dir, "upload"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	n, err := io.Copy(f, &spaceGuard{r: zeroReader{}, s: s, dir: dir})
+	if !errors.Is(err, errdefs.ErrExhausted) || !strings.Contains(err.Error(), "--min-free-disk") {
+		t.Fatalf("copy ended with %v after %d bytes, want resource exhausted", err, n)
+	}
+	if n > 24<<20+guardEvery {
+		t.Fatalf("wrote %d MiB past a margin of 24 MiB", n>>20)
+	}
+	// A server that keeps nothing free does not measure.
+	s.cfg.MinFreeDiskBytes = 0
+	if n, err := io.Copy(io.Discard, &spaceGuard{r: io.LimitReader(zeroReader{}, 1<<20), s: s, dir: dir}); err != nil || n != 1<<20 {
+		t.Fatalf("copy with no floor: %d, %v", n, err)
+	}
+}
+
+type zeroReader struct{}
+
+func (zeroReader) Read(p []byte) (int, error) { clear(p); return len(p), nil }

@@ -64,7 +64,7 @@ func (s *Service) WriteFile(ctx context.Context, p Principal, sbx, path string, 
 	if err != nil {
 		return err
 	}
-	cr := &countReader{r: r}
+	cr := &countReader{r: &spaceGuard{r: r, s: s, dir: s.sandboxDir(sbx)}}
 	err = agent.WriteFile(ctx, path, mode, cr)
 	s.m.streamed(int(cr.n))
 	return err
@@ -210,7 +210,7 @@ func (s *Service) ExtractArchive(ctx context.Context, p Principal, sbx, dir stri
 	if err != nil {
 		return err
 	}
-	cr := &countReader{r: r}
+	cr := &countReader{r: &spaceGuard{r: r, s: s, dir: s.sandboxDir(sbx)}}
 	err = agent.TarIn(ctx, dir, cr)
 	s.m.streamed(int(cr.n))
 	return err

@@ -177,6 +177,13 @@ func (s *Service) pauseVM(id string) error {
 // Suspend writes the sandbox's memory and device state to disk and ends
 // its VM.
 func (s *Service) Suspend(ctx context.Context, p Principal, id string) (apiv1.SandboxOperation, error) {
+	cur, err := s.getOwned(ctx, p, id)
+	if err != nil {
+		return apiv1.SandboxOperation{}, err
+	}
+	if err := s.admitSuspend(ctx, cur); err != nil {
+		return apiv1.SandboxOperation{}, err
+	}
 	sb, op, f, from, err := s.beginOp(ctx, p, id, apiv1.OpSuspend, apiv1.StateSuspending)
 	if err != nil {
 		return apiv1.SandboxOperation{}, err
@@ -297,6 +304,26 @@ func (s *Service) Wake(ctx context.Context, p Principal, id string) (apiv1.Sandb
 		s.endOp(f, sb, from, op, err, time.Since(start))
 	}()
 	return apiv1.SandboxOperation{Sandbox: s.sandboxView(sb), Operation: opView(op)}, nil
+}
+
+// admitSuspend checks a suspend of sb against its owner's suspended_mib
+// limit and against the disk: the saved memory, up to the sandbox's
+// memory, must leave --min-free-disk free.
+func (s *Service) admitSuspend(ctx context.Context, sb store.Sandbox) error {
+	if sb.State == apiv1.StateRunning || sb.State == apiv1.StatePaused {
+		l, err := s.limitsOf(ctx, sb.Owner)
+		if err != nil {
+			return err
+		}
+		u, err := s.st.KeyUsage(ctx, sb.Owner)
+		if err != nil {
+			return err
+		}
+		if err := within(sb.Owner, l, u, want{suspendedMiB: int64(sb.MemoryMiB)}); err != nil {
+			return err
+		}
+	}
+	return s.checkFreeDiskFor(s.sandboxDir(sb.ID), int64(sb.MemoryMiB)<<20)
 }
 
 // admitWake checks the wake of the suspended sandbox sb against its

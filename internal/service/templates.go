@@ -336,7 +336,7 @@ func (s *Service) PutBuildContext(ctx context.Context, r io.Reader, limit int64)
 	if err := s.noReplicaBuilds(); err != nil {
 		return apiv1.BuildContext{}, err
 	}
-	id, dgst, err := s.contexts.Put(ctx, r, limit)
+	id, dgst, err := s.contexts.Put(ctx, &spaceGuard{r: r, s: s, dir: s.cfg.Dir.Root}, limit)
 	if err != nil {
 		return apiv1.BuildContext{}, err
 	}
