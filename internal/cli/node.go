@@ -223,7 +223,7 @@ func runNode(ctx context.Context, env *Env, args []string) error {
 	}
 	reg := newRegistry()
 	fetcher, err := cluster.NewFetcher(ctx, cluster.FetcherConfig{Templates: template.Open(env.Dir), Node: *name,
-		Client: client, Sources: sources, Token: token, Log: log, Registry: reg})
+		Client: client, Sources: sources, Token: token, Settings: cluster.StoreSettings(st), Log: log, Registry: reg})
 	if err != nil {
 		return fmt.Errorf("node: %w", err)
 	}

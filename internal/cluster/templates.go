@@ -21,6 +21,7 @@ import (
 	"github.com/airlockhq/airlock/internal/api"
 	"github.com/airlockhq/airlock/internal/apiclient"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/store"
 	"github.com/airlockhq/airlock/internal/template"
 )
 
@@ -67,18 +68,23 @@ var FetchTimeout = 30 * time.Minute
 // TemplateFetcher gets a node the template images it lacks, by digest,
 // from the cluster's other nodes (those whose agents are up) and then
 // from its sources (the API replicas' Service). Each image is checked
-// against its digest before it is stored (template.Store.PutFetched),
-// so a source can withhold an image but never pass off another.
+// against its digest before it is stored (template.Store.PutFetched), and
+// its settings (the start command every sandbox of it runs among them),
+// which the digest does not cover, against those the cluster's store
+// recorded for the digest (FetcherConfig.Settings): a peer can withhold an
+// image but never pass off another, nor the right image with other
+// settings.
 type TemplateFetcher struct {
-	ts      *template.Store
-	self    string // this node's name: not asked
-	token   string
-	sources []*url.URL
-	nodes   *nodeWatch // nil: the sources only
-	client  *http.Client
-	log     *slog.Logger
-	fetches *prometheus.CounterVec
-	bytes   *prometheus.CounterVec
+	ts       *template.Store
+	self     string // this node's name: not asked
+	token    string
+	sources  []*url.URL
+	nodes    *nodeWatch // nil: the sources only
+	settings func(ctx context.Context, dgst string) (template.Settings, error)
+	client   *http.Client
+	log      *slog.Logger
+	fetches  *prometheus.CounterVec
+	bytes    *prometheus.CounterVec
 
 	mu       sync.Mutex
 	inflight map[string]*fetch // by digest
@@ -102,7 +108,13 @@ type FetcherConfig struct {
 	Sources []*url.URL
 	// Token is the cluster's internal token.
 	Token string
-	Log   *slog.Logger
+	// Settings returns the settings the cluster recorded for an image's
+	// digest (the store's template catalogue), which a fetched image must
+	// come with; errdefs.ErrNotFound when it recorded none, and then the
+	// image is fetched only from Sources (the operator's), with theirs.
+	// Required.
+	Settings func(ctx context.Context, dgst string) (template.Settings, error)
+	Log      *slog.Logger
 	// Registry gets the fetcher's metrics; nil registers none.
 	Registry prometheus.Registerer
 }
@@ -110,13 +122,13 @@ type FetcherConfig struct {
 // NewFetcher starts watching the airlock Nodes until ctx ends, when cfg
 // has a client, and returns once they are listed.
 func NewFetcher(ctx context.Context, cfg FetcherConfig) (*TemplateFetcher, error) {
-	if cfg.Templates == nil || cfg.Token == "" {
-		return nil, errors.New("template fetcher: a template store and the internal token are needed")
+	if cfg.Templates == nil || cfg.Token == "" || cfg.Settings == nil {
+		return nil, errors.New("template fetcher: a template store, the internal token and the recorded settings are needed")
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	f := &TemplateFetcher{ts: cfg.Templates, self: cfg.Node, token: cfg.Token, sources: cfg.Sources, log: cfg.Log,
+	f := &TemplateFetcher{ts: cfg.Templates, self: cfg.Node, token: cfg.Token, sources: cfg.Sources, log: cfg.Log, settings: cfg.Settings,
 		// The image may be large: only the wait for each answer is bounded.
 		client:   &http.Client{Transport: &http.Transport{ResponseHeaderTimeout: 10 * time.Second, Proxy: nil}},
 		inflight: map[string]*fetch{},
@@ -246,6 +258,22 @@ func (f *TemplateFetcher) fetchFrom(ctx context.Context, p peer, dgst string) (t
 	if e.Digest != dgst {
 		return template.Template{}, fmt.Errorf("asked for %s, it described %s: %w", dgst, e.Digest, errdefs.ErrInvalid)
 	}
+	want, err := f.settings(ctx, dgst)
+	switch {
+	case errors.Is(err, errdefs.ErrNotFound) && p.kind == "server":
+		// An image the catalogue does not name (a built-in template of an
+		// API replica's) is taken with its settings only from a source the
+		// operator named, never from another node.
+		want = e.Settings
+	case errors.Is(err, errdefs.ErrNotFound):
+		return template.Template{}, fmt.Errorf("the cluster's catalogue does not name %s, so its settings cannot be checked: only a --templates-from source is trusted for it: %w", dgst, errdefs.ErrNotFound)
+	case err != nil:
+		return template.Template{}, fmt.Errorf("the settings the cluster recorded for %s: %w", dgst, err)
+	}
+	if got, exp := jsonOf(e.Settings), jsonOf(want); got != exp {
+		return template.Template{}, fmt.Errorf("it described %s with settings %s, not the %s the cluster recorded: refused: %w",
+			dgst, truncated(got, 300), truncated(exp, 300), errdefs.ErrInvalid)
+	}
 	if resp, err = f.get(ctx, p.base.JoinPath(TemplatesPath, dgst, "image")); err != nil {
 		return template.Template{}, err
 	}
@@ -269,4 +297,34 @@ func (f *TemplateFetcher) get(ctx context.Context, u *url.URL) (*http.Response, 
 		return nil, apiclient.ReadError(resp)
 	}
 	return resp, nil
+}
+
+func jsonOf(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+func truncated(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// StoreSettings is FetcherConfig.Settings from the cluster's store: the
+// settings of the newest catalogue entry that names the digest.
+func StoreSettings(st interface {
+	TemplateTagByDigest(ctx context.Context, digest string) (store.TemplateTag, error)
+}) func(ctx context.Context, dgst string) (template.Settings, error) {
+	return func(ctx context.Context, dgst string) (template.Settings, error) {
+		t, err := st.TemplateTagByDigest(ctx, dgst)
+		if err != nil {
+			return template.Settings{}, err
+		}
+		var s template.Settings
+		if err := json.Unmarshal(t.Settings, &s); err != nil {
+			return template.Settings{}, fmt.Errorf("settings of %s in the catalogue: %w", dgst, err)
+		}
+		return s, nil
+	}
 }

