@@ -223,8 +223,16 @@ func (s *Service) buildBase(ctx context.Context, run *running, pl plan) (templat
 	if err := os.Mkdir(root, 0o755); err != nil {
 		return template.Template{}, err
 	}
+	limit, room, err := s.flattenLimit(root)
+	if err != nil {
+		return template.Template{}, err
+	}
 	run.log.infof(0, "unpacking the image's layers")
-	if err := oci.Flatten(ctx, img, root, maxFlattenBytes); err != nil {
+	if err := oci.Flatten(ctx, img, root, limit); err != nil {
+		if errors.Is(err, errdefs.ErrTooLarge) && room {
+			return template.Template{}, fmt.Errorf("the image unpacks to more than the %s the data directory can take while keeping --min-free-disk free (its tree and then its filesystem image): free some space and retry: %w",
+				byteSize(limit), errdefs.ErrExhausted)
+		}
 		return template.Template{}, err
 	}
 	conf := &template.ImageConfig{Env: cfg.Env, WorkingDir: cfg.WorkingDir, User: cfg.User}

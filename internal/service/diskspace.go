@@ -106,3 +106,28 @@ func byteSize(n int64) string {
 	}
 	return fmt.Sprintf("%d MiB", n>>20)
 }
+
+// flattenLimit bounds what an image may unpack to in dir: maxFlattenBytes,
+// or less when the disk has less room. The tree and then the filesystem
+// image made of it take about twice what the layers unpack to, and
+// --min-free-disk must stay free; room says the disk set the bound. A
+// layer that inflates past it (a gzip bomb) is stopped as it passes.
+func (s *Service) flattenLimit(dir string) (limit int64, room bool, err error) {
+	limit = maxFlattenBytes
+	keep := s.cfg.MinFreeDiskBytes
+	if keep <= 0 {
+		return limit, false, nil
+	}
+	free, err := freeBytes(dir)
+	if err != nil {
+		return 0, false, fmt.Errorf("measure the free disk space: %w", err)
+	}
+	fits := (free - keep) / 2
+	if fits >= limit {
+		return limit, false, nil
+	}
+	if fits <= 0 {
+		return 0, true, s.checkFreeDiskFor(dir, 1<<20)
+	}
+	return fits, true, nil
+}
