@@ -10,16 +10,20 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -803,6 +807,7 @@ func TestClusterBuilds(t *testing.T) {
 	b := tc.ownNode(t, "node-b", []string{"tiny"}, "--reclaim-interval", "1s", "--cpus", "8")
 	r1, r2 := tc.replica(t), tc.replica(t)
 	nodeOf := map[string]*server{"node-a": a, "node-b": b}
+	rogueHits := rogueNode(t, tc, "aaa-rogue")
 
 	// A replica sends a build to a node once it has seen one come up.
 	req := apiv1.CreateTemplate{Name: "clustered", From: "tiny", Steps: []apiv1.BuildStep{{Run: "echo cluster-built > /built"}}}
@@ -823,6 +828,9 @@ func TestClusterBuilds(t *testing.T) {
 	rec, err := st.LatestBuild(ctx, "clustered", "latest")
 	if err != nil || rec.Node != "node-a" { // the two are idle: the first by name
 		t.Fatalf("the build ran on %q (%v), want node-a", rec.Node, err)
+	}
+	if n := rogueHits.Load(); n != 0 {
+		t.Errorf("a Node that labelled itself an airlock node got %d requests", n)
 	}
 	var tpl apiv1.Template
 	r2.must(t, 200, "GET", "/v1/templates/clustered", tc.key, nil, &tpl)
@@ -1081,4 +1089,35 @@ func TestClusterE2B(t *testing.T) {
 	if sb, err := st.GetSandbox(ctx, id); err != nil || sb.State != apiv1.StateDeleted {
 		t.Errorf("sandbox %s after the kill: %s, %v", id, sb.State, err)
 	}
+}
+
+// rogueNode makes a Node that labels itself an airlock node, as anyone who
+// may create Nodes could, with its address and port those of a listener
+// on loopback, and returns the count of the requests that reach it: an
+// airlock server must send none (no call, no client key, no token).
+func rogueNode(t *testing.T, tc *testCluster, name string) *atomic.Int32 {
+	t.Helper()
+	var hits atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(srv.Close)
+	port := srv.Listener.Addr().(*net.TCPAddr).Port
+	ctx := context.Background()
+	n, err := tc.kc.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name,
+		Labels: map[string]string{"airlock.dev/node": "true", "type": "virtual-kubelet"}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tc.kc.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{}) })
+	n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "127.0.0.1"}}
+	n.Status.DaemonEndpoints.KubeletEndpoint.Port = int32(port)
+	n.Status.Capacity = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("64"), corev1.ResourceMemory: resource.MustParse("256Gi"), corev1.ResourcePods: resource.MustParse("100")}
+	n.Status.Allocatable = n.Status.Capacity
+	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastHeartbeatTime: metav1.Now()}}
+	if _, err := tc.kc.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return &hits
 }

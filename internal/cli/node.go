@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -51,7 +52,9 @@ refused, and reported on the Pod and in an event.
 
 The node serves airlock's API for its own sandboxes on --listen, the
 internal address the cluster's servers route to (the Node's InternalIP is
---advertise). Every request there must carry the cluster's internal token
+--advertise), and registers itself in the store at that address: the
+servers take a Node for an airlock node only when the store registered it,
+whatever its labels say. Every request there must carry the cluster's internal token
 (--token-file, or $AIRLOCK_NODE_TOKEN: at least 32 characters, the same
 on every server and node) as well as an API key.
 
@@ -221,9 +224,15 @@ func runNode(ctx context.Context, env *Env, args []string) error {
 	if err := waitAPIServer(ctx, client, *kubeWait, log); err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
+	// The cluster's servers take a Node for an airlock node only once its
+	// agent, which holds the store's credentials, registered it there.
+	endpoint := "http://" + net.JoinHostPort(addr.String(), strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
+	if err := st.RegisterClusterNode(ctx, *name, endpoint); err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
 	reg := newRegistry()
 	fetcher, err := cluster.NewFetcher(ctx, cluster.FetcherConfig{Templates: template.Open(env.Dir), Node: *name,
-		Client: client, Sources: sources, Token: token, Settings: cluster.StoreSettings(st), Log: log, Registry: reg})
+		Client: client, Nodes: st, Sources: sources, Token: token, Settings: cluster.StoreSettings(st), Log: log, Registry: reg})
 	if err != nil {
 		return fmt.Errorf("node: %w", err)
 	}

@@ -238,7 +238,7 @@ func (c *Controller) lead(ctx context.Context) {
 		return // the leadership ended first
 	}
 	lister := pods.Lister().Pods(c.cfg.Namespace)
-	nodes, err := watchNodes(ctx, c.cfg.Client)
+	nodes, err := watchNodes(ctx, c.cfg.Client, c.cfg.Store)
 	if err != nil {
 		return // the leadership ended first
 	}

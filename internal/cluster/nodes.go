@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -24,20 +25,55 @@ import (
 // do not tolerate it; those on the Node stay (it is NoSchedule).
 const TaintUnreachable = "airlock.dev/unreachable"
 
-// nodeWatch follows the airlock Nodes and their heartbeat Leases.
+// NodeRegistry lists the airlock nodes the cluster's store registered
+// (store.Store.ClusterNodes): name to the base URL it is reached at.
+type NodeRegistry interface {
+	ClusterNodes(ctx context.Context) (map[string]string, error)
+}
+
+// registryTTL is how long a read of the registered nodes is trusted.
+const registryTTL = 2 * time.Second
+
+// nodeWatch follows the airlock Nodes and their heartbeat Leases, and the
+// nodes the store registered: a Node that carries airlock's label is taken
+// for an airlock node only when its agent registered it in the store,
+// which takes the store's credentials, and it is reached at the endpoint
+// registered there, not at what the Node object says.
 type nodeWatch struct {
 	nodes  corev1listers.NodeLister
 	leases coordinationlisters.LeaseNamespaceLister
+	reg    NodeRegistry
+
+	mu         sync.Mutex // guards registered and read
+	registered map[string]string
+	read       time.Time
+}
+
+// registeredAt returns the endpoint node is registered at in the store,
+// "" when it is not registered (or the store cannot say).
+func (w *nodeWatch) registeredAt(node string) string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.registered == nil || time.Since(w.read) > registryTTL {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		got, err := w.reg.ClusterNodes(ctx)
+		cancel()
+		if err == nil {
+			w.registered, w.read = got, time.Now()
+		}
+	}
+	return w.registered[node]
 }
 
 // watchNodes starts informers on the airlock Nodes and the Leases of
-// kube-node-lease until ctx ends, and returns once both have listed.
-func watchNodes(ctx context.Context, client kubernetes.Interface) (*nodeWatch, error) {
+// kube-node-lease until ctx ends, and returns once both have listed. reg
+// says which of those Nodes are airlock's.
+func watchNodes(ctx context.Context, client kubernetes.Interface, reg NodeRegistry) (*nodeWatch, error) {
 	nf := informers.NewSharedInformerFactoryWithOptions(client, 10*time.Minute,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelNode + "=true" }))
 	lf := informers.NewSharedInformerFactoryWithOptions(client, 10*time.Minute, informers.WithNamespace(corev1.NamespaceNodeLease))
 	ni, li := nf.Core().V1().Nodes(), lf.Coordination().V1().Leases()
-	w := &nodeWatch{nodes: ni.Lister(), leases: li.Lister().Leases(corev1.NamespaceNodeLease)}
+	w := &nodeWatch{nodes: ni.Lister(), leases: li.Lister().Leases(corev1.NamespaceNodeLease), reg: reg}
 	nf.Start(ctx.Done())
 	lf.Start(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), ni.Informer().HasSynced, li.Informer().HasSynced) {
@@ -52,6 +88,9 @@ func watchNodes(ctx context.Context, client kubernetes.Interface) (*nodeWatch, e
 func (w *nodeWatch) down(node string, now time.Time) string {
 	if _, err := w.nodes.Get(node); err != nil {
 		return fmt.Sprintf("node %s is not registered with the cluster", node)
+	}
+	if w.registeredAt(node) == "" {
+		return fmt.Sprintf("node %s carries airlock's label but its agent never registered it in the cluster's store: it is not taken for an airlock node", node)
 	}
 	l, err := w.leases.Get(node)
 	if err != nil || l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {

@@ -8,11 +8,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"strconv"
 	"strings"
 	"time"
 
@@ -56,7 +54,7 @@ func NewRouter(ctx context.Context, client kubernetes.Interface, namespace strin
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	nodes, err := watchNodes(ctx, client)
+	nodes, err := watchNodes(ctx, client, st)
 	if err != nil {
 		return nil, err
 	}
@@ -253,11 +251,21 @@ func (r *Router) pickBuildNode(ctx context.Context) (string, error) {
 
 // endpoint is the base URL of a node's internal API, from its Node.
 func (r *Router) endpoint(node string) (*url.URL, error) {
-	n, err := r.nodes.nodes.Get(node)
-	if err != nil {
-		return nil, fmt.Errorf("the sandbox's node %s is not registered with the cluster (%v): %w", node, err, errdefs.ErrUnavailable)
+	return r.nodes.endpoint(node)
+}
+
+// endpoint is where node is reached: the base URL its agent registered in
+// the store.
+func (w *nodeWatch) endpoint(node string) (*url.URL, error) {
+	at := w.registeredAt(node)
+	if at == "" {
+		return nil, fmt.Errorf("node %s is not registered in the cluster's store: %w", node, errdefs.ErrUnavailable)
 	}
-	return Endpoint(n)
+	u, err := url.Parse(at)
+	if err != nil {
+		return nil, fmt.Errorf("node %s's registered endpoint %q: %v: %w", node, at, err, errdefs.ErrUnavailable)
+	}
+	return u, nil
 }
 
 // NodeDown says why a node cannot be reached now, "" if it can: for
@@ -283,14 +291,3 @@ func (r *Router) Unplaced(ctx context.Context, id string) string {
 	return ""
 }
 
-// Endpoint is the base URL of the internal API of a Node an airlock node
-// agent registered: its InternalIP and kubelet port.
-func Endpoint(n *corev1.Node) (*url.URL, error) {
-	port := n.Status.DaemonEndpoints.KubeletEndpoint.Port
-	for _, a := range n.Status.Addresses {
-		if a.Type == corev1.NodeInternalIP && port > 0 {
-			return &url.URL{Scheme: "http", Host: net.JoinHostPort(a.Address, strconv.Itoa(int(port)))}, nil
-		}
-	}
-	return nil, fmt.Errorf("node %s states no internal IP and port: %w", n.Name, errdefs.ErrUnavailable)
-}

@@ -21,7 +21,6 @@ import (
 	"github.com/airlockhq/airlock/internal/api"
 	"github.com/airlockhq/airlock/internal/apiclient"
 	"github.com/airlockhq/airlock/internal/errdefs"
-	"github.com/airlockhq/airlock/internal/store"
 	"github.com/airlockhq/airlock/internal/template"
 )
 
@@ -101,9 +100,11 @@ type fetch struct {
 type FetcherConfig struct {
 	// Templates is the node's store, which fetched images go into.
 	Templates *template.Store
-	// Node is this node's name; Client, if set, lists the others.
+	// Node is this node's name; Client, if set, lists the others, of
+	// which those Nodes registers are asked (required with Client).
 	Node   string
 	Client kubernetes.Interface
+	Nodes  NodeRegistry
 	// Sources are base URLs asked after the nodes: the API replicas'.
 	Sources []*url.URL
 	// Token is the cluster's internal token.
@@ -144,7 +145,10 @@ func NewFetcher(ctx context.Context, cfg FetcherConfig) (*TemplateFetcher, error
 		cfg.Registry.MustRegister(f.fetches, f.bytes)
 	}
 	if cfg.Client != nil {
-		w, err := watchNodes(ctx, cfg.Client)
+		if cfg.Nodes == nil {
+			return nil, errors.New("template fetcher: the registered nodes (Nodes) are needed with a client")
+		}
+		w, err := watchNodes(ctx, cfg.Client, cfg.Nodes)
 		if err != nil {
 			return nil, err
 		}
@@ -201,7 +205,7 @@ func (f *TemplateFetcher) peers() []peer {
 			if n.Name == f.self || f.nodes.down(n.Name, now) != "" {
 				continue
 			}
-			if u, err := Endpoint(n); err == nil {
+			if u, err := f.nodes.endpoint(n.Name); err == nil {
 				out = append(out, peer{"node " + n.Name, "node", u})
 			}
 		}
@@ -261,12 +265,12 @@ func (f *TemplateFetcher) fetchFrom(ctx context.Context, p peer, dgst string) (t
 	want, err := f.settings(ctx, dgst)
 	switch {
 	case errors.Is(err, errdefs.ErrNotFound) && p.kind == "server":
-		// An image the catalogue does not name (a built-in template of an
-		// API replica's) is taken with its settings only from a source the
-		// operator named, never from another node.
+		// An image the store recorded no settings for is taken with its
+		// settings only from a source the operator named, never from
+		// another node.
 		want = e.Settings
 	case errors.Is(err, errdefs.ErrNotFound):
-		return template.Template{}, fmt.Errorf("the cluster's catalogue does not name %s, so its settings cannot be checked: only a --templates-from source is trusted for it: %w", dgst, errdefs.ErrNotFound)
+		return template.Template{}, fmt.Errorf("the cluster's store recorded no settings for %s, so the peer's cannot be checked: only a --templates-from source is trusted for it: %w", dgst, errdefs.ErrNotFound)
 	case err != nil:
 		return template.Template{}, fmt.Errorf("the settings the cluster recorded for %s: %w", dgst, err)
 	}
@@ -312,18 +316,19 @@ func truncated(s string, n int) string {
 }
 
 // StoreSettings is FetcherConfig.Settings from the cluster's store: the
-// settings of the newest catalogue entry that names the digest.
+// settings recorded for the digest when a server pinned it, or by the
+// catalogue entry that names it.
 func StoreSettings(st interface {
-	TemplateTagByDigest(ctx context.Context, digest string) (store.TemplateTag, error)
+	TemplateSettings(ctx context.Context, digest string) ([]byte, error)
 }) func(ctx context.Context, dgst string) (template.Settings, error) {
 	return func(ctx context.Context, dgst string) (template.Settings, error) {
-		t, err := st.TemplateTagByDigest(ctx, dgst)
+		b, err := st.TemplateSettings(ctx, dgst)
 		if err != nil {
 			return template.Settings{}, err
 		}
 		var s template.Settings
-		if err := json.Unmarshal(t.Settings, &s); err != nil {
-			return template.Settings{}, fmt.Errorf("settings of %s in the catalogue: %w", dgst, err)
+		if err := json.Unmarshal(b, &s); err != nil {
+			return template.Settings{}, fmt.Errorf("recorded settings of %s: %w", dgst, err)
 		}
 		return s, nil
 	}

@@ -141,6 +141,15 @@ func (s *Service) CreateSandbox(ctx context.Context, p Principal, req apiv1.Crea
 		return apiv1.SandboxOperation{}, err
 	}
 	if s.cfg.Front {
+		// The node that makes the VM may fetch the image from a peer: it
+		// checks the peer's settings against these.
+		settings, err := json.Marshal(tpl.Settings())
+		if err == nil {
+			err = s.st.PutTemplateSettings(ctx, tpl.Digest, settings)
+		}
+		if err != nil {
+			return apiv1.SandboxOperation{}, fmt.Errorf("record the template's settings: %w", err)
+		}
 		return s.admitToCluster(ctx, sb, op, admit)
 	}
 

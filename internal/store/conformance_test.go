@@ -106,6 +106,7 @@ var conformance = []struct {
 	{"Settings", testSettings},
 	{"KeyUsage", testKeyUsage},
 	{"InsertSandboxWithin", testInsertSandboxWithin},
+	{"ClusterNodes", testClusterNodes},
 }
 
 // testSettings: the first value of a setting stays; later ones read it;

@@ -354,6 +354,39 @@ CREATE TABLE build_contexts (
 -- JSON apiv1.Limits: the key's own limits ("{}": none of its own).
 ALTER TABLE keys ADD COLUMN limits TEXT NOT NULL DEFAULT '{}';
 `, postgresSame},
+	{12, "create cluster_nodes and template_settings", `
+-- The airlock nodes of a cluster, each registered by its agent (which
+-- holds the store's credentials), and where the cluster reaches it: a
+-- Kubernetes Node that carries airlock's label is not one unless here.
+CREATE TABLE cluster_nodes (
+	seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+	name       TEXT    NOT NULL UNIQUE,
+	endpoint   TEXT    NOT NULL,
+	updated_at INTEGER NOT NULL
+) STRICT;
+-- The settings (template.Settings JSON) of each image a create pinned by
+-- digest, as the server that pinned it read them: what a node that fetches
+-- the image from a peer checks the peer's against.
+CREATE TABLE template_settings (
+	seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+	digest     TEXT    NOT NULL UNIQUE,
+	settings   TEXT    NOT NULL,
+	updated_at INTEGER NOT NULL
+) STRICT;
+`, `
+CREATE TABLE cluster_nodes (
+	seq        BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	name       TEXT   NOT NULL UNIQUE,
+	endpoint   TEXT   NOT NULL,
+	updated_at BIGINT NOT NULL
+);
+CREATE TABLE template_settings (
+	seq        BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	digest     TEXT   NOT NULL UNIQUE,
+	settings   TEXT   NOT NULL,
+	updated_at BIGINT NOT NULL
+);
+`},
 }
 
 // schemaVersion reads the version of the schema: SQLite's PRAGMA

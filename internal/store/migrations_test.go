@@ -38,6 +38,7 @@ var migrationTests = []migrationTest{
 	{version: 9, before: fillSchema1, after: checkSchema9},
 	{version: 10, before: fillBuilds9, after: checkSchema10},
 	{version: 11, before: fillKeys3, after: checkSchema11},
+	{version: 12, before: fillKeys3, after: checkSchema12},
 }
 
 // fillBuilds9 stores a build as servers before migration 10 did.
@@ -80,6 +81,18 @@ func checkSchema11(t *testing.T, db *sql.DB) {
 		t.Fatal(err)
 	}
 	if _, err := s.KeyUsage(ctx, "key1"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkSchema12: no node is registered, and one can be.
+func checkSchema12(t *testing.T, db *sql.DB) {
+	s := &Store{db: &conn{db: db, eng: sqliteEngine}}
+	ctx := context.Background()
+	if got, err := s.ClusterNodes(ctx); err != nil || len(got) != 0 {
+		t.Fatalf("nodes after migration 12: %v, %v", got, err)
+	}
+	if err := s.RegisterClusterNode(ctx, "host-a", "http://10.0.0.5:7701"); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/airlockhq/airlock/internal/errdefs"
@@ -82,5 +83,53 @@ func testInsertSandboxWithin(t *testing.T, b backend) {
 	}
 	if u, _ := stores[0].KeyUsage(ctx, "key1"); u.Sandboxes != 3 {
 		t.Fatalf("%d sandboxes recorded, want 3", u.Sandboxes)
+	}
+}
+
+// testClusterNodes: a node registers with its endpoint, again with a new
+// one, and is forgotten; a bad endpoint is refused.
+func testClusterNodes(t *testing.T, b backend) {
+	ctx := context.Background()
+	s := b.newStore(t)
+	if got, err := s.ClusterNodes(ctx); err != nil || len(got) != 0 {
+		t.Fatalf("nodes of a new store: %v, %v", got, err)
+	}
+	for _, ep := range []string{"http://10.0.0.5:7701", "https://10.0.0.6:7701"} {
+		if err := s.RegisterClusterNode(ctx, "host-a", ep); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := s.ClusterNodes(ctx); err != nil || len(got) != 1 || got["host-a"] != ep {
+			t.Fatalf("nodes %v, %v; want host-a at %s", got, err, ep)
+		}
+	}
+	for _, bad := range []string{"", "10.0.0.5:7701", "ftp://x", "http://"} {
+		if err := s.RegisterClusterNode(ctx, "host-b", bad); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("endpoint %q: %v, want invalid", bad, err)
+		}
+	}
+	// Template settings: recorded ones, else the catalogue's.
+	dgst := "sha256:" + strings.Repeat("ab", 32)
+	if _, err := s.TemplateSettings(ctx, dgst); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("settings of an unknown digest: %v", err)
+	}
+	if err := s.PutTemplateTag(ctx, TemplateTag{Name: "py", Tag: "v1", Digest: dgst, SizeBytes: 1, Settings: []byte(`{"start_cmd":"a"}`), Owner: "key1"}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.TemplateSettings(ctx, dgst); err != nil || string(got) != `{"start_cmd":"a"}` {
+		t.Fatalf("catalogue settings %s, %v", got, err)
+	}
+	for _, v := range []string{`{"start_cmd":"b"}`, `{"start_cmd":"c"}`} {
+		if err := s.PutTemplateSettings(ctx, dgst, []byte(v)); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := s.TemplateSettings(ctx, dgst); err != nil || string(got) != v {
+			t.Fatalf("recorded settings %s, %v; want %s", got, err, v)
+		}
+	}
+	if err := s.UnregisterClusterNode(ctx, "host-a"); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.ClusterNodes(ctx); len(got) != 0 {
+		t.Fatalf("nodes after unregister: %v", got)
 	}
 }
