@@ -88,13 +88,18 @@ func setState(t *testing.T, st *store.Store, id, state string) {
 	}
 }
 
-// addNode registers an airlock node as `airlock node` will: labelled,
-// tainted for sandbox Pods only, with capacity. The not-ready taint the
-// apiserver adds at create is dropped here, standing in for
-// kube-controller-manager.
-func addNode(t *testing.T, c kubernetes.Interface, name, cpu, mem string) {
+// addNode registers an airlock node as `airlock node` will: in the store,
+// and as a Node labelled, tainted for sandbox Pods only, with capacity.
+// The not-ready taint the apiserver adds at create is dropped here,
+// standing in for kube-controller-manager.
+func addNode(t *testing.T, c kubernetes.Interface, st *store.Store, name, cpu, mem string) {
 	t.Helper()
 	ctx := context.Background()
+	if st != nil {
+		if err := st.RegisterClusterNode(ctx, name, "http://127.0.0.1:1"); err != nil {
+			t.Fatal(err)
+		}
+	}
 	capacity := corev1.ResourceList{
 		corev1.ResourceCPU: resource.MustParse(cpu), corev1.ResourceMemory: resource.MustParse(mem),
 		corev1.ResourceEphemeralStorage: resource.MustParse("100Gi"), corev1.ResourcePods: resource.MustParse("110"),
@@ -159,8 +164,8 @@ func podBound(t *testing.T, c kubernetes.Interface, id string) *corev1.Pod {
 func TestControllerPlacesSandboxes(t *testing.T) {
 	cp, c, st := setup(t)
 	ctx := context.Background()
-	addNode(t, c, "host-a", "2", "4Gi")
-	addNode(t, c, "host-b", "12", "16Gi")
+	addNode(t, c, st, "host-a", "2", "4Gi")
+	addNode(t, c, st, "host-b", "12", "16Gi")
 	cp.StartScheduler(t)
 
 	insertRow(t, st, "sbxsmall", "running", 1, 512)
@@ -460,12 +465,14 @@ func TestNewRefusesBadConfig(t *testing.T) {
 // TestControllerMarksDeadNodes: a Node whose Lease is not renewed within
 // its duration is tainted unreachable, so that kube-scheduler places new
 // sandboxes elsewhere, and untainted once it is renewed; a Node without a
-// Lease is left alone.
+// Lease is left alone; a Node with airlock's label whose agent never
+// registered it in the store is tainted too.
 func TestControllerMarksDeadNodes(t *testing.T) {
 	_, c, st := setup(t)
 	ctx := context.Background()
-	addNode(t, c, "host-a", "2", "4Gi")
-	addNode(t, c, "host-b", "2", "4Gi")
+	addNode(t, c, st, "host-a", "2", "4Gi")
+	addNode(t, c, st, "host-b", "2", "4Gi")
+	addNode(t, c, nil, "host-c", "2", "4Gi")
 	secs := int32(4)
 	stale := metav1.NewMicroTime(time.Now().Add(-time.Minute))
 	lease, err := c.CoordinationV1().Leases(corev1.NamespaceNodeLease).Create(ctx, &coordinationv1.Lease{
@@ -483,19 +490,18 @@ func TestControllerMarksDeadNodes(t *testing.T) {
 			return tn.Key == TaintUnreachable && tn.Effect == corev1.TaintEffectNoSchedule
 		})
 	}
-	testenv.Eventually(t, 10*time.Second, "host-a tainted", func() (bool, string) {
-		return tainted("host-a"), fmt.Sprint(testenv.Gather(t, reg)["airlock_cluster_unreachable_nodes{}"])
+	testenv.Eventually(t, 10*time.Second, "host-a and the unregistered host-c tainted, counted", func() (bool, string) {
+		n := testenv.Gather(t, reg)["airlock_cluster_unreachable_nodes{}"]
+		return tainted("host-a") && tainted("host-c") && n == 2, fmt.Sprint("unreachable nodes ", n)
 	})
-	if got := testenv.Gather(t, reg)["airlock_cluster_unreachable_nodes{}"]; got != 1 {
-		t.Errorf("unreachable nodes %v, want 1", got)
-	}
 	if tainted("host-b") {
 		t.Error("host-b, with no lease, was tainted")
 	}
 
-	// Renewed: back.
-	fresh := metav1.NewMicroTime(time.Now())
-	lease.Spec.RenewTime = &fresh
+	// Renewed: back. The lease lasts a minute, so that a slow controller
+	// still sees it fresh.
+	fresh, minute := metav1.NewMicroTime(time.Now()), int32(60)
+	lease.Spec.RenewTime, lease.Spec.LeaseDurationSeconds = &fresh, &minute
 	if _, err := c.CoordinationV1().Leases(corev1.NamespaceNodeLease).Update(ctx, lease, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
