@@ -290,4 +290,3 @@ func (r *Router) Unplaced(ctx context.Context, id string) string {
 	}
 	return ""
 }
-
