@@ -91,7 +91,7 @@ func TestTCPAllowedByLiteralIP(t *testing.T) {
 		t.Fatalf("after half-close: %q, %v", rest, err)
 	}
 	c.Close()
-	e := n.waitEvent(t, func(e Event) bool { return e.Proto == "tcp" && e.Verdict == "allow" })
+	e := n.waitEvent(t, func(e Event) bool { return e.Proto == "tcp" && e.Verdict == "allow" && e.Phase == "end" })
 	if e.IP != public.Addr().String() || e.Port != public.Port() || e.Reason != "allow-rule" || e.BytesOut != 25 || e.BytesIn != 25 {
 		t.Errorf("event %+v", e)
 	}
