@@ -338,7 +338,8 @@ func TestAttackImageToolsJailed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := launchServerAt(home, []string{"PATH=" + wrap + ":" + os.Getenv("PATH")})
+	reg := newTestRegistryOn(t, loopbackListener(t), "", "")
+	s, err := launchServerAt(home, []string{"PATH=" + wrap + ":" + os.Getenv("PATH")}, "--trusted-registries", reg.host)
 	if err != nil {
 		t.Fatalf("start a server: %v", err)
 	}
@@ -353,7 +354,6 @@ func TestAttackImageToolsJailed(t *testing.T) {
 	}
 	// An image's tree, with a file only root may read, made into an
 	// image by mkfs.ext4.
-	reg := newTestRegistry(t, "", "")
 	ref := reg.push(t, "watched/image:v1", imageWith(t, []tarEntry{{name: "etc/", typ: tar.TypeDir},
 		{name: "etc/shadow", body: "root:x:1::\n", mode: 0o600}}, nil))
 	status, body, op = buildAs(t, s, s.key, apiv1.CreateTemplate{Name: "watched-image", From: "docker://" + ref})

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -49,8 +50,12 @@ func buildServer(t *testing.T) *server {
 		if home, buildErr = privateTemplatesHome("tiny", "base"); buildErr != nil {
 			return
 		}
+		var hosts []string
+		if hosts, buildErr = reserveRegistries(); buildErr != nil {
+			return
+		}
 		buildSrv, buildErr = launchServerAt(home, nil, "--ping-interval", "1s", "--max-builds", "2",
-			"--max-build-context", "4")
+			"--max-build-context", "4", "--trusted-registries", strings.Join(hosts, ","))
 	})
 	if buildErr != nil {
 		t.Fatalf("start a build server: %v", buildErr)
@@ -280,6 +285,49 @@ func testImage(t *testing.T, arch string) v1.Image {
 	return img
 }
 
+// registryPool holds loopback listeners reserved before the build server
+// starts, which it names in --trusted-registries: a pull reaches a
+// registry on loopback only when the operator named it.
+var registryPool = make(chan net.Listener, 16)
+
+// reserveRegistries fills registryPool and returns the listeners'
+// addresses.
+func reserveRegistries() ([]string, error) {
+	var hosts []string
+	for range cap(registryPool) {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		registryPool <- l
+		hosts = append(hosts, l.Addr().String())
+	}
+	return hosts, nil
+}
+
+// trustedListener returns a listener the build server trusts.
+func trustedListener(t *testing.T) net.Listener {
+	t.Helper()
+	buildServer(t)
+	select {
+	case l := <-registryPool:
+		return l
+	default:
+		t.Fatalf("all %d loopback registries the build server trusts are taken: reserve more in reserveRegistries", cap(registryPool))
+		return nil
+	}
+}
+
+// loopbackListener listens on a port of 127.0.0.1.
+func loopbackListener(t *testing.T) net.Listener {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
 // testRegistry serves go-containerregistry's registry on loopback,
 // counting requests, optionally behind basic auth.
 type testRegistry struct {
@@ -288,11 +336,18 @@ type testRegistry struct {
 	requests atomic.Int64
 }
 
+// newTestRegistry starts a registry the build server trusts.
 func newTestRegistry(t *testing.T, user, pass string) *testRegistry {
+	t.Helper()
+	return newTestRegistryOn(t, trustedListener(t), user, pass)
+}
+
+// newTestRegistryOn starts a registry on l.
+func newTestRegistryOn(t *testing.T, l net.Listener, user, pass string) *testRegistry {
 	t.Helper()
 	reg := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
 	tr := &testRegistry{}
-	tr.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	tr.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tr.requests.Add(1)
 		if user != "" {
 			if u, p, ok := r.BasicAuth(); !ok || u != user || p != pass {
@@ -303,6 +358,9 @@ func newTestRegistry(t *testing.T, user, pass string) *testRegistry {
 		}
 		reg.ServeHTTP(w, r)
 	}))
+	tr.srv.Listener.Close()
+	tr.srv.Listener = l
+	tr.srv.Start()
 	t.Cleanup(tr.srv.Close)
 	tr.host = strings.TrimPrefix(tr.srv.URL, "http://")
 	return tr
@@ -607,6 +665,9 @@ func TestTemplateBadInput(t *testing.T) {
 	armRef := reg.push(t, "team/arm:v1", testImage(t, "arm64"))
 	authReg := newTestRegistry(t, "puller", "right")
 	authRef := authReg.push(t, "team/private:v1", testImage(t, "amd64"), remote.WithAuth(&authn.Basic{Username: "puller", Password: "right"}))
+	deadL := trustedListener(t) // trusted, and nothing listens there
+	dead := deadL.Addr().String()
+	deadL.Close()
 	escCtx := s.putContext(t, makeTar(t, tarEntry{name: "esc", typ: tar.TypeSymlink, link: "/etc"}, tarEntry{name: "ok.txt", body: "ok\n"}))
 
 	// Refused at once: each a 4xx naming the problem, and no build.
@@ -633,6 +694,7 @@ func TestTemplateBadInput(t *testing.T) {
 		{"ready without start", `{"name": "ok", "from": "tiny", "ready_cmd": "true"}`, 400, "start_cmd"},
 		{"credentials in a build", `{"name": "ok", "from": "tiny", "network": {"egress": "allow", "credentials": [{"host": "api.example.com", "header": "Authorization", "secret": "k"}]}}`, 400, "credentials"},
 		{"huge vcpus", `{"name": "ok", "from": "tiny", "vcpus": 100000}`, 400, "vcpus"},
+		{"a loopback registry the operator did not name", `{"name": "ok", "from": "docker://127.0.0.1:1/team/x:v1"}`, 403, "not trusted"},
 	} {
 		status, body := s.call(t, "POST", "/v1/templates", s.key, tc.body)
 		if status != tc.status || !strings.Contains(string(body), tc.want) {
@@ -649,7 +711,7 @@ func TestTemplateBadInput(t *testing.T) {
 		want string
 	}{
 		{"unknown image", apiv1.CreateTemplate{Name: "bad-unknown", From: "docker://" + reg.host + "/team/nope:v1"}, apiv1.CodeNotFound, "nope"},
-		{"unreachable registry", apiv1.CreateTemplate{Name: "bad-unreachable", From: "docker://127.0.0.1:1/team/x:v1"}, apiv1.CodeUnavailable, "127.0.0.1:1"},
+		{"unreachable registry", apiv1.CreateTemplate{Name: "bad-unreachable", From: "docker://" + dead + "/team/x:v1"}, apiv1.CodeUnavailable, dead},
 		{"wrong credentials", apiv1.CreateTemplate{Name: "bad-creds", From: "docker://" + authRef,
 			RegistryAuth: &apiv1.RegistryAuth{Username: "puller", Password: "wrong"}}, apiv1.CodeUnauthenticated, "registry_auth"},
 		{"not amd64", apiv1.CreateTemplate{Name: "bad-arch", From: "docker://" + armRef}, apiv1.CodeInvalidArgument, "arm64"},
@@ -723,7 +785,7 @@ func TestTemplateBadInput(t *testing.T) {
 }
 
 func TestTemplateTrustedRegistries(t *testing.T) {
-	reg := newTestRegistry(t, "", "")
+	reg := newTestRegistryOn(t, loopbackListener(t), "", "")
 	ref := reg.push(t, "team/tree:v1", testImage(t, "amd64"))
 	pushed := reg.requests.Load()
 	s := newServer(t, "--trusted-registries", "registry.example.com, "+"mirror.example.com:5000")

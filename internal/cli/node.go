@@ -112,7 +112,8 @@ func runNode(ctx context.Context, env *Env, args []string) error {
 	dnsUpstream := fs.String("dns-upstream", "", "resolver `HOST:PORT` the gateways ask (default: the host's, from /etc/resolv.conf)")
 	minFreeDisk := sizeFlag{n: 2 << 30}
 	fs.Var(&minFreeDisk, "min-free-disk", "free `size` to keep on the data directory's filesystem: creates and wakes are refused below it; 0: no check")
-	trusted := fs.String("trusted-registries", "", "comma-separated registry `hosts` (HOST[:PORT]) template builds on this node may pull docker:// images from (default: any)")
+	trusted := fs.String("trusted-registries", "", "comma-separated registry `hosts` (HOST[:PORT]) template builds on this node may pull docker:// images from (default: any registry at a public address; a registry at a loopback or private address must be listed)")
+	hostCreds := fs.Bool("registry-host-credentials", false, "let pulls without registry_auth use the host's docker config ($DOCKER_CONFIG, ~/.docker/config.json) for the registry they name")
 	maxBuilds := fs.Int("max-builds", 1, "most template builds running at once on this node (each boots a sandbox)")
 	maxContext := fs.Int64("max-build-context", 1024, "largest build context upload in `MiB`")
 	reclaimEvery := fs.Duration("reclaim-interval", 5*time.Minute, "how often to remove the template images nothing in the cluster refers to any more")
@@ -241,7 +242,7 @@ func runNode(ctx context.Context, env *Env, args []string) error {
 		Dir: env.Dir, Store: st, Log: log, Node: *name,
 		MaxSandboxes: *maxSandboxes, MaxStarts: *maxStarts, MaxQueuedStarts: *maxQueued,
 		DefaultEgress: *defaultEgress, EgressPrivate: private, DefaultLimits: limits, MemoryBudgetMiB: memoryBudget.n >> 20, Secrets: box, TokenKey: tokenKey, MinFreeDiskBytes: minFreeDisk.n,
-		TrustedRegistries: trustedRegistries, MaxBuilds: *maxBuilds, MaxContextBytes: *maxContext << 20, ReclaimEvery: *reclaimEvery,
+		TrustedRegistries: trustedRegistries, RegistryHostCredentials: *hostCreds, MaxBuilds: *maxBuilds, MaxContextBytes: *maxContext << 20, ReclaimEvery: *reclaimEvery,
 		FetchTemplate: fetcher.Fetch,
 	}, reg)
 	if err != nil {

@@ -86,7 +86,8 @@ that run airlock node, runs the cluster controller (one replica leads,
 through a Lease in --namespace), and routes every call on a sandbox to
 the node that runs it, and template builds to a node, with the cluster's
 internal token (--token-file or $AIRLOCK_NODE_TOKEN). It runs no VM
-itself (--max-builds and --trusted-registries are the nodes' to set).
+itself (--max-builds, --trusted-registries and --registry-host-credentials
+are the nodes' to set).
 --e2b-listen serves E2B's API there too, sending each request for a
 sandbox to its node; --warm is not served in cluster mode yet.
 
@@ -114,7 +115,8 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	dnsUpstream := fs.String("dns-upstream", "", "resolver `HOST:PORT` the gateways ask (default: the host's, from /etc/resolv.conf)")
 	e2bListen := fs.String("e2b-listen", "", "`address` to serve E2B's API on (default: not served)")
 	e2bDomain := fs.String("e2b-domain", "", "sandbox `domain` returned to E2B SDKs (default: none, the SDK's own E2B_DOMAIN)")
-	trusted := fs.String("trusted-registries", "", "comma-separated registry `hosts` (HOST[:PORT]) template builds may pull docker:// images from (default: any)")
+	trusted := fs.String("trusted-registries", "", "comma-separated registry `hosts` (HOST[:PORT]) template builds may pull docker:// images from (default: any registry at a public address; a registry at a loopback or private address must be listed)")
+	hostCreds := fs.Bool("registry-host-credentials", false, "let pulls without registry_auth use the host's docker config ($DOCKER_CONFIG, ~/.docker/config.json) for the registry they name")
 	maxBuilds := fs.Int("max-builds", 1, "most template builds running at once (each boots a sandbox)")
 	maxContext := fs.Int64("max-build-context", 1024, "largest build context upload in `MiB`")
 	minFreeDisk := sizeFlag{n: 2 << 30}
@@ -260,7 +262,7 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 		Dir: env.Dir, Store: st, Log: log,
 		MaxSandboxes: *maxSandboxes, MaxStarts: *maxStarts, MaxQueuedStarts: *maxQueued,
 		DefaultEgress: *defaultEgress, EgressPrivate: private, DefaultLimits: limits, MemoryBudgetMiB: memoryBudget.n >> 20, Secrets: box, TokenKey: tokenKey,
-		TrustedRegistries: trustedRegistries, MaxBuilds: *maxBuilds, MaxContextBytes: *maxContext << 20,
+		TrustedRegistries: trustedRegistries, RegistryHostCredentials: *hostCreds, MaxBuilds: *maxBuilds, MaxContextBytes: *maxContext << 20,
 		MinFreeDiskBytes: minFreeDisk.n, Warm: warm,
 	}
 	if cl != nil {

@@ -176,7 +176,7 @@ func (s *Service) buildBase(ctx context.Context, run *running, pl plan) (templat
 	var key string
 	switch {
 	case strings.HasPrefix(pl.from, "docker://"):
-		opts := oci.PullOptions{Trusted: s.cfg.TrustedRegistries}
+		opts := oci.PullOptions{Trusted: s.cfg.TrustedRegistries, HostCredentials: s.cfg.RegistryHostCredentials}
 		if pl.auth != nil {
 			opts.Username, opts.Password = pl.auth.Username, pl.auth.Password
 		}

@@ -88,8 +88,12 @@ type Config struct {
 	TokenKey []byte
 	// TrustedRegistries, if not empty, are the registries (host[:port])
 	// a template build may pull docker:// images from; others are refused
-	// before anything is fetched.
+	// before anything is fetched. Only a registry named here may be at a
+	// loopback or private address.
 	TrustedRegistries []string
+	// RegistryHostCredentials lets a pull without registry_auth use the
+	// host's docker config for the registry it names.
+	RegistryHostCredentials bool
 	// MaxBuilds caps the template builds running at once (each boots a
 	// sandbox); further builds wait. Default 1.
 	MaxBuilds int

@@ -274,3 +274,7 @@ func index(t *testing.T, imgs ...v1.Image) v1.ImageIndex {
 	}
 	return mutate.AppendManifests(empty.Index, adds...)
 }
+
+// trust returns the options of a pull that trusts r, as the operator
+// names a registry on loopback.
+func (r *testRegistry) trust() PullOptions { return PullOptions{Trusted: []string{r.host}} }

@@ -21,15 +21,21 @@ import (
 type PullOptions struct {
 	// Username and Password authenticate to the registry (HTTP basic, or
 	// the registry's token exchange when it asks for one). When both are
-	// empty, credentials come from the host's docker config
-	// ($DOCKER_CONFIG, ~/.docker/config.json, credential helpers), and a
-	// registry the config does not mention is reached anonymously.
+	// empty the pull is anonymous, unless HostCredentials.
 	Username string
 	Password string
+	// HostCredentials, when Username and Password are empty, takes
+	// credentials from the host's docker config ($DOCKER_CONFIG,
+	// ~/.docker/config.json, credential helpers) for the registries it
+	// names (airlock serve --registry-host-credentials). Off, the host's
+	// credentials are never read: a tenant naming a registry would
+	// otherwise pull with the operator's account.
+	HostCredentials bool
 	// Trusted, if not empty, lists the registries (host or host:port, as
 	// in the reference) a pull may use; "docker.io" stands for Docker
 	// Hub. A reference to any other registry is refused before any
-	// network access.
+	// network access. A registry listed here may be at a loopback or
+	// private address, which no other may (see registryGuard).
 	Trusted []string
 	// Insecure allows plain HTTP, tried when HTTPS fails, to any
 	// registry. Without it plain HTTP is allowed only to registries on
@@ -63,17 +69,25 @@ func Pull(ctx context.Context, ref string, opts PullOptions) (Image, string, err
 
 	remoteOpts := []remote.Option{
 		remote.WithContext(ctx),
-		remote.WithTransport(&plainHTTPGuard{next: remote.DefaultTransport, insecure: opts.Insecure}),
+		remote.WithTransport(newRegistryGuard(reg, opts.Trusted, opts.Insecure)),
 	}
-	authDesc := "the host's docker config (none if it has no entry for the registry)"
-	if opts.Username != "" || opts.Password != "" {
+	authDesc := "no credentials"
+	var secrets []string
+	switch {
+	case opts.Username != "" || opts.Password != "":
 		remoteOpts = append(remoteOpts, remote.WithAuth(&authn.Basic{Username: opts.Username, Password: opts.Password}))
-		authDesc = fmt.Sprintf("user %q", opts.Username)
-	} else {
+		authDesc, secrets = fmt.Sprintf("user %q", opts.Username), []string{opts.Password}
+	case opts.HostCredentials:
 		remoteOpts = append(remoteOpts, remote.WithAuthFromKeychain(authn.DefaultKeychain))
+		authDesc = "the host's docker config (none if it has no entry for the registry)"
+		if a, err := authn.DefaultKeychain.Resolve(reg); err == nil {
+			if c, err := a.Authorization(); err == nil {
+				secrets = []string{c.Password, c.Auth, c.IdentityToken, c.RegistryToken}
+			}
+		}
 	}
 	fail := func(err error) (Image, string, error) {
-		return nil, "", fmt.Errorf("pull %s: %w", ref, registryError(ctx, reg.RegistryStr(), authDesc, err))
+		return nil, "", fmt.Errorf("pull %s: %w", ref, registryError(ctx, reg.RegistryStr(), authDesc, err, secrets...))
 	}
 
 	desc, err := remote.Get(r, remoteOpts...)
@@ -88,7 +102,7 @@ func Pull(ctx context.Context, ref string, opts PullOptions) (Image, string, err
 		}
 		img, h, err := pickImage(idx, ref)
 		if err != nil {
-			return nil, "", registryError(ctx, reg.RegistryStr(), authDesc, err) // it names the image
+			return nil, "", registryError(ctx, reg.RegistryStr(), authDesc, err, secrets...) // it names the image
 		}
 		return img, h.String(), nil
 	case desc.MediaType.IsSchema1():
@@ -99,7 +113,7 @@ func Pull(ctx context.Context, ref string, opts PullOptions) (Image, string, err
 			return fail(err)
 		}
 		if err := checkPlatform(img, ref); err != nil {
-			return nil, "", registryError(ctx, reg.RegistryStr(), authDesc, err) // it names the image
+			return nil, "", registryError(ctx, reg.RegistryStr(), authDesc, err, secrets...) // it names the image
 		}
 		return img, desc.Digest.String(), nil
 	default:
@@ -150,24 +164,6 @@ func isLoopback(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// plainHTTPGuard refuses plain HTTP requests to hosts other than loopback
-// ones, unless insecure. go-containerregistry itself falls back to HTTP
-// for private (RFC 1918) addresses and *.localhost names too.
-type plainHTTPGuard struct {
-	next     http.RoundTripper
-	insecure bool
-}
-
-func (g *plainHTTPGuard) RoundTrip(req *http.Request) (*http.Response, error) {
-	if req.URL.Scheme == "http" && !g.insecure && !isLoopback(req.URL.Host) {
-		if req.Body != nil {
-			req.Body.Close()
-		}
-		return nil, fmt.Errorf("plain HTTP to %s is refused; allow insecure registries to use it: %w", req.URL.Host, errdefs.ErrPermission)
-	}
-	return g.next.RoundTrip(req)
-}
-
 // checkTrusted fails with errdefs.ErrPermission unless trusted is empty or
 // lists reg.
 func checkTrusted(reg name.Registry, trusted []string) error {
@@ -189,14 +185,16 @@ func checkTrusted(reg name.Registry, trusted []string) error {
 
 // registryError classifies an error from talking to a registry. host is the
 // registry's, or empty to take it from the error; auth says which
-// credentials were used. Errors already carrying a class, and those that
-// are not about the registry, pass through.
-func registryError(ctx context.Context, host, auth string, err error) error {
+// credentials were used; secrets are those credentials, never to be
+// repeated. Errors already carrying a class, and those that are not about
+// the registry, pass through. What the registry wrote is kept to one
+// cleaned line (registryMessage, cleanLine).
+func registryError(ctx context.Context, host, auth string, err error, secrets ...string) error {
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		if errors.Is(err, ctxErr) {
 			return err
 		}
-		return fmt.Errorf("%v: %w", err, ctxErr)
+		return fmt.Errorf("%s: %w", cleanLine(err.Error(), secrets...), ctxErr)
 	}
 	for _, class := range []error{errdefs.ErrInvalid, errdefs.ErrNotFound, errdefs.ErrUnauthenticated,
 		errdefs.ErrPermission, errdefs.ErrUnavailable, errdefs.ErrTooLarge} {
@@ -209,21 +207,22 @@ func registryError(ctx context.Context, host, auth string, err error) error {
 		if host == "" && te.Request != nil && te.Request.URL != nil {
 			host = te.Request.URL.Host
 		}
+		msg := registryMessage(te, secrets...)
 		switch {
 		case te.StatusCode == http.StatusUnauthorized || te.StatusCode == http.StatusForbidden ||
 			hasCode(te, transport.UnauthorizedErrorCode, transport.DeniedErrorCode):
 			if auth == "" {
 				auth = "the credentials given"
 			}
-			return fmt.Errorf("registry %s refused access with %s; check registry_auth: %v: %w",
-				host, auth, err, errdefs.ErrUnauthenticated)
+			return fmt.Errorf("registry %s refused access with %s; check registry_auth: %s: %w",
+				host, auth, msg, errdefs.ErrUnauthenticated)
 		case te.StatusCode == http.StatusNotFound ||
 			hasCode(te, transport.ManifestUnknownErrorCode, transport.NameUnknownErrorCode, transport.BlobUnknownErrorCode):
-			return fmt.Errorf("registry %s: %v: %w", host, err, errdefs.ErrNotFound)
+			return fmt.Errorf("registry %s: %s: %w", host, msg, errdefs.ErrNotFound)
 		case te.StatusCode == http.StatusTooManyRequests || te.StatusCode >= 500 || te.Temporary():
-			return fmt.Errorf("registry %s: %v: %w", host, err, errdefs.ErrUnavailable)
+			return fmt.Errorf("registry %s: %s: %w", host, msg, errdefs.ErrUnavailable)
 		}
-		return fmt.Errorf("registry %s: %w", host, err)
+		return fmt.Errorf("registry %s: %s", host, msg)
 	}
 	var ue *url.Error
 	var ne net.Error
@@ -233,7 +232,7 @@ func registryError(ctx context.Context, host, auth string, err error) error {
 				host = u.Host
 			}
 		}
-		return fmt.Errorf("registry %s is unreachable: %v: %w", host, err, errdefs.ErrUnavailable)
+		return fmt.Errorf("registry %s is unreachable: %s: %w", host, cleanLine(err.Error(), secrets...), errdefs.ErrUnavailable)
 	}
 	return err
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"github.com/airlockhq/airlock/internal/errdefs"
@@ -38,10 +39,10 @@ func TestPull(t *testing.T) {
 		ref  string
 		opts PullOptions
 	}{
-		{"by tag", ref, PullOptions{}},
-		{"by digest", reg.host + "/team/app@" + want, PullOptions{}},
-		{"insecure", ref, PullOptions{Insecure: true}},
-		{"trusted", ref, PullOptions{Trusted: []string{"registry.example.com", reg.host}}},
+		{"by tag", ref, reg.trust()},
+		{"by digest", reg.host + "/team/app@" + want, reg.trust()},
+		{"insecure", ref, PullOptions{Insecure: true, Trusted: []string{reg.host}}},
+		{"trusted among others", ref, PullOptions{Trusted: []string{"registry.example.com", reg.host}}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			got, digest, err := Pull(context.Background(), tt.ref, tt.opts)
@@ -77,7 +78,7 @@ func TestPullPlatforms(t *testing.T) {
 	armOnly := reg.push(t, "arm:latest", arm64, nil)
 	armIndex := reg.push(t, "armindex:latest", index(t, arm64, markedImage(t, "linux", "s390x")), nil)
 
-	img, digest, err := Pull(context.Background(), multi, PullOptions{})
+	img, digest, err := Pull(context.Background(), multi, reg.trust())
 	if err != nil {
 		t.Fatalf("Pull index: %v", err)
 	}
@@ -95,7 +96,7 @@ func TestPullPlatforms(t *testing.T) {
 		{armOnly, []string{"is linux/arm64 only", "linux/amd64"}},
 		{armIndex, []string{"is linux/arm64, linux/s390x only", "linux/amd64"}},
 	} {
-		_, _, err := Pull(context.Background(), tt.ref, PullOptions{})
+		_, _, err := Pull(context.Background(), tt.ref, reg.trust())
 		if !errors.Is(err, errdefs.ErrInvalid) {
 			t.Errorf("Pull %s = %v, want ErrInvalid", tt.ref, err)
 			continue
@@ -124,17 +125,19 @@ func TestPullErrors(t *testing.T) {
 	for _, tt := range []struct {
 		name    string
 		ref     string
+		trusted []string
 		wantErr error
 		wantMsg string
 	}{
-		{"unknown tag", reg.host + "/team/app:2.0", errdefs.ErrNotFound, ""},
-		{"unknown repository", reg.host + "/team/nothing:1.0", errdefs.ErrNotFound, ""},
-		{"unknown digest", reg.host + "/team/app@sha256:" + strings.Repeat("0", 64), errdefs.ErrNotFound, ""},
-		{"malformed", reg.host + "/Team/App::1", errdefs.ErrInvalid, ""},
-		{"unreachable", dead + "/team/app:1.0", errdefs.ErrUnavailable, dead},
+		{"unknown tag", reg.host + "/team/app:2.0", []string{reg.host}, errdefs.ErrNotFound, ""},
+		{"unknown repository", reg.host + "/team/nothing:1.0", []string{reg.host}, errdefs.ErrNotFound, ""},
+		{"unknown digest", reg.host + "/team/app@sha256:" + strings.Repeat("0", 64), []string{reg.host}, errdefs.ErrNotFound, strings.Repeat("0", 64)},
+		{"malformed", reg.host + "/Team/App::1", nil, errdefs.ErrInvalid, ""},
+		{"unreachable", dead + "/team/app:1.0", []string{dead}, errdefs.ErrUnavailable, dead},
+		{"loopback, not trusted", reg.host + "/team/app:1.0", nil, errdefs.ErrPermission, "loopback address"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			_, _, err := Pull(context.Background(), tt.ref, PullOptions{})
+			_, _, err := Pull(context.Background(), tt.ref, PullOptions{Trusted: tt.trusted})
 			if !errors.Is(err, tt.wantErr) {
 				t.Fatalf("Pull = %v, want %v", err, tt.wantErr)
 			}
@@ -155,8 +158,8 @@ func TestPullAuth(t *testing.T) {
 		name string
 		opts PullOptions
 	}{
-		{"anonymous", PullOptions{}},
-		{"wrong password", PullOptions{Username: "alice", Password: "guess"}},
+		{"anonymous", reg.trust()},
+		{"wrong password", PullOptions{Username: "alice", Password: "guess", Trusted: []string{reg.host}}},
 	} {
 		_, _, err := Pull(context.Background(), ref, tt.opts)
 		if !errors.Is(err, errdefs.ErrUnauthenticated) {
@@ -166,7 +169,7 @@ func TestPullAuth(t *testing.T) {
 		}
 	}
 
-	got, digest, err := Pull(context.Background(), ref, PullOptions{Username: "alice", Password: "s3cret"})
+	got, digest, err := Pull(context.Background(), ref, PullOptions{Username: "alice", Password: "s3cret", Trusted: []string{reg.host}})
 	if err != nil {
 		t.Fatalf("Pull with the password: %v", err)
 	}
@@ -228,13 +231,14 @@ func TestCheckRef(t *testing.T) {
 }
 
 // TestPullPlainHTTP checks when plain HTTP is used: to any loopback address
-// by itself, elsewhere only if insecure.
+// by itself, elsewhere only if insecure. The registries are trusted: their
+// addresses are closed to others.
 func TestPullPlainHTTP(t *testing.T) {
 	img := markedImage(t, "linux", "amd64")
 	t.Run("loopback beyond 127.0.0.1", func(t *testing.T) {
 		reg := newRegistryOn(t, "127.0.0.2:0", nil)
 		ref := reg.push(t, "team/app:1", img, nil)
-		if _, _, err := Pull(context.Background(), ref, PullOptions{}); err != nil {
+		if _, _, err := Pull(context.Background(), ref, reg.trust()); err != nil {
 			t.Fatalf("Pull: %v", err)
 		}
 	})
@@ -242,10 +246,10 @@ func TestPullPlainHTTP(t *testing.T) {
 		addr := nonLoopbackAddr(t)
 		reg := newRegistryOn(t, net.JoinHostPort(addr, "0"), nil)
 		ref := reg.push(t, "team/app:1", img, nil)
-		if _, _, err := Pull(context.Background(), ref, PullOptions{}); err == nil {
+		if _, _, err := Pull(context.Background(), ref, reg.trust()); err == nil {
 			t.Error("Pull over plain HTTP to a registry on " + addr + " worked without Insecure")
 		}
-		if _, _, err := Pull(context.Background(), ref, PullOptions{Insecure: true}); err != nil {
+		if _, _, err := Pull(context.Background(), ref, PullOptions{Insecure: true, Trusted: []string{reg.host}}); err != nil {
 			t.Errorf("Pull with Insecure: %v", err)
 		}
 	})
@@ -268,40 +272,65 @@ func nonLoopbackAddr(t *testing.T) string {
 	return ""
 }
 
-// TestPlainHTTPGuard checks which requests the guard lets through.
-func TestPlainHTTPGuard(t *testing.T) {
+// TestRegistryGuardCheck checks which requests the guard lets through by
+// their URL: plain HTTP, and the hosts a pull may send its own requests
+// to. A redirect is judged only by scheme here, and by address as it is
+// dialled.
+func TestRegistryGuardCheck(t *testing.T) {
 	for _, tt := range []struct {
+		registry string
+		trusted  []string
 		url      string
+		redirect bool
 		insecure bool
 		want     bool
 	}{
-		{"https://10.0.0.5/v2/", false, true},
-		{"https://registry.example.com/v2/", false, true},
-		{"http://127.0.0.1:5000/v2/", false, true},
-		{"http://127.3.4.5:5000/v2/", false, true},
-		{"http://[::1]:5000/v2/", false, true},
-		{"http://localhost:5000/v2/", false, true},
-		{"http://localhost/v2/", false, true},
-		{"http://10.0.0.5/v2/", false, false},
-		{"http://192.168.1.10:5000/v2/", false, false},
-		{"http://registry.localhost:5000/v2/", false, false},
-		{"http://registry.example.com/v2/", false, false},
-		{"http://registry.example.com/v2/", true, true},
+		{"10.0.0.5", nil, "https://10.0.0.5/v2/", false, false, true},
+		{"registry.example.com", nil, "https://registry.example.com/v2/", false, false, true},
+		{"127.0.0.1:5000", nil, "http://127.0.0.1:5000/v2/", false, false, true},
+		{"127.3.4.5:5000", nil, "http://127.3.4.5:5000/v2/", false, false, true},
+		{"[::1]:5000", nil, "http://[::1]:5000/v2/", false, false, true},
+		{"localhost:5000", nil, "http://localhost:5000/v2/", false, false, true},
+		{"localhost", nil, "http://localhost/v2/", false, false, true},
+		{"10.0.0.5", nil, "http://10.0.0.5/v2/", false, false, false},
+		{"192.168.1.10:5000", nil, "http://192.168.1.10:5000/v2/", false, false, false},
+		{"registry.localhost:5000", nil, "http://registry.localhost:5000/v2/", false, false, false},
+		{"registry.example.com", nil, "http://registry.example.com/v2/", false, false, false},
+		{"registry.example.com", nil, "http://registry.example.com/v2/", false, true, true},
+		{"registry.example.com", nil, "http://cdn.example.net/blob", true, false, false},
+		// Token realms: the registry's site, or a trusted registry.
+		{"index.docker.io", nil, "https://auth.docker.io/token", false, false, true},
+		{"index.docker.io", nil, "https://registry-1.docker.io/v2/", false, false, true},
+		{"ghcr.io", nil, "https://ghcr.io/token", false, false, true},
+		{"registry.example.com", nil, "https://auth.example.com:8443/token", false, false, true},
+		{"registry.example.com", nil, "https://auth.example.net/token", false, false, false},
+		{"registry.example.com", nil, "https://registry.example.com.evil.net/token", false, false, false},
+		{"team.github.io", nil, "https://other.github.io/token", false, false, false},
+		{"registry.example.com", []string{"auth.example.net"}, "https://auth.example.net/token", false, false, true},
+		{"127.0.0.1:5000", nil, "http://127.0.0.1:7700/v1/keys", false, false, false},
+		{"127.0.0.1:5000", []string{"127.0.0.1:7700"}, "http://127.0.0.1:7700/token", false, false, true},
+		{"10.0.0.5", nil, "https://10.0.0.6/token", false, false, false},
+		// Redirects: any host over HTTPS.
+		{"registry.example.com", nil, "https://cdn.example.net/blob?sig=x", true, false, true},
 	} {
-		var called bool
-		g := &plainHTTPGuard{insecure: tt.insecure, next: roundTripFunc(func(*http.Request) (*http.Response, error) {
-			called = true
-			return &http.Response{StatusCode: http.StatusOK, Body: http.NoBody}, nil
-		})}
+		reg, err := name.NewRegistry(tt.registry, name.Insecure)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := newRegistryGuard(reg, tt.trusted, tt.insecure)
 		req, err := http.NewRequest(http.MethodGet, tt.url, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = g.RoundTrip(req)
-		if called != tt.want {
-			t.Errorf("%s (insecure %v): sent %v, want %v", tt.url, tt.insecure, called, tt.want)
+		if tt.redirect {
+			req.Response = &http.Response{StatusCode: http.StatusTemporaryRedirect}
 		}
-		if !tt.want && !errors.Is(err, errdefs.ErrPermission) {
+		err = g.check(req)
+		if (err == nil) != tt.want {
+			t.Errorf("registry %s, trusted %q: %s (redirect %v, insecure %v): %v, want allowed %v",
+				tt.registry, tt.trusted, tt.url, tt.redirect, tt.insecure, err, tt.want)
+		}
+		if err != nil && !errors.Is(err, errdefs.ErrPermission) {
 			t.Errorf("%s: err = %v, want ErrPermission", tt.url, err)
 		}
 	}
