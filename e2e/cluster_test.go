@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -31,6 +33,7 @@ import (
 	"github.com/airlockhq/airlock/internal/api"
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/cluster"
+	"github.com/airlockhq/airlock/internal/clustertls"
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/digest"
 	"github.com/airlockhq/airlock/internal/errdefs"
@@ -58,6 +61,8 @@ type testCluster struct {
 	owner    string // its ID
 	tpl      apiv1.Template
 	token    string            // the internal token
+	tls      string            // the cluster TLS: node and server under it
+	asServer *http.Client      // calls a node as an API replica does
 	keys     map[string][]byte // every server's and node's secrets key and E2B token key
 }
 
@@ -86,7 +91,23 @@ func newTestCluster(t *testing.T) *testCluster {
 	for _, k := range c.keys {
 		rand.Read(k)
 	}
+	c.tls = filepath.Join(t.TempDir(), "tls")
+	if err := clustertls.Generate(c.tls, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	c.asServer = c.clientAs(t, "server", clustertls.RoleNode)
 	return c
+}
+
+// clientAs is an HTTP client with the certificate of the cluster TLS in
+// sub (node or server) that calls peers of role over TLS.
+func (c *testCluster) clientAs(t *testing.T, sub, role string) *http.Client {
+	t.Helper()
+	id, err := clustertls.Load(filepath.Join(c.tls, sub), map[string]string{"node": clustertls.RoleNode, "server": clustertls.RoleServer}[sub])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &http.Client{Transport: id.Transport(role)}
 }
 
 // node starts an `airlock node` of the cluster, as the node agent's
@@ -132,8 +153,9 @@ func (c *testCluster) ownNode(t *testing.T, name string, templates []string, arg
 func (c *testCluster) startNode(t *testing.T, name string, args []string, prepare ...func(home string) error) *server {
 	t.Helper()
 	n := c.launch(t, "node", append([]string{"--name", name, "--kubeconfig", c.cp.KubeconfigAs(t, nodeUser),
-		"--lease-duration", "4s"}, args...), prepare...)
+		"--lease-duration", "4s", "--cluster-tls", filepath.Join(c.tls, "node")}, args...), prepare...)
 	n.header = http.Header{api.NodeTokenHeader: {c.token}}
+	n.url, n.client = "https://"+n.addr, c.asServer
 	return n
 }
 
@@ -141,7 +163,14 @@ func (c *testCluster) startNode(t *testing.T, name string, args []string, prepar
 // as the servers' service account.
 func (c *testCluster) replica(t *testing.T, args ...string) *server {
 	t.Helper()
-	return c.launch(t, "", append([]string{"--cluster", "kubernetes", "--kubeconfig", c.cp.KubeconfigAs(t, serverUser)}, args...))
+	internal, err := freeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := c.launch(t, "", append([]string{"--cluster", "kubernetes", "--kubeconfig", c.cp.KubeconfigAs(t, serverUser),
+		"--cluster-tls", filepath.Join(c.tls, "server"), "--internal-listen", internal}, args...))
+	r.internal = "https://" + internal
+	return r
 }
 
 // launch runs an airlock command of the cluster (command "" for serve)
@@ -286,28 +315,40 @@ func TestClusterNode(t *testing.T) {
 	podRunning(t, kc, sb.ID, "")
 
 	t.Run("internal token", func(t *testing.T) {
-		for _, tc := range []struct{ name, token, says string }{
+		for _, c := range []struct{ name, token, says string }{
 			{"none", "", "send the cluster's internal token"},
 			{"wrong", strings.Repeat("0", 64), "is not this node's"},
 		} {
-			req, _ := http.NewRequest("GET", n.url+"/v1/sandboxes/"+sb.ID, nil)
-			req.Header.Set("Authorization", "Bearer "+key)
-			if tc.token != "" {
-				req.Header.Set(api.NodeTokenHeader, tc.token)
+			hdr := http.Header{"Authorization": {"Bearer " + key}}
+			if c.token != "" {
+				hdr.Set(api.NodeTokenHeader, c.token)
 			}
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != 401 || !strings.Contains(string(b), tc.says) {
-				t.Errorf("%s token: status %d, %s; want 401 saying %q", tc.name, resp.StatusCode, b, tc.says)
+			status, b, err := tlsGet(tc.asServer, n.url+"/v1/sandboxes/"+sb.ID, hdr)
+			if err != nil || status != 401 || !strings.Contains(b, c.says) {
+				t.Errorf("%s token: status %d, %s, %v; want 401 saying %q", c.name, status, b, err, c.says)
 			}
 		}
 		// The token is not a key: with it and no key, nothing is answered.
 		if status, b := n.call(t, "GET", "/v1/sandboxes/"+sb.ID, "", nil); status != 401 {
 			t.Errorf("token without a key: %d %s", status, b)
+		}
+	})
+
+	// The internal API is TLS with the cluster CA: with the token and an
+	// admin key, but without a server's certificate, nothing is answered.
+	t.Run("cluster TLS", func(t *testing.T) {
+		full := http.Header{"Authorization": {"Bearer " + key}, api.NodeTokenHeader: {tc.token}}
+		if status, b, err := tlsGet(tc.asServer, n.url+"/v1/sandboxes/"+sb.ID, full); err != nil || status != 200 {
+			t.Fatalf("as a server: %d %s %v", status, b, err)
+		}
+		tc.refusesStrangers(t, n.addr, clustertls.RoleNode, "/v1/sandboxes/"+sb.ID, full)
+		// Another node's certificate: template images only.
+		asNode := tc.clientAs(t, "node", clustertls.RoleNode)
+		if status, b, err := tlsGet(asNode, n.url+"/v1/sandboxes/"+sb.ID, full); err != nil || status != 403 || !strings.Contains(b, "template images only") {
+			t.Errorf("a node's certificate asking for a sandbox: %d %s %v; want 403", status, b, err)
+		}
+		if status, b, err := tlsGet(asNode, n.url+cluster.TemplatesPath+tpl.Digest, http.Header{api.NodeTokenHeader: {tc.token}}); err != nil || status != 200 {
+			t.Errorf("a node's certificate asking for a template image: %d %s %v; want 200", status, b, err)
 		}
 	})
 
@@ -777,9 +818,27 @@ func TestClusterTemplates(t *testing.T) {
 		}
 	}
 
-	b := tc.bareNode(t, "node-b", "--templates-from", r.url)
+	b := tc.bareNode(t, "node-b", "--templates-from", r.internal)
 	create(t, "node-b")
 	fetched(t, b, "server")
+
+	// The replica serves images on its internal listener only, to the
+	// cluster's members only.
+	t.Run("internal listener", func(t *testing.T) {
+		path := cluster.TemplatesPath + tc.tpl.Digest
+		tokenOnly := http.Header{api.NodeTokenHeader: {tc.token}}
+		if status, body := r.call(t, "GET", path, "", nil, api.NodeTokenHeader, tc.token); status == 200 {
+			t.Errorf("the public listener served a template image: %.200s", body)
+		}
+		asNode := tc.clientAs(t, "node", clustertls.RoleServer)
+		if status, body, err := tlsGet(asNode, r.internal+path, tokenOnly); err != nil || status != 200 || !strings.Contains(body, tc.tpl.Digest) {
+			t.Errorf("a node's certificate: %d %.200s %v; want the image's description", status, body, err)
+		}
+		if status, body, err := tlsGet(asNode, r.internal+path, nil); err != nil || status != 401 {
+			t.Errorf("a node's certificate without the token: %d %.200s %v; want 401", status, body, err)
+		}
+		tc.refusesStrangers(t, strings.TrimPrefix(r.internal, "https://"), clustertls.RoleServer, path, tokenOnly)
+	})
 
 	// With node-b cordoned, the next create goes to node-c, which asks
 	// node-b first.
@@ -1088,6 +1147,69 @@ func TestClusterE2B(t *testing.T) {
 	}
 	if sb, err := st.GetSandbox(ctx, id); err != nil || sb.State != apiv1.StateDeleted {
 		t.Errorf("sandbox %s after the kill: %s, %v", id, sb.State, err)
+	}
+}
+
+// tlsGet GETs u with client and hdr, and returns the answer's status and
+// body, or the error of a refused connection.
+func tlsGet(client *http.Client, u string, hdr http.Header) (int, string, error) {
+	req, err := http.NewRequest("GET", u, nil)
+	if err != nil {
+		return 0, "", err
+	}
+	for k, v := range hdr {
+		req.Header[k] = v
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := client.Do(req.WithContext(ctx))
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	return resp.StatusCode, string(b), nil
+}
+
+// refusesStrangers checks that the cluster-TLS listener on addr, whose
+// certificate is for role, answers path (with hdr: the token, a key)
+// to no caller without a certificate of the cluster CA: not in plain
+// HTTP, not over TLS without a certificate, not with one of another CA
+// for the same role. And a client of the cluster refuses a listener with
+// another CA's certificate.
+func (c *testCluster) refusesStrangers(t *testing.T, addr, role, path string, hdr http.Header) {
+	t.Helper()
+	if status, b, err := tlsGet(&http.Client{}, "http://"+addr+path, hdr); err == nil && status != 400 {
+		t.Errorf("plain HTTP: %d %s; want it refused", status, b)
+	}
+	ca, err := os.ReadFile(filepath.Join(c.tls, clustertls.CAFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca)
+	noCert := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: role}}}
+	if status, b, err := tlsGet(noCert, "https://"+addr+path, hdr); err == nil {
+		t.Errorf("TLS without a client certificate: %d %s; want the handshake refused", status, b)
+	}
+	other := filepath.Join(t.TempDir(), "other")
+	if err := clustertls.Generate(other, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	stranger, err := clustertls.Load(filepath.Join(other, "server"), clustertls.RoleServer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The stranger trusts this cluster's CA, so that only the listener's
+	// check of its certificate stands in its way.
+	cfg := stranger.ClientConfig(role)
+	cfg.RootCAs = pool
+	if status, b, err := tlsGet(&http.Client{Transport: &http.Transport{TLSClientConfig: cfg}}, "https://"+addr+path, hdr); err == nil {
+		t.Errorf("TLS with another CA's certificate: %d %s; want the handshake refused", status, b)
+	}
+	// A member of the cluster does not talk to a listener of another CA.
+	if status, b, err := tlsGet(&http.Client{Transport: stranger.Transport(role)}, "https://"+addr+path, hdr); err == nil {
+		t.Errorf("another CA's client took this cluster's listener: %d %s", status, b)
 	}
 }
 

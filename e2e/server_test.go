@@ -35,6 +35,11 @@ type server struct {
 	// "node", whose internal API wants header on every request.
 	command string
 	header  http.Header
+	// client calls the server; nil: http.DefaultClient. A node's
+	// internal API wants the cluster TLS.
+	client *http.Client
+	// internal is a cluster replica's internal listener (https://…).
+	internal string
 
 	mu     sync.Mutex // guards cmd and exited
 	cmd    *exec.Cmd
@@ -214,6 +219,14 @@ func (s *server) start() error {
 
 func (s *server) output() string { return s.out.String() }
 
+// httpClient is what calls s.
+func (s *server) httpClient() *http.Client {
+	if s.client != nil {
+		return s.client
+	}
+	return http.DefaultClient
+}
+
 // addHeader puts s.header on req.
 func (s *server) addHeader(req *http.Request) {
 	for k, vs := range s.header {
@@ -291,7 +304,7 @@ func (s *server) call(t *testing.T, method, path, key string, body any, headers 
 	for i := 0; i+1 < len(headers); i += 2 {
 		req.Header.Set(headers[i], headers[i+1])
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := s.httpClient().Do(req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, path, err)
 	}
@@ -444,7 +457,7 @@ func (s *server) attach(t *testing.T, cmdID, key string, lastID int64) (*http.Re
 	if lastID > 0 {
 		req.Header.Set("Last-Event-ID", strconv.FormatInt(lastID, 10))
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := s.httpClient().Do(req)
 	if err != nil {
 		t.Fatalf("attach %s: %v", cmdID, err)
 	}
@@ -543,7 +556,7 @@ func (s *server) openEvents(t *testing.T, id string) (*http.Response, *sseReader
 	t.Helper()
 	req, _ := http.NewRequest("GET", s.url+"/v1/sandboxes/"+id+"/events", nil)
 	req.Header.Set("Authorization", "Bearer "+s.key)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := s.httpClient().Do(req)
 	if err != nil {
 		t.Fatalf("events of %s: %v", id, err)
 	}

@@ -87,6 +87,7 @@ func commands() []command {
 		{"setup", "install what airlock needs and build the guest and templates", runSetup},
 		{"serve", "serve the HTTP API (see docs/api.md)", runServe},
 		{"node", "run this host as a node of an airlock cluster on Kubernetes (see docs/kubernetes.md)", runNode},
+		{"cluster-certs", "make the CA and certificates an airlock cluster's servers and nodes talk TLS with", runClusterCerts},
 		{"localcluster", "run a whole cluster on this machine, for trying cluster mode (make cluster)", runLocalCluster},
 		{"run", "boot a sandbox, run one command in it, and remove it", runRun},
 		{"bench", "measure boot, lifecycle, exec, throughput and the API against baselines", runBench},
@@ -109,8 +110,12 @@ var Version = "dev"
 
 func usage(w io.Writer) {
 	fmt.Fprintf(w, "airlock runs code in microVM sandboxes.\n\nUsage:\n  airlock COMMAND [FLAGS] [ARGS]\n\nCommands:\n")
+	width := 0
 	for _, c := range commands() {
-		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
+		width = max(width, len(c.name))
+	}
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-*s  %s\n", width, c.name, c.summary)
 	}
 	fmt.Fprintf(w, "\nRun `airlock COMMAND -h` for a command's flags.\n"+
 		"Data lives in $AIRLOCK_HOME (default /var/lib/airlock as root, else ~/.local/share/airlock).\n")

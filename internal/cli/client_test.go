@@ -14,6 +14,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -570,7 +571,7 @@ func TestHelpListsServerCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, c := range commands() {
-		if !strings.Contains(out.String(), fmt.Sprintf("  %-8s %s\n", c.name, c.summary)) {
+		if !regexp.MustCompile(`(?m)^  ` + regexp.QuoteMeta(c.name) + ` +` + regexp.QuoteMeta(c.summary) + `$`).MatchString(out.String()) {
 			t.Errorf("help lacks %q", c.name)
 		}
 	}

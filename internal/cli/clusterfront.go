@@ -11,6 +11,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/airlockhq/airlock/internal/cluster"
+	"github.com/airlockhq/airlock/internal/clustertls"
 	"github.com/airlockhq/airlock/internal/store"
 )
 
@@ -31,7 +32,7 @@ type clusterFront struct {
 
 // startClusterFront checks the internal token against the store's,
 // reaches the apiserver and starts the router; stop ends it.
-func startClusterFront(ctx context.Context, st *store.Store, kubeconfig, namespace, token string, wait time.Duration, log *slog.Logger) (*clusterFront, error) {
+func startClusterFront(ctx context.Context, st *store.Store, kubeconfig, namespace, token string, id *clustertls.Identity, wait time.Duration, log *slog.Logger) (*clusterFront, error) {
 	if err := checkClusterToken(ctx, st, token); err != nil {
 		return nil, err
 	}
@@ -47,7 +48,7 @@ func startClusterFront(ctx context.Context, st *store.Store, kubeconfig, namespa
 		return nil, err
 	}
 	cctx, cancel := context.WithCancel(ctx)
-	router, err := cluster.NewRouter(cctx, client, namespace, st, token, log)
+	router, err := cluster.NewRouter(cctx, client, namespace, st, token, id.Transport(clustertls.RoleNode), log)
 	if err != nil {
 		cancel()
 		return nil, err

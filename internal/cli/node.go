@@ -25,6 +25,7 @@ import (
 
 	"github.com/airlockhq/airlock/internal/api"
 	"github.com/airlockhq/airlock/internal/cluster"
+	"github.com/airlockhq/airlock/internal/clustertls"
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/e2b"
 	"github.com/airlockhq/airlock/internal/e2b/envd"
@@ -54,9 +55,12 @@ The node serves airlock's API for its own sandboxes on --listen, the
 internal address the cluster's servers route to (the Node's InternalIP is
 --advertise), and registers itself in the store at that address: the
 servers take a Node for an airlock node only when the store registered it,
-whatever its labels say. Every request there must carry the cluster's internal token
-(--token-file, or $AIRLOCK_NODE_TOKEN: at least 32 characters, the same
-on every server and node) as well as an API key.
+whatever its labels say. It is served over TLS with the cluster's own CA
+(--cluster-tls): a caller must show a certificate of that CA, a server's
+for anything, another node's for template images only. Every request
+there must carry the cluster's internal token as well (--token-file, or
+$AIRLOCK_NODE_TOKEN: at least 32 characters, the same on every server and
+node), and an API key.
 
 The store keeps the hash of the token the cluster's first node started
 with; a node with another token is refused at start.
@@ -92,6 +96,7 @@ func runNode(ctx context.Context, env *Env, args []string) error {
 	listen := fs.String("listen", "0.0.0.0:7701", "`address` of the internal API the cluster's servers reach this node on")
 	advertise := fs.String("advertise", "", "`IP` the cluster's servers reach --listen at (default: --listen's host, else this host's first global address)")
 	tokenFile := fs.String("token-file", "", "`file` holding the cluster's internal token (default: $AIRLOCK_NODE_TOKEN)")
+	tlsDir := fs.String("cluster-tls", "", "`directory` of the cluster TLS: ca.crt, and tls.crt and tls.key for the "+clustertls.RoleNode+" role (default: $AIRLOCK_CLUSTER_TLS; `airlock cluster-certs` makes them)")
 	storeAddr := fs.String("store", "", "the cluster's PostgreSQL `URL` (default: $AIRLOCK_STORE)")
 	storeWait := fs.Duration("store-wait", 30*time.Second, "how long to keep trying to reach the store at start")
 	kubeWait := fs.Duration("kube-wait", 30*time.Second, "how long to keep trying to reach the apiserver at start")
@@ -144,6 +149,10 @@ func runNode(ctx context.Context, env *Env, args []string) error {
 		return fmt.Errorf("node: --store (or $AIRLOCK_STORE) must be the cluster's postgres:// URL: %w", errdefs.ErrInvalid)
 	}
 	token, err := nodeToken(*tokenFile)
+	if err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+	id, err := clusterIdentity(*tlsDir, clustertls.RoleNode)
 	if err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
@@ -227,13 +236,13 @@ func runNode(ctx context.Context, env *Env, args []string) error {
 	}
 	// The cluster's servers take a Node for an airlock node only once its
 	// agent, which holds the store's credentials, registered it there.
-	endpoint := "http://" + net.JoinHostPort(addr.String(), strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
+	endpoint := "https://" + net.JoinHostPort(addr.String(), strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
 	if err := st.RegisterClusterNode(ctx, *name, endpoint); err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
 	reg := newRegistry()
 	fetcher, err := cluster.NewFetcher(ctx, cluster.FetcherConfig{Templates: template.Open(env.Dir), Node: *name,
-		Client: client, Nodes: st, Sources: sources, Token: token, Settings: cluster.StoreSettings(st), Log: log, Registry: reg})
+		Client: client, Nodes: st, Sources: sources, Token: token, TLS: id, Settings: cluster.StoreSettings(st), Log: log, Registry: reg})
 	if err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
@@ -281,9 +290,10 @@ func runNode(ctx context.Context, env *Env, args []string) error {
 	// The replicas' E2B API sends the requests for this node's sandboxes
 	// here, their Host kept.
 	mux.Handle(cluster.E2BPath+"/", http.StripPrefix(cluster.E2BPath, e2bSrv))
-	httpSrv := &http.Server{Handler: api.RequireNodeToken(token, mux), ReadHeaderTimeout: 10 * time.Second}
+	httpSrv := &http.Server{Handler: cluster.NodeGate(api.RequireNodeToken(token, mux)), ReadHeaderTimeout: 10 * time.Second,
+		TLSConfig: id.ServerConfig()}
 	errc := make(chan error, 2)
-	go func() { errc <- httpSrv.Serve(ln) }()
+	go func() { errc <- httpSrv.ServeTLS(ln, "", "") }()
 	actx, acancel := context.WithCancel(ctx)
 	defer acancel()
 	go func() {
@@ -291,7 +301,7 @@ func runNode(ctx context.Context, env *Env, args []string) error {
 			errc <- err
 		}
 	}()
-	fmt.Fprintf(env.Stdout, "airlock node %s serving its sandboxes on http://%s (internal; advertised as %s)\n", *name, ln.Addr(), addr)
+	fmt.Fprintf(env.Stdout, "airlock node %s serving its sandboxes on https://%s (internal; advertised as %s)\n", *name, ln.Addr(), addr)
 
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
@@ -488,4 +498,16 @@ func templateSources(list string) ([]*url.URL, error) {
 		out = append(out, u)
 	}
 	return out, nil
+}
+
+// clusterIdentity loads the cluster TLS of role from dir, else
+// $AIRLOCK_CLUSTER_TLS.
+func clusterIdentity(dir, role string) (*clustertls.Identity, error) {
+	if dir == "" {
+		dir = os.Getenv("AIRLOCK_CLUSTER_TLS")
+	}
+	if dir == "" {
+		return nil, fmt.Errorf("cluster traffic is TLS: give --cluster-tls DIR (or $AIRLOCK_CLUSTER_TLS) holding ca.crt, tls.crt and tls.key for the %s role; `airlock cluster-certs DIR` makes them: %w", role, errdefs.ErrInvalid)
+	}
+	return clustertls.Load(dir, role)
 }

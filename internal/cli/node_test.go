@@ -34,7 +34,10 @@ func TestNodeFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	pg := "postgres://u:hunter2@127.0.0.1:1/x?sslmode=disable"
-	base := []string{"node", "--listen", "127.0.0.1:0", "--name", "host-a", "--store", pg, "--token-file", good}
+	certs := testClusterTLS(t)
+	base := []string{"node", "--listen", "127.0.0.1:0", "--name", "host-a", "--store", pg, "--token-file", good,
+		"--cluster-tls", filepath.Join(certs, "node")}
+	noTLS := []string{"node", "--listen", "127.0.0.1:0", "--name", "host-a", "--store", pg, "--token-file", good}
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -47,6 +50,9 @@ func TestNodeFlags(t *testing.T) {
 		{[]string{"node", "--name", "Host_A", "--store", pg, "--token-file", good}, "is not a DNS name"},
 		{[]string{"node", "--name", "a\x00b", "--store", pg, "--token-file", good}, "is not a DNS name"},
 		{[]string{"node", "--name", strings.Repeat("a", 300), "--store", pg, "--token-file", good}, "1 to 253 characters"},
+		{noTLS, "give --cluster-tls DIR"},
+		{append(noTLS, "--cluster-tls", filepath.Join(certs, "server")), "is not a certificate of the CA in ca.crt for airlock-node"},
+		{append(noTLS, "--cluster-tls", filepath.Join(dir, "none")), "cluster-certs"},
 		{append(base, "--cpus", "0"), "must be positive"},
 		{append(base, "--memory", "0"), "must be positive"},
 		{append(base, "--lease-duration", "1s"), "between 4s and 10m"},
@@ -71,6 +77,7 @@ func TestNodeFlags(t *testing.T) {
 		t.Setenv("AIRLOCK_NODE_TOKEN", "")
 		t.Setenv("AIRLOCK_STORE", "")
 		t.Setenv("KUBECONFIG", "")
+		t.Setenv("AIRLOCK_CLUSTER_TLS", "")
 		err := Run(t.Context(), env, tc.args)
 		if !errors.Is(err, errdefs.ErrInvalid) || ExitCode(err) != 2 || !strings.Contains(Message(err), tc.want) ||
 			strings.Contains(Message(err), "hunter2") {
@@ -102,13 +109,14 @@ func TestNodeStartChecks(t *testing.T) {
 		t.Fatal(err)
 	}
 	home := "home"
+	certs := testClusterTLS(t)
 	run := func(token, wait string) (string, time.Duration, error) {
 		t.Setenv("AIRLOCK_NODE_TOKEN", token)
 		var out, errb bytes.Buffer
 		env := &Env{Stdout: &out, Stderr: &errb, Dir: datadir.Dir{Root: filepath.Join(dir, home)}, Log: slog.New(slog.NewTextHandler(&errb, nil))}
 		start := time.Now()
 		err := Run(t.Context(), env, []string{"node", "--listen", "127.0.0.1:0", "--name", "host-a", "--kubeconfig", kc,
-			"--store", storeURL, "--kube-wait", wait})
+			"--store", storeURL, "--kube-wait", wait, "--cluster-tls", filepath.Join(certs, "node")})
 		return errb.String(), time.Since(start), err
 	}
 	first, second := strings.Repeat("a", 40), strings.Repeat("b", 40)
@@ -157,4 +165,18 @@ func TestNodeStartChecks(t *testing.T) {
 	if _, _, err := run(first, "0s"); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Errorf("the cluster's keys in another directory: %v", err)
 	}
+}
+
+// testClusterTLS is a directory `airlock cluster-certs` made.
+func testClusterTLS(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "tls")
+	var out bytes.Buffer
+	if err := Run(t.Context(), &Env{Stdout: &out, Stderr: &out}, []string{"cluster-certs", dir}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "create secret generic airlock-node-tls") {
+		t.Errorf("cluster-certs printed %q, want the kubectl lines", out.String())
+	}
+	return dir
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/airlockhq/airlock/internal/api"
 	"github.com/airlockhq/airlock/internal/cluster"
+	"github.com/airlockhq/airlock/internal/clustertls"
 	"github.com/airlockhq/airlock/internal/e2b"
 	"github.com/airlockhq/airlock/internal/e2b/envd"
 	"github.com/airlockhq/airlock/internal/errdefs"
@@ -126,6 +127,8 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	fs.Var(&warm, "warm", "keep `N[:TEMPLATE]` clones of a template (default base) restored and ready, so that a create that fits one only gives it its identity; repeat or comma-separate for more templates")
 	storeAddr := fs.String("store", "", "PostgreSQL `URL` (postgres://USER@HOST:PORT/DB) to keep the store in, instead of the SQLite file in the data directory (default: $AIRLOCK_STORE, else the file)")
 	storeWait := fs.Duration("store-wait", 30*time.Second, "how long to keep trying to reach the PostgreSQL store at start")
+	tlsDir := fs.String("cluster-tls", "", "with --cluster: `directory` of the cluster TLS, ca.crt, and tls.crt and tls.key for the "+clustertls.RoleServer+" role (default: $AIRLOCK_CLUSTER_TLS; `airlock cluster-certs` makes them)")
+	internalListen := fs.String("internal-listen", ":7702", "with --cluster: `address` of the TLS listener the nodes fetch template images from (--templates-from https://…)")
 	clusterMode := fs.String("cluster", "", "`kubernetes`: serve as an API replica of an airlock cluster on Kubernetes (docs/kubernetes.md), with --store; default: a single host")
 	kubeconfig := fs.String("kubeconfig", os.Getenv("KUBECONFIG"), "with --cluster: kubeconfig `file` to reach the apiserver (default: $KUBECONFIG, else the in-cluster service account)")
 	namespace := fs.String("namespace", "airlock", "with --cluster: `namespace` of the sandbox Pods and the controller's Lease")
@@ -164,6 +167,7 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 		*storeAddr = os.Getenv("AIRLOCK_STORE")
 	}
 	var token string
+	var id *clustertls.Identity
 	switch *clusterMode {
 	case "":
 	case "kubernetes":
@@ -181,6 +185,9 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 			return fmt.Errorf("serve: %w", err)
 		}
 		token = t
+		if id, err = clusterIdentity(*tlsDir, clustertls.RoleServer); err != nil {
+			return fmt.Errorf("serve: %w", err)
+		}
 	default:
 		return fmt.Errorf("serve: --cluster %q is not kubernetes: %w", *clusterMode, errdefs.ErrInvalid)
 	}
@@ -238,7 +245,7 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 		if err := checkClusterKeys(ctx, st, env.Dir, tokenKey); err != nil {
 			return fmt.Errorf("serve: %w", err)
 		}
-		cl, err = startClusterFront(ctx, st, *kubeconfig, *namespace, token, *kubeWait, log)
+		cl, err = startClusterFront(ctx, st, *kubeconfig, *namespace, token, id, *kubeWait, log)
 		if err != nil {
 			return fmt.Errorf("serve: %w", err)
 		}
@@ -293,17 +300,23 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	}
 	apiSrv := api.New(api.Config{Service: svc, Store: st, Log: log, Registry: reg, Secrets: box,
 		MetricsOpen: isLoopback(ln.Addr()), PingInterval: *ping, Forward: forward})
-	var handler http.Handler = apiSrv
-	if cl != nil {
-		// The nodes fetch the template images they lack from here too.
-		mux := http.NewServeMux()
-		mux.Handle("/", apiSrv)
-		mux.Handle(cluster.TemplatesPath, api.RequireNodeToken(token, cluster.ServeTemplates(template.Open(env.Dir))))
-		handler = mux
-	}
-	httpSrv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 2)
+	httpSrv := &http.Server{Handler: apiSrv, ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 3)
 	go func() { errc <- httpSrv.Serve(ln) }()
+	var internalSrv *http.Server
+	if cl != nil {
+		// The nodes fetch the template images they lack from here, over
+		// the cluster TLS.
+		iln, err := net.Listen("tcp", *internalListen)
+		if err != nil {
+			return fmt.Errorf("serve: --internal-listen %s: %v: %w", *internalListen, err, errdefs.ErrInvalid)
+		}
+		mux := http.NewServeMux()
+		mux.Handle(cluster.TemplatesPath, cluster.ServerGate(api.RequireNodeToken(token, cluster.ServeTemplates(template.Open(env.Dir)))))
+		internalSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, TLSConfig: id.ServerConfig()}
+		go func() { errc <- internalSrv.ServeTLS(iln, "", "") }()
+		fmt.Fprintf(env.Stdout, "airlock serving template images to the cluster's nodes on https://%s\n", iln.Addr())
+	}
 	pctx, pcancel := context.WithCancel(ctx)
 	defer pcancel()
 	go purgeIdempotent(pctx, st, log)
@@ -352,6 +365,11 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	if e2bSrv != nil {
 		if err := e2bSrv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 			log.Warn("E2B http shutdown", "err", err)
+		}
+	}
+	if internalSrv != nil {
+		if err := internalSrv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			log.Warn("internal http shutdown", "err", err)
 		}
 	}
 	svc.Close()

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -85,6 +86,13 @@ func TestOpenServeStore(t *testing.T) {
 }
 
 func TestServeStoreFlags(t *testing.T) {
+	tok := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tok, []byte(strings.Repeat("a", 40)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	certs := testClusterTLS(t)
+	cl := []string{"--cluster", "kubernetes", "--store", "postgres://u:hunter2@127.0.0.1:1/x", "--token-file", tok}
+	t.Setenv("AIRLOCK_CLUSTER_TLS", "")
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -97,6 +105,8 @@ func TestServeStoreFlags(t *testing.T) {
 		{[]string{"--cluster", "kubernetes", "--store", "postgres://u:hunter2@127.0.0.1:1/x"}, "no internal token"},
 		{[]string{"--cluster", "kubernetes", "--store", "postgres://u:hunter2@127.0.0.1:1/x", "--warm", "1:base"}, "not served in cluster mode yet"},
 		{[]string{"--cluster", "kubernetes", "--store", "postgres://u:hunter2@127.0.0.1:1/x", "--kube-wait", "-1s"}, "--kube-wait must not be negative"},
+		{cl, "give --cluster-tls DIR"},
+		{append(cl, "--cluster-tls", filepath.Join(certs, "node")), "is not a certificate of the CA in ca.crt for airlock-server"},
 	} {
 		var out, errb bytes.Buffer
 		env := &Env{Stdout: &out, Stderr: &errb, Dir: datadir.Dir{Root: t.TempDir()}}

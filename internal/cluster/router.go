@@ -49,8 +49,10 @@ type Router struct {
 }
 
 // NewRouter watches the airlock Nodes until ctx ends and returns a Router
-// once it has listed them. The sandbox Pods are in namespace.
-func NewRouter(ctx context.Context, client kubernetes.Interface, namespace string, st *store.Store, token string, log *slog.Logger) (*Router, error) {
+// once it has listed them. The sandbox Pods are in namespace. Calls go
+// to the nodes through tr: the cluster TLS (clustertls.Identity.Transport
+// for the node role).
+func NewRouter(ctx context.Context, client kubernetes.Interface, namespace string, st *store.Store, token string, tr http.RoundTripper, log *slog.Logger) (*Router, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -60,6 +62,7 @@ func NewRouter(ctx context.Context, client kubernetes.Interface, namespace strin
 	}
 	r := &Router{client: client, namespace: namespace, st: st, nodes: nodes, token: token, log: log}
 	r.proxy = &httputil.ReverseProxy{
+		Transport: tr,
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(pr.In.Context().Value(targetKey{}).(*url.URL))
 			pr.Out.Host = pr.In.Host

@@ -20,6 +20,7 @@ import (
 
 	"github.com/airlockhq/airlock/internal/api"
 	"github.com/airlockhq/airlock/internal/apiclient"
+	"github.com/airlockhq/airlock/internal/clustertls"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/template"
 )
@@ -80,7 +81,7 @@ type TemplateFetcher struct {
 	sources  []*url.URL
 	nodes    *nodeWatch // nil: the sources only
 	settings func(ctx context.Context, dgst string) (template.Settings, error)
-	client   *http.Client
+	clients  map[string]*http.Client // by peer kind: node or server
 	log      *slog.Logger
 	fetches  *prometheus.CounterVec
 	bytes    *prometheus.CounterVec
@@ -109,6 +110,11 @@ type FetcherConfig struct {
 	Sources []*url.URL
 	// Token is the cluster's internal token.
 	Token string
+	// TLS is this node's cluster identity: peers are called over TLS,
+	// their certificates checked against the cluster CA for their role
+	// (a node's, or a source's the server role), and Sources must be
+	// https. Nil: plain HTTP, for tests of the protocol only.
+	TLS *clustertls.Identity
 	// Settings returns the settings the cluster recorded for an image's
 	// digest (the store's template catalogue), which a fetched image must
 	// come with; errdefs.ErrNotFound when it recorded none, and then the
@@ -129,9 +135,25 @@ func NewFetcher(ctx context.Context, cfg FetcherConfig) (*TemplateFetcher, error
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	f := &TemplateFetcher{ts: cfg.Templates, self: cfg.Node, token: cfg.Token, sources: cfg.Sources, log: cfg.Log, settings: cfg.Settings,
+	clients := map[string]*http.Client{}
+	for kind, role := range map[string]string{"node": clustertls.RoleNode, "server": clustertls.RoleServer} {
+		tr := &http.Transport{Proxy: nil}
+		if cfg.TLS != nil {
+			tr = cfg.TLS.Transport(role)
+		}
 		// The image may be large: only the wait for each answer is bounded.
-		client:   &http.Client{Transport: &http.Transport{ResponseHeaderTimeout: 10 * time.Second, Proxy: nil}},
+		tr.ResponseHeaderTimeout = 10 * time.Second
+		clients[kind] = &http.Client{Transport: tr}
+	}
+	if cfg.TLS != nil {
+		for _, u := range cfg.Sources {
+			if u.Scheme != "https" {
+				return nil, fmt.Errorf("template source %s: cluster traffic is TLS: give an https:// URL of the servers' internal listener: %w", u, errdefs.ErrInvalid)
+			}
+		}
+	}
+	f := &TemplateFetcher{ts: cfg.Templates, self: cfg.Node, token: cfg.Token, sources: cfg.Sources, log: cfg.Log, settings: cfg.Settings,
+		clients:  clients,
 		inflight: map[string]*fetch{},
 		fetches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "airlock_node_template_fetches_total",
@@ -250,7 +272,7 @@ func (f *TemplateFetcher) fetch(ctx context.Context, dgst string) (template.Temp
 // fetchFrom reads the image's Export, then its bytes, into the store.
 func (f *TemplateFetcher) fetchFrom(ctx context.Context, p peer, dgst string) (template.Template, error) {
 	var e template.Export
-	resp, err := f.get(ctx, p.base.JoinPath(TemplatesPath, dgst))
+	resp, err := f.get(ctx, p, p.base.JoinPath(TemplatesPath, dgst))
 	if err != nil {
 		return template.Template{}, err
 	}
@@ -278,7 +300,7 @@ func (f *TemplateFetcher) fetchFrom(ctx context.Context, p peer, dgst string) (t
 		return template.Template{}, fmt.Errorf("it described %s with settings %s, not the %s the cluster recorded: refused: %w",
 			dgst, truncated(got, 300), truncated(exp, 300), errdefs.ErrInvalid)
 	}
-	if resp, err = f.get(ctx, p.base.JoinPath(TemplatesPath, dgst, "image")); err != nil {
+	if resp, err = f.get(ctx, p, p.base.JoinPath(TemplatesPath, dgst, "image")); err != nil {
 		return template.Template{}, err
 	}
 	defer resp.Body.Close()
@@ -287,13 +309,13 @@ func (f *TemplateFetcher) fetchFrom(ctx context.Context, p peer, dgst string) (t
 
 // get is a GET with the internal token; an answer other than 200 is
 // the server's error (apiclient.ReadError), errdefs.ErrNotFound for a 404.
-func (f *TemplateFetcher) get(ctx context.Context, u *url.URL) (*http.Response, error) {
+func (f *TemplateFetcher) get(ctx context.Context, p peer, u *url.URL) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {
 		return nil, err
 	}
 	req.Header.Set(api.NodeTokenHeader, f.token)
-	resp, err := f.client.Do(req)
+	resp, err := f.clients[p.kind].Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", err, errdefs.ErrUnavailable)
 	}

@@ -16,8 +16,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/airlockhq/airlock/internal/api"
+	"github.com/airlockhq/airlock/internal/clustertls"
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/template"
@@ -196,5 +198,84 @@ func TestTemplateFetcher(t *testing.T) {
 	none, _ := NewFetcher(ctx, FetcherConfig{Templates: template.Open(datadir.Dir{Root: t.TempDir()}), Token: testToken, Settings: recorded})
 	if _, err := none.Fetch(ctx, orig.Digest); !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "no other node") {
 		t.Errorf("fetch with nowhere to fetch from: %v", err)
+	}
+}
+
+// Under the cluster TLS a node fetches from a source's internal listener
+// with its node certificate; it refuses a plain-HTTP source, and a
+// listener of another CA gets nothing from it (nor gives anything).
+func TestTemplateFetcherTLS(t *testing.T) {
+	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
+		testenv.Lacking(t, "mkfs.ext4 not found")
+	}
+	ctx := context.Background()
+	has := template.Open(datadir.Dir{Root: t.TempDir()})
+	tree := t.TempDir()
+	if err := os.WriteFile(filepath.Join(tree, "hostname"), []byte("peer\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	orig, err := has.Import(ctx, "tiny", "", tree, template.Settings{VCPUs: 1, MemoryMiB: 256, DiskMiB: 512, StartCmd: "sleep 9"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recorded := func(context.Context, string) (template.Settings, error) { return orig.Settings(), nil }
+	ids := map[string]*clustertls.Identity{}
+	for _, cluster := range []string{"ours", "theirs"} {
+		dir := filepath.Join(t.TempDir(), cluster)
+		if err := clustertls.Generate(dir, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		for sub, role := range map[string]string{"node": clustertls.RoleNode, "server": clustertls.RoleServer} {
+			if ids[cluster+"/"+sub], err = clustertls.Load(filepath.Join(dir, sub), role); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var gets atomic.Int32
+	listener := func(id *clustertls.Identity) *url.URL {
+		srv := httptest.NewUnstartedServer(ServerGate(api.RequireNodeToken(testToken, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			gets.Add(1)
+			ServeTemplates(has).ServeHTTP(w, r)
+		}))))
+		srv.TLS = id.ServerConfig()
+		srv.StartTLS()
+		t.Cleanup(srv.Close)
+		u, _ := url.Parse(srv.URL)
+		return u
+	}
+	ours, theirs := listener(ids["ours/server"]), listener(ids["theirs/server"])
+	fetcher := func(id *clustertls.Identity, src *url.URL) (*TemplateFetcher, error) {
+		return NewFetcher(ctx, FetcherConfig{Templates: template.Open(datadir.Dir{Root: t.TempDir()}), Token: testToken,
+			Settings: recorded, TLS: id, Sources: []*url.URL{src}})
+	}
+
+	if _, err := fetcher(ids["ours/node"], &url.URL{Scheme: "http", Host: ours.Host}); !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), "https://") {
+		t.Errorf("a plain-HTTP source under the cluster TLS: %v", err)
+	}
+	f, err := fetcher(ids["ours/node"], ours)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := f.Fetch(ctx, orig.Digest); err != nil || got.StartCmd != "sleep 9" {
+		t.Fatalf("fetch over the cluster TLS: %+v %v", got, err)
+	}
+	gets.Store(0)
+	for name, c := range map[string]struct {
+		id  *clustertls.Identity
+		src *url.URL
+	}{
+		"a node of another cluster":     {ids["theirs/node"], ours},
+		"a listener of another cluster": {ids["ours/node"], theirs},
+	} {
+		f, err := fetcher(c.id, c.src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.Fetch(ctx, orig.Digest); err == nil {
+			t.Errorf("%s: fetched", name)
+		}
+	}
+	if n := gets.Load(); n != 0 {
+		t.Errorf("%d requests of another cluster's members reached a handler", n)
 	}
 }

@@ -4,8 +4,12 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/airlockhq/airlock/internal/clustertls"
 )
 
 // deployDir is the repo's deploy/ directory.
@@ -26,6 +30,9 @@ func deployCopy(t *testing.T) string {
 		if err := os.WriteFile(filepath.Join(dir, filepath.Base(f)), b, 0o600); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if err := clustertls.Generate(filepath.Join(dir, "tls"), time.Hour); err != nil {
+		t.Fatal(err)
 	}
 	for name, content := range map[string]string{
 		"postgres.env":  "url=postgres://airlock:pw@db.example:5432/airlock\n",
@@ -60,14 +67,15 @@ func TestDeployManifests(t *testing.T) {
 		"serviceaccount/airlock-node", "clusterrole.rbac.authorization.k8s.io/airlock-node",
 		"clusterrolebinding.rbac.authorization.k8s.io/airlock-node", "role.rbac.authorization.k8s.io/airlock-node",
 		"rolebinding.rbac.authorization.k8s.io/airlock-node",
-		"deployment.apps/airlock-server", "service/airlock", "daemonset.apps/airlock-node",
-		"secret/airlock-postgres-", "secret/airlock-cluster-", "secret/airlock-keys-"} {
+		"deployment.apps/airlock-server", "service/airlock", "service/airlock-internal", "daemonset.apps/airlock-node",
+		"secret/airlock-postgres-", "secret/airlock-cluster-", "secret/airlock-keys-",
+		"secret/airlock-node-tls-", "secret/airlock-server-tls-"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("dry run lacks %s: %s", want, out)
 		}
 	}
-	if n := strings.Count(out, "serverside-applied (server dry run)"); n != 22 {
-		t.Errorf("%d objects passed the dry run, want 22: %s", n, out)
+	if n := strings.Count(out, "serverside-applied (server dry run)"); n != 25 {
+		t.Errorf("%d objects passed the dry run, want 25: %s", n, out)
 	}
 	if out, err := cp.Kubectl("", "get", "runtimeclass", "airlock"); err == nil {
 		t.Fatalf("the dry run stored the RuntimeClass: %s", out)
@@ -140,8 +148,11 @@ func TestDeployManifests(t *testing.T) {
 				refs = append(refs, v.Secret.SecretName)
 			}
 		}
-		if len(refs) != 3 {
-			t.Errorf("%s refers to secrets %v, want the store's, the token's and the keys'", workload, refs)
+		if len(refs) != 4 {
+			t.Errorf("%s refers to secrets %v, want the store's, the token's, the keys' and its role's TLS", workload, refs)
+		}
+		if tls := "airlock-" + map[string]string{"deployment/airlock-server": "server", "daemonset/airlock-node": "node"}[workload] + "-tls-"; !slices.ContainsFunc(refs, func(r string) bool { return strings.HasPrefix(r, tls) }) {
+			t.Errorf("%s refers to secrets %v, none of them %s…", workload, refs, tls)
 		}
 		for _, ref := range refs {
 			if !strings.Contains(secrets, "secret/"+ref+"\n") {

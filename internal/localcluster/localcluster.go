@@ -30,6 +30,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/airlockhq/airlock/deploy"
+	"github.com/airlockhq/airlock/internal/clustertls"
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/ids"
@@ -179,6 +180,12 @@ func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
 			return c, err
 		}
 	}
+	// One cluster CA: the replicas and the nodes call one another over
+	// TLS with its certificates.
+	tlsDir := filepath.Join(cfg.Dir, "tls")
+	if err := clustertls.Generate(tlsDir, 30*24*time.Hour); err != nil {
+		return c, err
+	}
 	common := []string{"--store", storeURL, "--namespace", Namespace, "--token-file", tokenFile}
 	nodeKube, err := c.cp.KubeconfigAs(nodeUser)
 	if err != nil {
@@ -190,7 +197,9 @@ func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
 	}
 
 	// The first replica makes the store's tables, its templates and the
-	// admin key before any other starts.
+	// admin key before any other starts. The nodes fetch template images
+	// they lack from the replicas' internal listeners.
+	var sources []string
 	for i := 1; i <= cfg.Replicas; i++ {
 		name := fmt.Sprintf("replica-%d", i)
 		fmt.Fprintf(cfg.Log, "starting %s\n", name)
@@ -198,11 +207,17 @@ func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
 		if err != nil {
 			return c, err
 		}
-		args := append([]string{"serve", "--listen", addr, "--cluster", "kubernetes", "--kubeconfig", serverKube}, common...)
+		internal, err := freeAddr()
+		if err != nil {
+			return c, err
+		}
+		args := append([]string{"serve", "--listen", addr, "--cluster", "kubernetes", "--kubeconfig", serverKube,
+			"--cluster-tls", filepath.Join(tlsDir, "server"), "--internal-listen", internal}, common...)
 		if _, err := c.launch(ctx, name, keys, "airlock serving on", args); err != nil {
 			return c, err
 		}
 		c.Replicas = append(c.Replicas, "http://"+addr)
+		sources = append(sources, "https://"+internal)
 		if i == 1 {
 			b, err := os.ReadFile(filepath.Join(cfg.Dir, name, "admin.key"))
 			if err != nil {
@@ -219,7 +234,8 @@ func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
 			return c, err
 		}
 		args := append(append([]string{"node", "--name", name, "--listen", addr, "--kubeconfig", nodeKube,
-			"--cpus", strconv.Itoa(cfg.NodeCPUs)}, common...), cfg.NodeArgs...)
+			"--cpus", strconv.Itoa(cfg.NodeCPUs), "--cluster-tls", filepath.Join(tlsDir, "node"),
+			"--templates-from", strings.Join(sources, ",")}, common...), cfg.NodeArgs...)
 		if _, err := c.launch(ctx, name, keys, "airlock node "+name+" serving", args); err != nil {
 			return c, err
 		}
