@@ -7,7 +7,7 @@ export PATH := $(dir $(GO)):$(PATH)
 BIN := bin
 export CGO_ENABLED := 0
 
-.PHONY: all build setup run cluster cluster-down test unit e2e soak bench vet clean
+.PHONY: all build setup run cluster cluster-down test unit e2e soak bench vet clean kube-start
 
 all: build
 
@@ -16,7 +16,7 @@ build:
 	$(GO) build -trimpath -o $(BIN)/airlock ./cmd/airlock
 
 setup: build
-	$(BIN)/airlock setup
+	scripts/timed.sh setup $(BIN)/airlock setup
 
 # Running airlock means serving its API (AIRLOCK_LISTEN to change where).
 AIRLOCK_LISTEN ?= 127.0.0.1:7700
@@ -40,20 +40,24 @@ cluster-down: build
 	$(BIN)/airlock localcluster down --dir $(AIRLOCK_CLUSTER_DIR)
 
 vet:
-	$(GO) vet ./...
+	scripts/timed.sh vet $(GO) vet ./...
 	@test -z "$$(gofmt -l cmd internal e2e)" || { gofmt -l cmd internal e2e; exit 1; }
 
 # Host packages under the race detector (it needs cgo), then the end-to-end
 # tests that boot real VMs.
 # The VM tests of minimal images compile a musl program with musl-gcc.
 # The store's tests run on SQLite and on throwaway PostgreSQL clusters.
-# The cluster tests run etcd and kube-apiserver, built once from the Go
-# module proxy (tools/kube/build.sh: about 20 minutes the first time).
+# The cluster's packages run etcd and kube-apiserver, built once from the
+# Go module proxy (tools/kube/build.sh: about 20 minutes the first time):
+# they go last, so that a build started in the background (make test) has
+# the other packages' time to finish.
+KUBE_PKGS := ./internal/cluster/... ./internal/kubetest/...
 unit:
 	@command -v musl-gcc >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends musl-tools; }
 	@scripts/ensure-postgres.sh
-	@tools/kube/build.sh >/dev/null
-	CGO_ENABLED=1 AIRLOCK_KUBE_BIN=$$(tools/kube/build.sh) $(GO) test -race -count=1 . ./internal/... ./cmd/...
+	scripts/timed.sh unit env CGO_ENABLED=1 $(GO) test -race -count=1 . $$($(GO) list ./internal/... ./cmd/... | grep -v -E '/internal/(cluster|kubetest)$$')
+	@scripts/timed.sh "the control plane's build" tools/kube/build.sh >/dev/null
+	scripts/timed.sh "unit (cluster)" env CGO_ENABLED=1 AIRLOCK_KUBE_BIN=$$(tools/kube/build.sh) $(GO) test -race -count=1 $(KUBE_PKGS)
 
 # The network tests make test hosts in network namespaces with iproute2's ip.
 # The cluster test (e2e/cluster_test.go) runs `airlock node` against etcd,
@@ -66,8 +70,8 @@ e2e: setup
 	@if command -v node >/dev/null && command -v npm >/dev/null; then \
 		cd e2e/e2bsdk && { [ node_modules/.package-lock.json -nt package-lock.json ] || npm ci --no-audit --no-fund; }; \
 	fi
-	@tools/kube/build.sh >/dev/null
-	AIRLOCK_BIN=$(CURDIR)/$(BIN) AIRLOCK_KUBE_BIN=$$(tools/kube/build.sh) $(GO) test -count=1 -timeout 20m ./e2e/...
+	@scripts/timed.sh "the control plane's build" tools/kube/build.sh >/dev/null
+	AIRLOCK_BIN=$(CURDIR)/$(BIN) AIRLOCK_KUBE_BIN=$$(tools/kube/build.sh) scripts/timed.sh e2e $(GO) test -count=1 -timeout 20m ./e2e/...
 
 # The reliability suite alone (e2e/reliability_test.go), long: 500
 # create/exec/delete cycles instead of 50, with the attacks from inside a
@@ -76,8 +80,16 @@ soak: setup
 	AIRLOCK_SOAK=1 AIRLOCK_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 2h -v -run '^TestReliability' ./e2e/
 
 # Setup first, so that the unit phase's VM tests (internal/sandbox) run on
-# a fresh machine too instead of skipping for want of boot artifacts.
-test: vet setup unit e2e
+# a fresh machine too instead of skipping for want of boot artifacts. The
+# control plane's first build (about 20 minutes on 2 cores) starts in the
+# background before anything else and is waited for only by the tests
+# that run it. Each phase prints its time, and the whole its own.
+TEST_START := $(shell date +%s)
+test: kube-start vet setup unit e2e
+	@echo "make test: passed in $$(( $$(date +%s) - $(TEST_START) )) s" >&2
+
+kube-start:
+	@tools/kube/build.sh --start
 
 # The cluster_ scenarios run a local cluster on the Kubernetes binaries.
 bench: setup

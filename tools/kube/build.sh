@@ -6,6 +6,13 @@
 # the hash of go.mod and go.sum, and are reused while those stay the same.
 # The first build takes about 20 minutes on 2 cores; later ones nothing.
 # Progress goes to stderr; stdout carries only the binaries' directory.
+#
+# With --start it only starts the build in the background, niced, with
+# its output in the cache's build.log, and returns at once (`make test`
+# does so first, and the phases that need no control plane run
+# meanwhile). One build runs at a time: a later call waits for it under
+# the cache's lock, then finds the binaries (or, if it failed, builds
+# them itself and shows why).
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 go=$("$here/../../scripts/ensure-go.sh")
@@ -18,10 +25,27 @@ else
 fi
 key=$(cat "$here/go.mod" "$here/go.sum" | sha256sum | cut -c1-16)
 out=$cache/$key
-if [ -x "$out/kube-apiserver" ] && [ -x "$out/kube-scheduler" ] && [ -x "$out/etcd" ]; then
+built() { [ -x "$out/kube-apiserver" ] && [ -x "$out/kube-scheduler" ] && [ -x "$out/etcd" ]; }
+if built; then
+	[ "${1:-}" = --start ] || echo "$out"
+	exit 0
+fi
+mkdir -p "$cache"
+if [ "${1:-}" = --start ]; then
+	echo "tools/kube: building the control plane in the background (log: $cache/build.log)" >&2
+	setsid nohup "$0" >/dev/null 2>"$cache/build.log" </dev/null &
+	exit 0
+fi
+exec 9>"$cache/.lock"
+if ! flock -n 9; then
+	echo "tools/kube: waiting for the control plane build under way (log: $cache/build.log)" >&2
+	flock 9
+fi
+if built; then
 	echo "$out"
 	exit 0
 fi
+rm -rf "$out.tmp"
 mkdir -p "$out.tmp"
 version=$(sed -n 's/^[[:space:]]*\(require[[:space:]]*\)\{0,1\}k8s\.io\/kubernetes \(v[0-9.]*\).*$/\2/p' "$here/go.mod" | head -n 1)
 [ -n "$version" ] || { echo "tools/kube: no k8s.io/kubernetes version in go.mod" >&2; exit 1; }
