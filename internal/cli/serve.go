@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"net/http"
@@ -170,6 +171,15 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	var id *clustertls.Identity
 	switch *clusterMode {
 	case "":
+		var stray []string
+		fs.Visit(func(f *flag.Flag) {
+			if f.Name == "cluster-tls" || f.Name == "internal-listen" {
+				stray = append(stray, "--"+f.Name)
+			}
+		})
+		if len(stray) > 0 {
+			return fmt.Errorf("serve: %s is for an API replica of a cluster (--cluster kubernetes): %w", strings.Join(stray, " and "), errdefs.ErrInvalid)
+		}
 	case "kubernetes":
 		if !store.IsPostgresURL(*storeAddr) {
 			return fmt.Errorf("serve: --cluster kubernetes needs the cluster's PostgreSQL store: give --store postgres://… (or $AIRLOCK_STORE): %w", errdefs.ErrInvalid)

@@ -106,6 +106,8 @@ func TestServeStoreFlags(t *testing.T) {
 		{[]string{"--cluster", "kubernetes", "--store", "postgres://u:hunter2@127.0.0.1:1/x", "--warm", "1:base"}, "not served in cluster mode yet"},
 		{[]string{"--cluster", "kubernetes", "--store", "postgres://u:hunter2@127.0.0.1:1/x", "--kube-wait", "-1s"}, "--kube-wait must not be negative"},
 		{cl, "give --cluster-tls DIR"},
+		{[]string{"--cluster-tls", certs}, "--cluster-tls is for an API replica of a cluster"},
+		{[]string{"--internal-listen", "127.0.0.1:0"}, "--internal-listen is for an API replica of a cluster"},
 		{append(cl, "--cluster-tls", filepath.Join(certs, "node")), "is not a certificate of the CA in ca.crt for airlock-server"},
 	} {
 		var out, errb bytes.Buffer
