@@ -1,5 +1,7 @@
 # airlock: `make run` sets up the host and starts airlock; `make test` runs
-# every test. Both work as root on a fresh Debian or Ubuntu machine.
+# every test. Both work as root on a fresh Debian 12 (bookworm) x86-64
+# machine, the one host they are tested on (README.md says what setup takes
+# from Debian's archive).
 
 GO := $(shell scripts/ensure-go.sh)
 # Tests that run `go` themselves find the same toolchain.

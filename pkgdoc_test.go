@@ -43,3 +43,48 @@ func TestPackageDocs(t *testing.T) {
 		}
 	}
 }
+
+// Every package under cmd/ and internal/ has a row in docs/architecture.md's
+// package table, so that the table cannot fall behind the tree.
+func TestArchitectureTableComplete(t *testing.T) {
+	doc, err := os.ReadFile("docs/architecture.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows []string
+	for _, line := range strings.Split(string(doc), "\n") {
+		if strings.HasPrefix(line, "| `") {
+			first, _, _ := strings.Cut(strings.TrimPrefix(line, "| "), " |")
+			rows = append(rows, first)
+		}
+	}
+	named := map[string]bool{}
+	for _, first := range rows {
+		for _, cell := range strings.Split(first, ",") {
+			named[strings.Trim(strings.TrimSpace(cell), "`")] = true
+		}
+	}
+	pkgs := map[string]bool{}
+	for _, root := range []string{"cmd", "internal"} {
+		err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			if !d.IsDir() && strings.HasSuffix(path, ".go") && !strings.HasSuffix(path, "_test.go") {
+				pkgs[filepath.ToSlash(filepath.Dir(path))] = true
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(pkgs) < 10 {
+		t.Fatalf("found only %d packages: is the test running at the repository's root?", len(pkgs))
+	}
+	for p := range pkgs {
+		if !named[p] {
+			t.Errorf("package %s has no row in docs/architecture.md's package table", p)
+		}
+	}
+}

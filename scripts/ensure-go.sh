@@ -1,6 +1,6 @@
 #!/bin/sh
 # Prints the path of a Go toolchain new enough for this module, installing
-# one first when there is none. Fresh Debian and Ubuntu ship an older Go, so
+# one first when there is none. Debian 12 ships an older Go (1.19), so
 # this installs Debian's golang-go and uses it to fetch the toolchain named
 # in go.mod through the Go module proxy (the golang.org/toolchain module),
 # into /usr/local/lib/airlock-go. Progress goes to stderr; stdout carries

@@ -52,7 +52,7 @@ version=$(sed -n 's/^[[:space:]]*\(require[[:space:]]*\)\{0,1\}k8s\.io\/kubernet
 minor=$(echo "$version" | cut -d. -f2)
 ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
 cd "$here"
-echo "tools/kube: building the Kubernetes $version control plane; the first build takes about 10 to 20 minutes" >&2
+echo "tools/kube: building the Kubernetes $version control plane; the first build takes about 20 minutes on 2 cores" >&2
 for cmd in k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler go.etcd.io/etcd/server/v3; do
 	name=$(basename "$cmd")
 	[ "$name" = v3 ] && name=etcd
