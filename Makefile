@@ -13,9 +13,14 @@ export CGO_ENABLED := 0
 
 all: build
 
+# `airlock version` prints the revision go build records in a git checkout;
+# the linker flag carries it as well, for a toolchain set to
+# -buildvcs=false and for a git worktree (whose .git is a file go build
+# does not look for). Outside a git checkout both are empty.
+REVISION := $(shell r=$$(git rev-parse HEAD 2>/dev/null) && { [ -z "$$(git status --porcelain 2>/dev/null)" ] || r=$$r-modified; echo $$r; })
 build:
 	$(GO) build -trimpath -o $(BIN)/airlock-agent ./cmd/airlock-agent
-	$(GO) build -trimpath -o $(BIN)/airlock ./cmd/airlock
+	$(GO) build -trimpath -ldflags "-X github.com/airlockhq/airlock/internal/cli.revision=$(REVISION)" -o $(BIN)/airlock ./cmd/airlock
 
 setup: build
 	scripts/timed.sh setup $(BIN)/airlock setup

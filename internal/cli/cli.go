@@ -105,9 +105,6 @@ func commands() []command {
 	}
 }
 
-// Version is the airlock version, set at build time.
-var Version = "dev"
-
 func usage(w io.Writer) {
 	fmt.Fprintf(w, "airlock runs code in microVM sandboxes.\n\nUsage:\n  airlock COMMAND [FLAGS] [ARGS]\n\nCommands:\n")
 	width := 0
@@ -138,15 +135,6 @@ func Run(ctx context.Context, env *Env, args []string) error {
 		}
 	}
 	return fmt.Errorf("unknown command %q: run `airlock help` for the list: %w", name, errdefs.ErrInvalid)
-}
-
-func runVersion(_ context.Context, env *Env, args []string) error {
-	fs := newFlagSet("version", "airlock version", "Print the version.", env)
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	fmt.Fprintln(env.Stdout, "airlock", Version)
-	return nil
 }
 
 // flagSet is a command's flags with its help text.

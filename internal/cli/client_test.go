@@ -582,6 +582,36 @@ func TestHelpListsServerCommands(t *testing.T) {
 	}
 }
 
+// `airlock --help` lists the commands in two aligned columns: every
+// summary starts at the same column, two spaces after the longest name.
+func TestHelpColumnsAligned(t *testing.T) {
+	var out bytes.Buffer
+	if err := Run(context.Background(), &Env{Stdout: &out, Stderr: io.Discard}, []string{"--help"}); err != nil {
+		t.Fatal(err)
+	}
+	widest := 0
+	for _, c := range commands() {
+		widest = max(widest, len(c.name))
+	}
+	want := 2 + widest + 2
+	rows := 0
+	for _, c := range commands() {
+		for _, line := range strings.Split(out.String(), "\n") {
+			name, _, ok := strings.Cut(strings.TrimPrefix(line, "  "), " ")
+			if !strings.HasPrefix(line, "  ") || !ok || name != c.name {
+				continue
+			}
+			rows++
+			if col := strings.Index(line, c.summary); col != want {
+				t.Errorf("the summary of %s starts at column %d, want %d:\n%s", c.name, col, want, line)
+			}
+		}
+	}
+	if rows != len(commands()) {
+		t.Errorf("found %d command rows, want %d:\n%s", rows, len(commands()), out.String())
+	}
+}
+
 func TestUnreachableServer(t *testing.T) {
 	srv := httptest.NewServer(http.NotFoundHandler())
 	url := srv.URL

@@ -271,7 +271,7 @@ func runNode(ctx context.Context, env *Env, args []string) error {
 		Capacity: node.Capacity{CPUs: *cpus, MemoryMiB: memory.n >> 20,
 			DiskMiB: int64(fsStat.Blocks) * fsStat.Bsize >> 20, Sandboxes: *maxSandboxes},
 		Address: addr.String(), Port: ln.Addr().(*net.TCPAddr).Port, LeaseDuration: *lease,
-		Version: "airlock-" + Version, Log: log, Registry: reg,
+		Version: "airlock-" + Version(), Log: log, Registry: reg,
 	})
 	if err != nil {
 		return fmt.Errorf("node: %w", err)
