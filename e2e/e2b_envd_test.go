@@ -130,6 +130,69 @@ func TestE2BEnvd(t *testing.T) {
 		}
 	})
 
+	t.Run("stream input", func(t *testing.T) {
+		tag := "fed"
+		st := c.start(t, pyStart("cat", &tag, true))
+		pid := st.startPID(t)
+		// The client stream stays open while its input reaches cat and
+		// comes back on the Start stream, message by message.
+		pr, pw := io.Pipe()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		req, err := http.NewRequestWithContext(ctx, "POST", c.url+"/process.Process/StreamInput", pr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range map[string]string{"E2b-Sandbox-Id": c.id, "E2b-Sandbox-Port": "49983", "X-Access-Token": c.token,
+			"Content-Type": "application/connect+json", "Connect-Protocol-Version": "1", "Connect-Content-Encoding": "identity"} {
+			req.Header.Set(k, v)
+		}
+		answer := make(chan *http.Response, 1)
+		go func() {
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Errorf("StreamInput: %v", err)
+				pr.CloseWithError(err)
+			}
+			answer <- resp
+		}()
+		send := func(msg string) {
+			t.Helper()
+			if _, err := pw.Write(envelopeOf([]byte(msg))); err != nil {
+				t.Fatalf("send %s: %v", msg, err)
+			}
+		}
+		send(`{"start": {"process": {"tag": "fed"}}}`)
+		for _, line := range []string{"hello\n", "again\n"} {
+			send(`{"keepalive": {}}`)
+			send(fmt.Sprintf(`{"data": {"input": {"stdin": %q}}}`, base64.StdEncoding.EncodeToString([]byte(line))))
+			if ev := st.next(t); ev.Event.Data == nil || string(ev.Event.Data.Stdout) != line {
+				t.Fatalf("cat echoed %+v, want %q", ev, line)
+			}
+		}
+		pw.Close()
+		resp := <-answer
+		if resp == nil {
+			t.FailNow()
+		}
+		in := &envdStream{resp: resp, cancel: cancel}
+		defer in.close()
+		if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/connect+json" {
+			t.Fatalf("StreamInput answered %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+		}
+		if msg := in.nextRaw(t); msg != "{}" || in.ended {
+			t.Fatalf("StreamInput's message %q (ended %v, %s), want {}", msg, in.ended, in.endErr)
+		}
+		if in.nextRaw(t); !in.ended || in.endErr != "" {
+			t.Fatalf("StreamInput's end: ended %v, error %s", in.ended, in.endErr)
+		}
+		// The stream's end left stdin open; CloseStdin ends cat.
+		c.unaryOK(t, "/process.Process/CloseStdin", pretty(fmt.Sprintf(`{"process": {"pid": %d}}`, pid)))
+		if _, _, end := st.drain(t); end.ExitCode != 0 || !end.Exited {
+			t.Fatalf("cat after EOF: %+v", end)
+		}
+	})
+
 	t.Run("kill", func(t *testing.T) {
 		st := c.start(t, pyStart("sleep 600", nil, false))
 		pid := st.startPID(t)

@@ -3,7 +3,9 @@ package envd
 // The Connect protocol (connectrpc.com/docs/protocol) with JSON payloads,
 // the part of it that E2B's SDKs speak: unary calls (a JSON body each way)
 // and server streams (5-byte envelopes each way, the last one of the
-// response flagged end-of-stream and carrying the error, if any).
+// response flagged end-of-stream and carrying the error, if any), and
+// the one client stream of envd, Process.StreamInput (any number of
+// request envelopes, answered like a server stream with one message).
 
 import (
 	"bytes"
@@ -241,10 +243,9 @@ func (e *errWrongType) Error() string {
 	return fmt.Sprintf("content type %q is not served here: send %s", e.got, e.want)
 }
 
-// readCall checks the request's method, headers and body against the
-// protocol and returns its message. stream tells whether the RPC is a
-// server stream.
-func readCall(w http.ResponseWriter, r *http.Request, stream bool) (call, error) {
+// readHeaders checks the request's headers against the protocol: its
+// content type (streaming or not), protocol version and timeout.
+func readHeaders(r *http.Request, stream bool) (call, error) {
 	c := call{stream: stream}
 	want := typeJSON
 	if stream {
@@ -264,6 +265,17 @@ func readCall(w http.ResponseWriter, r *http.Request, stream bool) (call, error)
 			return c, errorf(codeInvalidArgument, "Connect-Timeout-Ms %q is not a number of milliseconds of at most 10 digits", truncate(v, 20))
 		}
 		c.timeout = time.Duration(ms) * time.Millisecond
+	}
+	return c, nil
+}
+
+// readCall checks the request's method, headers and body against the
+// protocol and returns its message. stream tells whether the RPC is a
+// server stream.
+func readCall(w http.ResponseWriter, r *http.Request, stream bool) (call, error) {
+	c, err := readHeaders(r, stream)
+	if err != nil {
+		return c, err
 	}
 	body := http.MaxBytesReader(w, r.Body, MaxMessage+16)
 	if !stream {
@@ -290,22 +302,12 @@ func readCall(w http.ResponseWriter, r *http.Request, stream bool) (call, error)
 	if err != nil {
 		return c, err
 	}
-	flags, payload, err := readEnvelope(body, MaxMessage)
+	payload, err := readMessage(body, gz)
 	if err == io.EOF {
 		return c, errorf(codeInvalidArgument, "the request has no message: send one envelope")
 	}
 	if err != nil {
 		return c, err
-	}
-	switch {
-	case flags&^flagCompressed != 0:
-		return c, errorf(codeInvalidArgument, "the request envelope has flags %#02x: only 0x01 (compressed) is allowed", flags)
-	case flags&flagCompressed != 0 && !gz:
-		return c, errorf(codeInvalidArgument, "the message is flagged compressed but Connect-Content-Encoding is identity")
-	case flags&flagCompressed != 0:
-		if payload, err = decompress(payload, MaxMessage); err != nil {
-			return c, err
-		}
 	}
 	var extra [1]byte
 	if n, _ := io.ReadFull(body, extra[:]); n > 0 {
@@ -313,6 +315,25 @@ func readCall(w http.ResponseWriter, r *http.Request, stream bool) (call, error)
 	}
 	c.msg = payload
 	return c, nil
+}
+
+// readMessage reads one enveloped request message, decompressed when it
+// is flagged so (gz: the stream's Connect-Content-Encoding is gzip). A
+// stream that ends between messages gives io.EOF.
+func readMessage(body io.Reader, gz bool) ([]byte, error) {
+	flags, payload, err := readEnvelope(body, MaxMessage)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case flags&^flagCompressed != 0:
+		return nil, errorf(codeInvalidArgument, "the request envelope has flags %#02x: only 0x01 (compressed) is allowed", flags)
+	case flags&flagCompressed != 0 && !gz:
+		return nil, errorf(codeInvalidArgument, "the message is flagged compressed but Connect-Content-Encoding is identity")
+	case flags&flagCompressed != 0:
+		return decompress(payload, MaxMessage)
+	}
+	return payload, nil
 }
 
 // streamWriter writes a server stream's response: envelopes, each

@@ -104,11 +104,14 @@ func (s *Server) Close() {
 	s.mu.Unlock()
 }
 
-// rpc is one Connect procedure.
+// rpc is one Connect procedure: a unary call, a server stream (stream
+// and serve), or a client stream, which reads and answers its request
+// itself.
 type rpc struct {
 	stream bool
 	unary  func(ctx context.Context, req Request, r *http.Request, m message) (any, error)
 	serve  func(ctx context.Context, req Request, r *http.Request, m message, c call, out *streamWriter) error
+	client func(w http.ResponseWriter, r *http.Request, req Request)
 }
 
 func (s *Server) rpcs() map[string]rpc {
@@ -117,6 +120,7 @@ func (s *Server) rpcs() map[string]rpc {
 		"/process.Process/Connect":                {stream: true, serve: s.connect},
 		"/process.Process/List":                   {unary: s.list},
 		"/process.Process/SendInput":              {unary: s.sendInput},
+		"/process.Process/StreamInput":            {client: s.streamInput},
 		"/process.Process/SendSignal":             {unary: s.sendSignal},
 		"/process.Process/CloseStdin":             {unary: s.closeStdin},
 		"/process.Process/Update":                 {unary: s.update},
@@ -163,10 +167,6 @@ func (s *Server) Serve(w http.ResponseWriter, r *http.Request, req Request) {
 		restError(w, http.StatusNotFound, "no route "+truncate(path, 100)+" on envd")
 		return
 	}
-	if path == "/process.Process/StreamInput" {
-		writeUnaryError(w, errorf(codeUnimplemented, "StreamInput (a client stream) is not served: send input with SendInput"))
-		return
-	}
 	proc, ok := s.procs[path]
 	if !ok {
 		writeUnaryError(w, errorf(codeUnimplemented, "%s is not a procedure of envd", truncate(path, 100)))
@@ -175,6 +175,10 @@ func (s *Server) Serve(w http.ResponseWriter, r *http.Request, req Request) {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		restError(w, http.StatusMethodNotAllowed, "envd procedures are called with POST")
+		return
+	}
+	if proc.client != nil {
+		proc.client(w, r, req)
 		return
 	}
 	c, err := readCall(w, r, proc.stream)

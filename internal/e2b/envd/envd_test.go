@@ -180,7 +180,8 @@ func TestRoutesAndAuth(t *testing.T) {
 		{"unknown route", "GET", "/metrics", "", []string{"X-Access-Token", f.token}, 404, "404"},
 		{"unknown procedure", "POST", "/process.Process/Fork", `{}`, []string{"Content-Type", "application/json", "X-Access-Token", f.token}, 501, codeUnimplemented},
 		{"unknown service", "POST", "/filesystem.Filesystem/Chown", `{}`, []string{"Content-Type", "application/json", "X-Access-Token", f.token}, 501, codeUnimplemented},
-		{"client stream", "POST", "/process.Process/StreamInput", ``, []string{"Content-Type", "application/connect+json", "X-Access-Token", f.token}, 501, codeUnimplemented},
+		{"client stream as unary", "POST", "/process.Process/StreamInput", `{}`, []string{"Content-Type", "application/json", "X-Access-Token", f.token}, 415, "415"},
+		{"GET of the client stream", "GET", "/process.Process/StreamInput", "", []string{"X-Access-Token", f.token}, 405, "405"},
 		{"GET of a procedure", "GET", "/process.Process/List", "", []string{"X-Access-Token", f.token}, 405, "405"},
 		{"binary protobuf", "POST", "/process.Process/List", `{}`, []string{"Content-Type", "application/proto", "X-Access-Token", f.token}, 415, "415"},
 		{"invalid JSON", "POST", "/process.Process/List", `{"a":`, []string{"Content-Type", "application/json", "X-Access-Token", f.token}, 400, codeInvalidArgument},
@@ -446,5 +447,51 @@ func TestRetainedExits(t *testing.T) {
 	now = now.Add(retention + time.Second)
 	if _, _, ok := f.srv.retainedExit(f.sbx, selector{PID: 7}); ok {
 		t.Fatal("an exit outlived its retention")
+	}
+}
+
+// StreamInput's refusals before any input reaches a process, each the
+// end-of-stream error of a 200 streaming answer. The input that does reach
+// one is tested with a real process in e2e (TestE2BEnvd).
+func TestStreamInputRefusals(t *testing.T) {
+	f := newFixture(t)
+	msgs := func(ms ...string) []byte {
+		var b []byte
+		for _, m := range ms {
+			b = append(b, envelope(0, m)...)
+		}
+		return b
+	}
+	stdin := `{"data":{"input":{"stdin":"aGk="}}}`
+	tests := []struct {
+		name    string
+		body    []byte
+		headers []string
+		code    string
+		text    string
+	}{
+		{"no message", nil, nil, codeInvalidArgument, "send start first"},
+		{"data before start", msgs(stdin), nil, codeInvalidArgument, "the first message must be start"},
+		{"keepalive before start", msgs(`{"keepalive":{}}`), nil, codeInvalidArgument, "the first message must be start"},
+		{"no such process", msgs(`{"start":{"process":{"pid":42}}}`, stdin), nil, codeNotFound, "pid 42"},
+		{"no such tag", msgs(`{"start":{"process":{"tag":"job"}}}`), nil, codeNotFound, "job"},
+		{"start without a process", msgs(`{"start":{}}`), nil, codeInvalidArgument, "process"},
+		{"empty message", msgs(`{}`), nil, codeInvalidArgument, "give start, data or keepalive"},
+		{"two members", msgs(`{"start":{"process":{"pid":1}},"keepalive":{}}`), nil, codeInvalidArgument, ""},
+		{"not JSON", msgs(`{"start":`), nil, codeInvalidArgument, ""},
+		{"cut envelope", msgs(`{"start":{"process":{"pid":1}}}`)[:3], nil, codeInvalidArgument, "envelope prefix"},
+		{"bad flags", envelope(0x80, `{"start":{"process":{"pid":1}}}`), nil, codeInvalidArgument, "flags"},
+		{"brotli", msgs(`{"start":{"process":{"pid":1}}}`), []string{"Connect-Content-Encoding", "br"}, codeUnimplemented, "encoding"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			status, got, end := f.stream(t, "/process.Process/StreamInput", tt.body, tt.headers...)
+			if status != 200 || len(got) != 0 {
+				t.Fatalf("status %d, messages %q, want 200 and none", status, got)
+			}
+			if c := code(t, []byte(end)); c != tt.code || !strings.Contains(end, tt.text) {
+				t.Fatalf("end %s, want code %s mentioning %q", end, tt.code, tt.text)
+			}
+		})
 	}
 }

@@ -469,6 +469,134 @@ func (s *Server) sendInput(ctx context.Context, req Request, r *http.Request, m 
 	return empty{}, nil
 }
 
+// streamInput is Process.StreamInput, a client stream: its first message
+// is {"start": {"process": selector}}, each later one {"data": {"input":
+// {"stdin"|"pty": bytes}}} or {"keepalive": {}}. Each input is written to
+// the process as it arrives, as SendInput would; the stream ending
+// leaves stdin open (CloseStdin closes it). The answer is one {} message
+// and the end of the stream, or the end of the stream with the first
+// error, after which nothing more of the request is read.
+func (s *Server) streamInput(w http.ResponseWriter, r *http.Request, req Request) {
+	c, err := readHeaders(r, true)
+	if wt, ok := err.(*errWrongType); ok {
+		w.Header().Set("Accept-Post", wt.want)
+		restError(w, http.StatusUnsupportedMediaType, wt.Error())
+		return
+	}
+	ctx, cancel := r.Context(), context.CancelFunc(func() {})
+	if err == nil && c.timeout > 0 {
+		ctx, cancel = context.WithTimeout(ctx, c.timeout)
+	}
+	defer cancel()
+	// The stream lasts as long as the client sends, up to its
+	// Connect-Timeout-Ms: a read waiting for the next message ends then.
+	var deadline time.Time
+	if c.timeout > 0 {
+		deadline = time.Now().Add(c.timeout)
+	}
+	http.NewResponseController(w).SetReadDeadline(deadline)
+	if err == nil {
+		err = s.readInput(ctx, r, req)
+	}
+	if err != nil && r.Context().Err() != nil {
+		return // the client went away
+	}
+	if err != nil && ctx.Err() == context.DeadlineExceeded {
+		err = errorf(codeDeadlineExceeded, "the call's deadline (Connect-Timeout-Ms) passed")
+	}
+	out := newStreamWriter(w)
+	if err == nil {
+		err = out.send(empty{})
+	}
+	out.end(err)
+}
+
+// readInput reads StreamInput's messages and writes each input to the
+// process the first one selects.
+func (s *Server) readInput(ctx context.Context, r *http.Request, req Request) error {
+	gz, err := checkEncoding(r.Header.Get("Connect-Content-Encoding"))
+	if err != nil {
+		return err
+	}
+	var (
+		rc  service.RunningCommand
+		sel selector
+	)
+	for n := 0; ; n++ {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		b, err := readMessage(r.Body, gz)
+		if err == io.EOF {
+			if n == 0 {
+				return errorf(codeInvalidArgument, "the stream has no message: send start first")
+			}
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		m, err := parseMessage("", b)
+		if err != nil {
+			return err
+		}
+		which, err := m.oneof("start", "data", "keepalive")
+		if err != nil {
+			return err
+		}
+		switch {
+		case which == "":
+			return errorf(codeInvalidArgument, "message %d: give start, data or keepalive", n+1)
+		case n == 0 && which != "start":
+			return errorf(codeInvalidArgument, "message 1 is %s: the first message must be start, naming the process", which)
+		case n > 0 && which == "start":
+			return errorf(codeInvalidArgument, "message %d is a second start: one stream feeds one process", n+1)
+		case which == "keepalive":
+			continue
+		case which == "start":
+			sm, _, err := m.sub("start")
+			if err != nil {
+				return err
+			}
+			if sel, err = readSelector(sm); err != nil {
+				return err
+			}
+			if rc, err = s.findProcess(ctx, req, sel); err != nil {
+				return err
+			}
+			if !rc.Request.Stdin {
+				return errorf(codeFailedPrecondition, "process with %s was started without stdin: start it with stdin true", sel.String)
+			}
+			continue
+		}
+		dm, _, err := m.sub("data")
+		if err != nil {
+			return err
+		}
+		im, ok, err := dm.sub("input")
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return errorf(codeInvalidArgument, "message %d: data needs an input", n+1)
+		}
+		kind, err := im.oneof("stdin", "pty")
+		if err != nil {
+			return err
+		}
+		if kind == "" {
+			return errorf(codeUnimplemented, "message %d: field input: give stdin or pty", n+1)
+		}
+		data, err := im.bytes(kind)
+		if err != nil {
+			return err
+		}
+		if err := s.svc.Stdin(ctx, req.Principal, rc.ID, bytes.NewReader(data), false); err != nil {
+			return gone(err, sel)
+		}
+	}
+}
+
 // closeStdin is Process.CloseStdin.
 func (s *Server) closeStdin(ctx context.Context, req Request, r *http.Request, m message) (any, error) {
 	sel, err := readSelector(m)
