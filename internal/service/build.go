@@ -101,8 +101,11 @@ type plan struct {
 	// warnings say what of a Dockerfile was ignored.
 	warnings []string
 	// saveFrom is the sandbox whose disk a save copies, empty for
-	// builds; release lets other lifecycle work on it go on.
+	// builds; ending marks the save as ending just before its operation
+	// is recorded finished (lifecycle calls then wait for release, not
+	// refuse), and release lets other lifecycle work on it go on.
 	saveFrom string
+	ending   func()
 	release  func()
 }
 
@@ -414,6 +417,9 @@ func (s *Service) runBuild(ctx context.Context, run *running, pl plan) {
 		log.Info("template built", "digest", tpl.Digest, "ms", time.Since(start).Milliseconds())
 	}
 	run.log.close()
+	if pl.ending != nil {
+		pl.ending()
+	}
 	if err := s.st.FinishBuild(s.ctx, run.rec, run.op); err != nil {
 		log.Error("record the end of a build", "err", err)
 	}

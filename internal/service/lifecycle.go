@@ -35,6 +35,28 @@ var allowedFrom = map[string][]string{
 type inflight struct {
 	kind string
 	done chan struct{}
+	// ending is set (under Service.mu) just before the operation's
+	// result is recorded: a client that saw it finished may already ask
+	// for the next, which then waits for done instead of being refused.
+	ending bool
+}
+
+// lockSettled takes s.mu once id has no operation that is only recording
+// its end; it returns with s.mu held, or ctx's error without it.
+func (s *Service) lockSettled(ctx context.Context, id string) error {
+	for {
+		s.mu.Lock()
+		f := s.busy[id]
+		if f == nil || !f.ending {
+			return nil
+		}
+		s.mu.Unlock()
+		select {
+		case <-f.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 // beginOp checks that kind is allowed now, records the sandbox's
@@ -50,7 +72,9 @@ func (s *Service) beginOpLocked(ctx context.Context, p Principal, id, kind, tran
 	if err != nil {
 		return sb, store.Operation{}, nil, err
 	}
-	s.mu.Lock()
+	if err := s.lockSettled(ctx, id); err != nil {
+		return sb, store.Operation{}, nil, err
+	}
 	defer s.mu.Unlock()
 	if s.closed {
 		return sb, store.Operation{}, nil, fmt.Errorf("the server is shutting down: retry shortly: %w", errdefs.ErrUnavailable)
@@ -100,6 +124,9 @@ func (s *Service) endOp(f *inflight, sb store.Sandbox, from string, op store.Ope
 	} else {
 		op.Status = apiv1.OpSucceeded
 	}
+	s.mu.Lock()
+	f.ending = true
+	s.mu.Unlock()
 	s.transition(sb, &op, from)
 	s.m.opFinished(op.Kind, op.Status, took)
 	s.mu.Lock()

@@ -105,7 +105,9 @@ func (s *Service) SetNetwork(ctx context.Context, p Principal, id string, raw js
 	}
 	// One lifecycle change at a time: the VM must not come or go while
 	// its gateway is given the policy.
-	s.mu.Lock()
+	if err := s.lockSettled(ctx, id); err != nil {
+		return apiv1.Sandbox{}, err
+	}
 	if f := s.busy[id]; f != nil {
 		s.mu.Unlock()
 		return apiv1.Sandbox{}, fmt.Errorf("sandbox %s has a %s operation in flight: wait for it and retry: %w", id, f.kind, errdefs.ErrConflict)

@@ -432,7 +432,9 @@ func (s *Service) SaveSandbox(ctx context.Context, p Principal, id string, req a
 	if err != nil {
 		return apiv1.TemplateOperation{}, err
 	}
-	s.mu.Lock()
+	if err := s.lockSettled(ctx, id); err != nil {
+		return apiv1.TemplateOperation{}, err
+	}
 	if f, ok := s.busy[id]; ok {
 		s.mu.Unlock()
 		return apiv1.TemplateOperation{}, fmt.Errorf("sandbox %s has a %s operation in flight: wait for it and retry: %w", id, f.kind, errdefs.ErrConflict)
@@ -457,7 +459,12 @@ func (s *Service) SaveSandbox(ctx context.Context, p Principal, id string, req a
 		s.mu.Unlock()
 		close(f.done)
 	}
-	pl := plan{name: req.Name, tag: tag, from: "sandbox:" + id, saveFrom: id, release: release}
+	ending := func() {
+		s.mu.Lock()
+		f.ending = true
+		s.mu.Unlock()
+	}
+	pl := plan{name: req.Name, tag: tag, from: "sandbox:" + id, saveFrom: id, ending: ending, release: release}
 	body, _ := json.Marshal(req)
 	out, err := s.startBuild(p, pl, body)
 	if err != nil {
