@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 // TestAPIFlow drives one sandbox through the whole API: create, commands
@@ -282,13 +283,21 @@ func TestAPIReplayAfterDisconnect(t *testing.T) {
 	s := sharedServer(t)
 	sb := s.createSandbox(t, s.key, apiv1.CreateSandbox{})
 	var sess apiv1.CommandSession
-	s.must(t, 201, "POST", "/v1/sandboxes/"+sb.ID+"/commands", s.key, apiv1.CommandRequest{Cmd: counterScript(20, "0.1") + "; sleep 2.5; echo done"}, &sess)
+	// The counter also writes its last line's number to /tmp/at, so that
+	// the test sees it write on while nobody is attached.
+	cmd := "i=1; while [ $i -le 20 ]; do echo line $i; echo $i >/tmp/at; i=$((i+1)); sleep 0.1; done; sleep 2.5; echo done"
+	s.must(t, 201, "POST", "/v1/sandboxes/"+sb.ID+"/commands", s.key, apiv1.CommandRequest{Cmd: cmd}, &sess)
 
 	resp, r := s.attach(t, sess.ID, sess.Attach.Token, 0)
 	first, lastID := readUntil(t, r, lines(5))
 	resp.Body.Close() // the client goes away; the command goes on
 
-	time.Sleep(500 * time.Millisecond)
+	testenv.Eventually(t, 30*time.Second, "the command writing line 8 with nobody attached", func() (bool, string) {
+		var res apiv1.ExecResult
+		s.must(t, 200, "POST", "/v1/sandboxes/"+sb.ID+"/exec", s.key, apiv1.CommandRequest{Cmd: "cat /tmp/at"}, &res)
+		n, _ := strconv.Atoi(strings.TrimSpace(res.Stdout))
+		return n >= 8, "at line " + res.Stdout
+	})
 	resp, r = s.attach(t, sess.ID, sess.Attach.Token, lastID)
 	defer resp.Body.Close()
 	rest := readToExit(t, r)
@@ -336,7 +345,9 @@ func TestAPIServerRestart(t *testing.T) {
 	var pid int
 	fmt.Sscan(string(b), &pid)
 	syscall.Kill(pid, syscall.SIGKILL)
-	time.Sleep(time.Second) // the command writes on meanwhile
+	testenv.Eventually(t, 10*time.Second, "the killed QEMU gone", func() (bool, string) {
+		return !testenv.ProcessAlive(pid), fmt.Sprintf("QEMU %d is alive", pid)
+	})
 
 	if err := s.start(); err != nil {
 		t.Fatal(err)
@@ -375,7 +386,12 @@ func TestAPIServerRestart(t *testing.T) {
 	}
 	var cr apiv1.SandboxOperation
 	s.must(t, 202, "POST", "/v1/sandboxes", s.key, apiv1.CreateSandbox{Template: "tiny", MemoryMiB: 320}, &cr)
-	time.Sleep(300 * time.Millisecond)
+	// The server is killed once the create is making the snapshot, in its
+	// build directory.
+	testenv.Eventually(t, 30*time.Second, "the create making its template snapshot", func() (bool, string) {
+		made, _ := filepath.Glob(filepath.Join(dataDir().Snapshots(), ".build-*-1c-320m-*"))
+		return len(made) > 0, "no .build-*-1c-320m-* in the snapshots"
+	})
 	s.stop(syscall.SIGKILL)
 	if err := s.start(); err != nil {
 		t.Fatal(err)
@@ -584,10 +600,10 @@ func TestAPIMetricsCommandsRunning(t *testing.T) {
 		t.Errorf("commands running while one runs: %s", g)
 	}
 	readToExit(t, r)
-	time.Sleep(200 * time.Millisecond)
-	if g := gauge(); g != "0" {
-		t.Errorf("commands running after it exited: %s", g)
-	}
+	testenv.Eventually(t, 10*time.Second, "commands running back to 0 after it exited", func() (bool, string) {
+		g := gauge()
+		return g == "0", g
+	})
 }
 
 // TestExecMemoryBounded runs 8 unary execs at once, each writing 16 MiB of
