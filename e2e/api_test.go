@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -526,11 +527,60 @@ func TestPythonExample(t *testing.T) {
 	s := sharedServer(t)
 	cmd := exec.Command(python, "../examples/python/first_sandbox.py")
 	cmd.Env = append(os.Environ(), "AIRLOCK_URL="+s.url, "AIRLOCK_API_KEY="+s.key, "AIRLOCK_TEMPLATE=tiny")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("example failed: %v\n%s", err, out)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("example failed: %v\n%s%s", err, stdout.String(), stderr.String())
 	}
-	t.Logf("%s", out)
+	t.Logf("%s", stdout.String())
+	if stderr.Len() > 0 {
+		t.Errorf("the example wrote to stderr:\n%s", stderr.String())
+	}
+	// Its steps, in order, with what each saw; the sandbox's ID comes
+	// from the first.
+	out := stdout.String()
+	id := regexp.MustCompile(`(?m)^   sandbox (\S+), operation \S+$`).FindStringSubmatch(out)
+	if id == nil {
+		t.Fatalf("the example printed no sandbox ID:\n%s", out)
+	}
+	q := regexp.QuoteMeta
+	steps := []string{
+		`1\. create a sandbox from template 'tiny' at ` + q(s.url),
+		`   sandbox ` + q(id[1]) + `, operation \S+`,
+		`2\. wait for it to run`,
+		`   state running after [0-9.]+ s`,
+		`3\. create a command session`,
+		`   command \S+, attach until \S+`,
+		`4\. attach and read its output`,
+		`    start: pid \d+`,
+		`    stdout: 'hello from ` + q(id[1]) + `\\n'`,
+		`    stderr: 'err\\n'`,
+		`    exit: \{'exit_code': 3, .*\}`,
+		`   exit code 3, stdout and stderr as expected`,
+		`5\. write a file and read it back`,
+		fmt.Sprintf(`   %d bytes match`, len("hello, file: \u00e9\u4e16\n")+256),
+		`6\. delete the sandbox`,
+		`   sandbox ` + q(id[1]) + ` deleted`,
+		`OK`,
+	}
+	rest := out
+	for _, step := range steps {
+		loc := regexp.MustCompile(`(?m)^` + step + `$`).FindStringIndex(rest)
+		if loc == nil {
+			t.Fatalf("after %q, the example's output lacks a line matching %q:\n%s", out[:len(out)-len(rest)], step, out)
+		}
+		rest = rest[loc[1]:]
+	}
+	if strings.TrimSpace(rest) != "" {
+		t.Errorf("the example printed more after OK: %q", rest)
+	}
+	// The sandbox it made is gone.
+	var sb apiv1.Sandbox
+	if status, body := s.call(t, "GET", "/v1/sandboxes/"+id[1], s.key, nil); status != 404 {
+		if status != 200 || json.Unmarshal(body, &sb) != nil || sb.State != apiv1.StateDeleted {
+			t.Errorf("the example's sandbox after it ended: %d %s", status, body)
+		}
+	}
 }
 
 // TestAPIVMDies kills a sandbox's QEMU under a running server: the
