@@ -58,27 +58,33 @@ vet:
 # Go module proxy (tools/kube/build.sh: about 20 minutes the first time):
 # they go last, so that a build started in the background (make test) has
 # the other packages' time to finish.
+# The code interpreter's server runs against Debian's Jupyter kernel, the
+# e2b bench scenario's script checks with node (scripts/ensure-node.sh),
+# and the whole setup runs into a temporary directory (AIRLOCK_SETUP_IT).
 KUBE_PKGS := ./internal/cluster/... ./internal/kubetest/...
 unit:
 	@command -v musl-gcc >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends musl-tools; }
+	@/usr/bin/python3 -c 'import jupyter_client, ipykernel' 2>/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends python3-jupyter-client python3-ipykernel; }
 	@scripts/ensure-postgres.sh
-	scripts/timed.sh unit env CGO_ENABLED=1 $(GO) test -race -count=1 . $$($(GO) list ./internal/... ./cmd/... | grep -v -E '/internal/(cluster|kubetest)$$')
+	@scripts/ensure-node.sh >/dev/null
+	scripts/timed.sh unit env CGO_ENABLED=1 AIRLOCK_SETUP_IT=1 PATH="$$(scripts/ensure-node.sh)$$PATH" $(GO) test -race -count=1 . $$($(GO) list ./internal/... ./cmd/... | grep -v -E '/internal/(cluster|kubetest)$$')
 	@scripts/timed.sh "the control plane's build" tools/kube/build.sh >/dev/null
 	scripts/timed.sh "unit (cluster)" env CGO_ENABLED=1 AIRLOCK_KUBE_BIN=$$(tools/kube/build.sh) $(GO) test -race -count=1 $(KUBE_PKGS)
 
 # The network tests make test hosts in network namespaces with iproute2's ip.
 # The cluster test (e2e/cluster_test.go) runs `airlock node` against etcd,
 # kube-apiserver and kube-scheduler from tools/kube/build.sh.
-# The E2B SDK tests run E2B's JavaScript SDK, installed from e2e/e2bsdk's
-# lockfile (again only when the lockfile is newer than the install).
+# The E2B SDK tests run E2B's JavaScript SDK on a Node.js new enough for
+# it (scripts/ensure-node.sh installs one when the host has none), the SDK
+# installed from e2e/e2bsdk's lockfile (again only when the lockfile is
+# newer than the install).
 e2e: setup
 	@command -v ip >/dev/null || { apt-get update -qq && apt-get install -y -qq iproute2; }
 	@scripts/ensure-postgres.sh
-	@if command -v node >/dev/null && command -v npm >/dev/null; then \
-		cd e2e/e2bsdk && { [ node_modules/.package-lock.json -nt package-lock.json ] || npm ci --no-audit --no-fund; }; \
-	fi
+	@scripts/ensure-node.sh >/dev/null
+	@cd e2e/e2bsdk && { [ node_modules/.package-lock.json -nt package-lock.json ] || PATH="$$(../../scripts/ensure-node.sh)$$PATH" npm ci --no-audit --no-fund; }
 	@scripts/timed.sh "the control plane's build" tools/kube/build.sh >/dev/null
-	AIRLOCK_BIN=$(CURDIR)/$(BIN) AIRLOCK_KUBE_BIN=$$(tools/kube/build.sh) scripts/timed.sh e2e $(GO) test -count=1 -timeout 20m ./e2e/...
+	AIRLOCK_BIN=$(CURDIR)/$(BIN) PATH="$$(scripts/ensure-node.sh)$$PATH" AIRLOCK_KUBE_BIN=$$(tools/kube/build.sh) scripts/timed.sh e2e $(GO) test -count=1 -timeout 20m ./e2e/...
 
 # The reliability suite alone (e2e/reliability_test.go), long: 500
 # create/exec/delete cycles instead of 50, with the attacks from inside a

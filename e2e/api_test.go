@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 // TestAPIFlow drives one sandbox through the whole API: create, commands
@@ -282,13 +284,21 @@ func TestAPIReplayAfterDisconnect(t *testing.T) {
 	s := sharedServer(t)
 	sb := s.createSandbox(t, s.key, apiv1.CreateSandbox{})
 	var sess apiv1.CommandSession
-	s.must(t, 201, "POST", "/v1/sandboxes/"+sb.ID+"/commands", s.key, apiv1.CommandRequest{Cmd: counterScript(20, "0.1") + "; sleep 2.5; echo done"}, &sess)
+	// The counter also writes its last line's number to /tmp/at, so that
+	// the test sees it write on while nobody is attached.
+	cmd := "i=1; while [ $i -le 20 ]; do echo line $i; echo $i >/tmp/at; i=$((i+1)); sleep 0.1; done; sleep 2.5; echo done"
+	s.must(t, 201, "POST", "/v1/sandboxes/"+sb.ID+"/commands", s.key, apiv1.CommandRequest{Cmd: cmd}, &sess)
 
 	resp, r := s.attach(t, sess.ID, sess.Attach.Token, 0)
 	first, lastID := readUntil(t, r, lines(5))
 	resp.Body.Close() // the client goes away; the command goes on
 
-	time.Sleep(500 * time.Millisecond)
+	testenv.Eventually(t, 30*time.Second, "the command writing line 8 with nobody attached", func() (bool, string) {
+		var res apiv1.ExecResult
+		s.must(t, 200, "POST", "/v1/sandboxes/"+sb.ID+"/exec", s.key, apiv1.CommandRequest{Cmd: "cat /tmp/at"}, &res)
+		n, _ := strconv.Atoi(strings.TrimSpace(res.Stdout))
+		return n >= 8, "at line " + res.Stdout
+	})
 	resp, r = s.attach(t, sess.ID, sess.Attach.Token, lastID)
 	defer resp.Body.Close()
 	rest := readToExit(t, r)
@@ -336,7 +346,9 @@ func TestAPIServerRestart(t *testing.T) {
 	var pid int
 	fmt.Sscan(string(b), &pid)
 	syscall.Kill(pid, syscall.SIGKILL)
-	time.Sleep(time.Second) // the command writes on meanwhile
+	testenv.Eventually(t, 10*time.Second, "the killed QEMU gone", func() (bool, string) {
+		return !testenv.ProcessAlive(pid), fmt.Sprintf("QEMU %d is alive", pid)
+	})
 
 	if err := s.start(); err != nil {
 		t.Fatal(err)
@@ -375,7 +387,12 @@ func TestAPIServerRestart(t *testing.T) {
 	}
 	var cr apiv1.SandboxOperation
 	s.must(t, 202, "POST", "/v1/sandboxes", s.key, apiv1.CreateSandbox{Template: "tiny", MemoryMiB: 320}, &cr)
-	time.Sleep(300 * time.Millisecond)
+	// The server is killed once the create is making the snapshot, in its
+	// build directory.
+	testenv.Eventually(t, 30*time.Second, "the create making its template snapshot", func() (bool, string) {
+		made, _ := filepath.Glob(filepath.Join(dataDir().Snapshots(), ".build-*-1c-320m-*"))
+		return len(made) > 0, "no .build-*-1c-320m-* in the snapshots"
+	})
 	s.stop(syscall.SIGKILL)
 	if err := s.start(); err != nil {
 		t.Fatal(err)
@@ -510,11 +527,60 @@ func TestPythonExample(t *testing.T) {
 	s := sharedServer(t)
 	cmd := exec.Command(python, "../examples/python/first_sandbox.py")
 	cmd.Env = append(os.Environ(), "AIRLOCK_URL="+s.url, "AIRLOCK_API_KEY="+s.key, "AIRLOCK_TEMPLATE=tiny")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("example failed: %v\n%s", err, out)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("example failed: %v\n%s%s", err, stdout.String(), stderr.String())
 	}
-	t.Logf("%s", out)
+	t.Logf("%s", stdout.String())
+	if stderr.Len() > 0 {
+		t.Errorf("the example wrote to stderr:\n%s", stderr.String())
+	}
+	// Its steps, in order, with what each saw; the sandbox's ID comes
+	// from the first.
+	out := stdout.String()
+	id := regexp.MustCompile(`(?m)^   sandbox (\S+), operation \S+$`).FindStringSubmatch(out)
+	if id == nil {
+		t.Fatalf("the example printed no sandbox ID:\n%s", out)
+	}
+	q := regexp.QuoteMeta
+	steps := []string{
+		`1\. create a sandbox from template 'tiny' at ` + q(s.url),
+		`   sandbox ` + q(id[1]) + `, operation \S+`,
+		`2\. wait for it to run`,
+		`   state running after [0-9.]+ s`,
+		`3\. create a command session`,
+		`   command \S+, attach until \S+`,
+		`4\. attach and read its output`,
+		`    start: pid \d+`,
+		`    stdout: 'hello from ` + q(id[1]) + `\\n'`,
+		`    stderr: 'err\\n'`,
+		`    exit: \{'exit_code': 3, .*\}`,
+		`   exit code 3, stdout and stderr as expected`,
+		`5\. write a file and read it back`,
+		fmt.Sprintf(`   %d bytes match`, len("hello, file: \u00e9\u4e16\n")+256),
+		`6\. delete the sandbox`,
+		`   sandbox ` + q(id[1]) + ` deleted`,
+		`OK`,
+	}
+	rest := out
+	for _, step := range steps {
+		loc := regexp.MustCompile(`(?m)^` + step + `$`).FindStringIndex(rest)
+		if loc == nil {
+			t.Fatalf("after %q, the example's output lacks a line matching %q:\n%s", out[:len(out)-len(rest)], step, out)
+		}
+		rest = rest[loc[1]:]
+	}
+	if strings.TrimSpace(rest) != "" {
+		t.Errorf("the example printed more after OK: %q", rest)
+	}
+	// The sandbox it made is gone.
+	var sb apiv1.Sandbox
+	if status, body := s.call(t, "GET", "/v1/sandboxes/"+id[1], s.key, nil); status != 404 {
+		if status != 200 || json.Unmarshal(body, &sb) != nil || sb.State != apiv1.StateDeleted {
+			t.Errorf("the example's sandbox after it ended: %d %s", status, body)
+		}
+	}
 }
 
 // TestAPIVMDies kills a sandbox's QEMU under a running server: the
@@ -584,10 +650,10 @@ func TestAPIMetricsCommandsRunning(t *testing.T) {
 		t.Errorf("commands running while one runs: %s", g)
 	}
 	readToExit(t, r)
-	time.Sleep(200 * time.Millisecond)
-	if g := gauge(); g != "0" {
-		t.Errorf("commands running after it exited: %s", g)
-	}
+	testenv.Eventually(t, 10*time.Second, "commands running back to 0 after it exited", func() (bool, string) {
+		g := gauge()
+		return g == "0", g
+	})
 }
 
 // TestExecMemoryBounded runs 8 unary execs at once, each writing 16 MiB of

@@ -17,7 +17,9 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -961,7 +963,13 @@ func TestClusterBuilds(t *testing.T) {
 	}
 	// With no node taking work, a build is refused, and nothing recorded.
 	tc.cp.MustKubectl(t, "", "cordon", "node-b")
-	time.Sleep(2 * time.Second) // for the replica's watch of the Nodes to see it: a build it sent would run
+	// The replica's watch of the Nodes sees it: until then a build it
+	// sends goes to node-b, which refuses one with an unknown field and
+	// records nothing.
+	testenv.Eventually(t, 30*time.Second, "the replica seeing both nodes cordoned", func() (bool, string) {
+		status, body := r2.call(t, "POST", "/v1/templates", tc.key, map[string]any{"name": "nowhere", "from": "tiny", "probe": true})
+		return status == 503, fmt.Sprintf("%d %s", status, body)
+	})
 	if status, body := r2.call(t, "POST", "/v1/templates", tc.key, apiv1.CreateTemplate{Name: "nowhere", From: "tiny"}); status != 503 ||
 		!strings.Contains(string(body), "no airlock node is up and taking work") {
 		t.Errorf("a build with both nodes cordoned: %d %s", status, body)
@@ -1039,7 +1047,14 @@ func TestClusterBuilds(t *testing.T) {
 			return slices.Equal(held, []string{savedTpl.Digest}), fmt.Sprintf("holds %v", held)
 		})
 	}
-	time.Sleep(2 * time.Second) // more reclaims, which must keep it
+	// Two more reclaims on each node, on its timer, must keep it.
+	for _, n := range []*server{a, b} {
+		was := reclaims(t, n)
+		testenv.Eventually(t, 20*time.Second, "two more reclaims on the node", func() (bool, string) {
+			now := reclaims(t, n)
+			return now >= was+2, fmt.Sprintf("%d passes since", now-was)
+		})
+	}
 	for _, n := range []*server{a, b} {
 		if held := images(n); !slices.Equal(held, []string{savedTpl.Digest}) {
 			t.Errorf("a node holds %v while the catalogue names only clustered-save", held)
@@ -1243,3 +1258,18 @@ func rogueNode(t *testing.T, tc *testCluster, name string) *atomic.Int32 {
 	}
 	return &hits
 }
+
+// reclaims is how many passes of its template storage's reclaim n has
+// done, by its /metrics.
+func reclaims(t *testing.T, n *server) int {
+	t.Helper()
+	status, body := n.call(t, "GET", "/metrics", n.key, nil)
+	m := reclaimsTotal.FindSubmatch(body)
+	if status != 200 || m == nil {
+		t.Fatalf("no airlock_template_reclaims_total in the node's metrics (%d)", status)
+	}
+	v, _ := strconv.Atoi(string(m[1]))
+	return v
+}
+
+var reclaimsTotal = regexp.MustCompile(`(?m)^airlock_template_reclaims_total (\d+)$`)

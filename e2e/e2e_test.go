@@ -329,7 +329,9 @@ func TestCLIKeep(t *testing.T) {
 	dir := dataDir().Sandbox(id)
 	defer func() {
 		syscall.Kill(pid, syscall.SIGKILL)
-		time.Sleep(200 * time.Millisecond)
+		testenv.Eventually(t, 10*time.Second, "the kept VM gone", func() (bool, string) {
+			return !testenv.ProcessAlive(pid), fmt.Sprintf("QEMU %d is alive", pid)
+		})
 		os.RemoveAll(dir)
 	}()
 	if !testenv.ProcessAlive(pid) {

@@ -248,12 +248,8 @@ func TestWakeAfterServerRestart(t *testing.T) {
 func TestLeases(t *testing.T) {
 	s := sharedServer(t)
 	three := 3
-	del := s.createSandbox(t, s.key, apiv1.CreateSandbox{TimeoutS: &three, OnTimeout: "delete"})
 	sus := s.createSandbox(t, s.key, apiv1.CreateSandbox{TimeoutS: &three, OnTimeout: "suspend"})
 	kept := s.createSandbox(t, s.key, apiv1.CreateSandbox{TimeoutS: &three})
-	if del.ExpiresAt == nil || time.Until(*del.ExpiresAt) > 3*time.Second {
-		t.Errorf("expires_at %v for a 3 s lease that started when the sandbox ran", del.ExpiresAt)
-	}
 	var got apiv1.Sandbox
 	s.must(t, 200, "POST", "/v1/sandboxes/"+kept.ID+"/keep", s.key, map[string]int{"timeout_s": 0}, &got)
 	if got.ExpiresAt != nil {
@@ -261,6 +257,12 @@ func TestLeases(t *testing.T) {
 	}
 	s.must(t, 400, "POST", "/v1/sandboxes/"+kept.ID+"/keep", s.key, map[string]int{"timeout_s": -1}, nil)
 	s.must(t, 400, "POST", "/v1/sandboxes/"+kept.ID+"/keep", s.key, map[string]any{}, nil)
+	// del's lease, begun after kept's first one, ends after it: once del
+	// is deleted, the lease passes have gone past kept's first end.
+	del := s.createSandbox(t, s.key, apiv1.CreateSandbox{TimeoutS: &three, OnTimeout: "delete"})
+	if del.ExpiresAt == nil || time.Until(*del.ExpiresAt) > 3*time.Second || !del.ExpiresAt.After(*kept.ExpiresAt) {
+		t.Errorf("expires_at %v for a 3 s lease that started when the sandbox ran (kept's first: %v)", del.ExpiresAt, kept.ExpiresAt)
+	}
 
 	waitState := func(id, want string) apiv1.Sandbox {
 		deadline := time.Now().Add(60 * time.Second)
@@ -277,15 +279,13 @@ func TestLeases(t *testing.T) {
 	if sb := waitState(sus.ID, "suspended"); sb.ExpiresAt != nil {
 		t.Errorf("a lease applied by suspending is not cleared: %v", sb.ExpiresAt)
 	}
-	time.Sleep(time.Second)
 	if st := s.state(t, kept.ID).State; st != "running" {
 		t.Errorf("a sandbox kept without a lease is %s", st)
 	}
 	// A woken sandbox has no lease until kept again.
 	s.lifecycle(t, sus.ID, "wake")
-	time.Sleep(2 * time.Second)
-	if st := s.state(t, sus.ID).State; st != "running" {
-		t.Errorf("woken sandbox is %s", st)
+	if sb := s.state(t, sus.ID); sb.State != "running" || sb.ExpiresAt != nil {
+		t.Errorf("woken sandbox is %s with expires_at %v", sb.State, sb.ExpiresAt)
 	}
 }
 
@@ -297,7 +297,7 @@ func TestLeaseEndsWhileServerDown(t *testing.T) {
 	sb := s.createSandbox(t, s.key, apiv1.CreateSandbox{TimeoutS: &two, OnTimeout: "delete"})
 	pid := qemuPID(t, s, sb.ID)
 	s.stop(syscall.SIGTERM)
-	time.Sleep(3 * time.Second)
+	time.Sleep(time.Until(*sb.ExpiresAt) + 500*time.Millisecond) // the lease ends while the server is down
 	if !testenv.ProcessAlive(pid) {
 		t.Fatal("the VM did not outlive the server")
 	}

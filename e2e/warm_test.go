@@ -10,9 +10,13 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
-var poolReady = regexp.MustCompile(`(?m)^airlock_warm_pool_ready\{template="tiny"\} (\d+)$`)
+var (
+	poolReady   = regexp.MustCompile(`(?m)^airlock_warm_pool_ready\{template="tiny"\} (\d+)$`)
+	poolWaiting = regexp.MustCompile(`(?m)^airlock_warm_pool_waiting_for_room\{template="tiny"\} (\d+)$`)
+)
 
 // waitPoolReady waits until /metrics says the tiny pool holds want members.
 func (s *server) waitPoolReady(t *testing.T, want int) {
@@ -118,7 +122,12 @@ func TestWarmPoolYieldsRoom(t *testing.T) {
 	}
 	s.createSandbox(t, s.key, apiv1.CreateSandbox{Template: "tiny", MemoryMiB: 384})
 	s.waitPoolReady(t, 0)
-	time.Sleep(6 * time.Second) // past the fill loop's tick: it makes no member at the cap
+	// The fill loop looks, finds the host at its cap, and makes no member.
+	testenv.Eventually(t, 30*time.Second, "the pool waiting for room", func() (bool, string) {
+		_, body := s.call(t, "GET", "/metrics", "", nil)
+		m := poolWaiting.FindSubmatch(body)
+		return m != nil && string(m[1]) == "1", grepLines(string(body), "airlock_warm_pool")
+	})
 	if m := poolMembers(t, s); len(m) != 0 {
 		t.Errorf("at the cap the pool members are %v, want none", m)
 	}

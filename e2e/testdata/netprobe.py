@@ -140,7 +140,8 @@ def checksum(b):
 
 
 def hold(c):
-    """Connect, then read until the connection ends; report how long it lasted."""
+    """Connect, then read until the connection ends; report how long it lasted.
+    With "progress", print a line "got N bytes" on stdout at each read."""
     s = connect(c["ip"], c["port"], c.get("timeout", 30))
     if c.get("send"):
         s.sendall(c["send"].encode())
@@ -152,6 +153,8 @@ def hold(c):
             if not b:
                 break
             n += len(b)
+            if c.get("progress"):
+                print("got %d bytes" % n, flush=True)
     except (ConnectionError, socket.timeout) as e:
         return {"lasted": time.time() - start, "bytes": n, "end": type(e).__name__}
     return {"lasted": time.time() - start, "bytes": n, "end": "eof"}

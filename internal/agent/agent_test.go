@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -30,6 +31,8 @@ type port struct {
 	mu   sync.Mutex // guards conn
 	conn net.Conn
 	cond *sync.Cond
+	// written counts the bytes the agent wrote to its hosts.
+	written atomic.Int64
 }
 
 func newPort() *port {
@@ -69,6 +72,7 @@ func (p *port) Write(b []byte) (int, error) {
 		return len(b), nil
 	}
 	n, err := c.Write(b)
+	p.written.Add(int64(n))
 	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 		return len(b), nil
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/airlockhq/airlock/internal/agentclient"
 	"github.com/airlockhq/airlock/internal/agentproto"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 // seqOutput is what `seq 1 n` prints.
@@ -95,8 +96,15 @@ func TestAttachResumesAfterSessionDrop(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-first.reached
-	time.Sleep(300 * time.Millisecond) // the agent fills the stream's window
-	c2 := dial(t, port)                // replaces the first session
+	// The agent fills the stream's window: having taken less than half of
+	// it, the host granted no more, so the agent writes a window in all,
+	// what the host took and what waits in its buffer.
+	window := int64(agentproto.MuxConfig().MaxStreamWindowSize)
+	testenv.Eventually(t, 30*time.Second, "the agent writing the stream's window", func() (bool, string) {
+		w, took := port.written.Load(), int64(len(first.String()))
+		return w >= window, fmt.Sprintf("the agent wrote %d bytes, the host took %d", w, took)
+	})
+	c2 := dial(t, port) // replaces the first session
 	close(first.release)
 	<-p1.Done()
 	if _, err := p1.Wait(); err == nil {
@@ -156,7 +164,9 @@ func TestDetachedOutputBlocksAndIsKept(t *testing.T) {
 	off := p1.OutputOffset()
 
 	// seq writes 4 MB in a few milliseconds when nothing holds it back.
-	time.Sleep(time.Second)
+	// Held back, it waits in a write to its pipe, at the same count, and
+	// the shell has not reached the touch.
+	seqBlocked(t, p1.PID)
 	if _, err := os.Stat(marker); err == nil {
 		t.Fatal("the process finished its output although no host read it")
 	}
@@ -380,4 +390,30 @@ func TestSignalAndResizeWhileDetached(t *testing.T) {
 	if exit := wait(t, a); exit.Signal != "INT" {
 		t.Fatalf("after SIGINT: exit %+v", exit)
 	}
+}
+
+// seqBlocked waits until the first child of the shell pid (the seq of
+// "seq ...; touch ...") has written half a ring or more and is waiting in a
+// write to its pipe, its count of bytes written the same 100 ms later.
+func seqBlocked(t *testing.T, pid int) {
+	t.Helper()
+	last := int64(-1)
+	testenv.Eventually(t, 30*time.Second, "seq blocked writing to its pipe", func() (bool, string) {
+		kids, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+		f := strings.Fields(string(kids))
+		if len(f) == 0 {
+			return false, "the shell has no child"
+		}
+		wchan, _ := os.ReadFile("/proc/" + f[0] + "/wchan")
+		io, _ := os.ReadFile("/proc/" + f[0] + "/io")
+		var wrote int64 = -1
+		for _, line := range strings.Split(string(io), "\n") {
+			if v, ok := strings.CutPrefix(line, "wchar: "); ok {
+				wrote, _ = strconv.ParseInt(v, 10, 64)
+			}
+		}
+		blocked := strings.Contains(string(wchan), "pipe_write") && wrote >= agent.RingSize/2 && wrote == last
+		last = wrote
+		return blocked, fmt.Sprintf("seq %s waits in %q, %d bytes written", f[0], wchan, wrote)
+	})
 }

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 const smapsRollup = `55d4c7a3e000-7ffd2b5fe000 ---p 00000000 00:00 0                          [rollup]
@@ -59,7 +61,7 @@ func TestParseSmapsRollup(t *testing.T) {
 // This process's own smaps_rollup, as the kernel writes it.
 func TestReadMemUseOfThisProcess(t *testing.T) {
 	if _, err := os.Stat("/proc/self/smaps_rollup"); err != nil {
-		t.Skip("no smaps_rollup on this kernel")
+		testenv.Lacking(t, "no smaps_rollup on this kernel (Linux 4.14 or later has it)")
 	}
 	u, err := readMemUse(os.Getpid())
 	if err != nil {

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 var loopback = &netHost{addr: netip.MustParseAddr("127.0.0.1"), peer: netip.MustParseAddr("127.0.0.1")}
@@ -75,7 +77,7 @@ func TestParseTimings(t *testing.T) {
 // of the veth.
 func TestNetHost(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("a network namespace needs root")
+		testenv.Lacking(t, "a network namespace needs root")
 	}
 	h, err := newNetHost()
 	if err != nil {
@@ -243,7 +245,7 @@ func TestTCPServerTakesOnlyItsOwnAddress(t *testing.T) {
 	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}
 	c, err := d.Dial("tcp", s.addr().String())
 	if err != nil {
-		t.Skipf("no 127.0.0.2 to dial from: %v", err)
+		testenv.Lacking(t, "no 127.0.0.2 to dial from: %v", err)
 	}
 	defer c.Close()
 	c.Write([]byte("hello"))
@@ -281,12 +283,13 @@ func TestTCPServerCloseEndsOpenConnections(t *testing.T) {
 	}
 }
 
-// hostPythonOrSkip is the host's python3, or skips the test.
+// hostPythonOrSkip is the host's python3; without one the test is
+// Lacking.
 func hostPythonOrSkip(t *testing.T) string {
 	t.Helper()
 	p, err := hostPython()
 	if err != nil {
-		t.Skip(err)
+		testenv.Lacking(t, "%v", err)
 	}
 	return p
 }

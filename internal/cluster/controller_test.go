@@ -281,18 +281,32 @@ func TestControllerPlacesSandboxes(t *testing.T) {
 	}
 }
 
-// cutTransport fails every request while cut is set: a controller whose
-// apiserver is out of reach.
+// cutLink is a controller's way to the apiserver, which the test cuts. It
+// counts the requests cut off, and the requests on Leases that went
+// through, so that the test sees the controller try.
+type cutLink struct {
+	cut          atomic.Bool
+	refused      atomic.Int64
+	leaseThrough atomic.Int64
+}
+
+// cutTransport fails every request while its link is cut: a controller
+// whose apiserver is out of reach.
 type cutTransport struct {
-	rt  http.RoundTripper
-	cut *atomic.Bool
+	rt   http.RoundTripper
+	link *cutLink
 }
 
 func (c cutTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	if c.cut.Load() {
+	if c.link.cut.Load() {
+		c.link.refused.Add(1)
 		return nil, errors.New("cut off by the test")
 	}
-	return c.rt.RoundTrip(r)
+	resp, err := c.rt.RoundTrip(r)
+	if err == nil && strings.Contains(r.URL.Path, "/leases/") {
+		c.link.leaseThrough.Add(1)
+	}
+	return resp, err
 }
 
 func holder(t *testing.T, c kubernetes.Interface) string {
@@ -312,14 +326,18 @@ func holder(t *testing.T, c kubernetes.Interface) string {
 // they do not.
 func TestControllerFailover(t *testing.T) {
 	cp, c, st := setup(t)
-	var cut atomic.Bool
+	link := &cutLink{}
+	cut := &link.cut
 	cfgA := cp.RestConfig()
-	cfgA.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return cutTransport{rt, &cut} }
+	cfgA.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return cutTransport{rt, link} }
 	// a starts with the apiserver out of reach, and retries until it is
 	// back.
 	cut.Store(true)
 	a, _ := start(t, fast(Config{Client: clientFor(t, cfgA), Store: st, Namespace: ns, Identity: "a"}))
-	time.Sleep(time.Second)
+	testenv.Eventually(t, 10*time.Second, "a trying the apiserver, out of reach", func() (bool, string) {
+		n := link.refused.Load()
+		return n >= 3, fmt.Sprintf("%d requests", n)
+	})
 	if a.Leading() {
 		t.Fatal("a leads without reaching the apiserver")
 	}
@@ -345,8 +363,14 @@ func TestControllerFailover(t *testing.T) {
 		_, err := getPod(c, "sbxtwo")
 		return err == nil, fmt.Sprint(err)
 	})
+	// Back in reach, a reads the Lease again (twice, so that it has acted
+	// on one answer at least), and finds b holding it.
+	seen := link.leaseThrough.Load()
 	cut.Store(false)
-	time.Sleep(time.Second)
+	testenv.Eventually(t, 10*time.Second, "a reading the Lease, back in reach", func() (bool, string) {
+		n := link.leaseThrough.Load() - seen
+		return n >= 2, fmt.Sprintf("%d requests on the Lease", n)
+	})
 	if a.Leading() || holder(t, c) != "b" {
 		t.Errorf("back in reach, a took the lease from a live b: a %v, holder %s", a.Leading(), holder(t, c))
 	}

@@ -14,16 +14,15 @@ import (
 
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 // TestBuild fetches the real Debian cloud kernel with apt and builds the
 // boot artifacts twice: the second build must find them up to date.
 func TestBuild(t *testing.T) {
-	if testing.Short() {
-		t.Skip("downloads the kernel package")
-	}
+	testenv.Short(t, "downloads the kernel package")
 	if _, err := exec.LookPath("apt-get"); err != nil {
-		t.Skip("apt-get not found")
+		testenv.Lacking(t, "apt-get not found: the kernel comes from Debian's archive")
 	}
 	dir := datadir.Dir{Root: t.TempDir()}
 	if err := Check(dir); !errors.Is(err, errdefs.ErrPrecondition) || !strings.Contains(err.Error(), "airlock setup") {

@@ -237,9 +237,7 @@ func TestRemove(t *testing.T) {
 // for VMs, and returns the set-up data directory.
 func requireVMHost(t *testing.T) datadir.Dir {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("boots VMs; skipped under -short")
-	}
+	testenv.Short(t, "boots VMs")
 	dd := datadir.Default()
 	if err := guest.Check(dd); err != nil {
 		testenv.Lacking(t, "host not set up for VMs (run airlock setup): %v", err)

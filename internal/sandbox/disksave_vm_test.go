@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"path/filepath"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/airlockhq/airlock/internal/agentproto"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/template"
+	"github.com/airlockhq/airlock/internal/testenv"
 	"github.com/airlockhq/airlock/internal/vm"
 )
 
@@ -111,10 +113,9 @@ func TestSaveDiskVM(t *testing.T) {
 	}
 	// The writer goes on after the thaw.
 	n := stdout.count()
-	time.Sleep(300 * time.Millisecond)
-	if stdout.count() <= n {
-		t.Fatal("the writer stopped after the save: the guest was not thawed")
-	}
+	testenv.Eventually(t, 10*time.Second, "the writer going on after the save (the guest thawed)", func() (bool, string) {
+		return stdout.count() > n, fmt.Sprintf("%d lines, %d before", stdout.count(), n)
+	})
 	checkSaved(ctx, t, running, map[string]string{"data/file.txt": "saved content\n"}, sb)
 	busy, err := ext4Image{path: running}.readFile(ctx, "/busy.log")
 	if err != nil {
@@ -201,10 +202,10 @@ func TestSaveDiskVM(t *testing.T) {
 		t.Errorf("after the wake: %q", got)
 	}
 	n = strings.Count(shell(ctx, t, sb, "cat /busy.log"), "\n")
-	time.Sleep(300 * time.Millisecond)
-	if m := strings.Count(shell(ctx, t, sb, "cat /busy.log"), "\n"); m <= n {
-		t.Errorf("the writer does not write after the wake (%d lines, then %d)", n, m)
-	}
+	testenv.Eventually(t, 10*time.Second, "the writer writing after the wake", func() (bool, string) {
+		m := strings.Count(shell(ctx, t, sb, "cat /busy.log"), "\n")
+		return m > n, fmt.Sprintf("%d lines, %d before", m, n)
+	})
 }
 
 // checkSaved checks that the saved image img is clean, holds want and

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/airlockhq/airlock/internal/agentclient"
 	"github.com/airlockhq/airlock/internal/agentproto"
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 // TestForkBombVM runs fork bombs as root, with a 15 s timeout, in guests
@@ -87,11 +89,20 @@ func forkBomb(ctx context.Context, t *testing.T, sb *Sandbox, bomb []string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// While the bomb fills the guest, execs and file reads keep the agent
-	// starting processes and blocking in system calls, for which its Go
-	// runtime makes threads. Their own results do not matter: starting a
-	// process may well fail with EAGAIN then.
-	time.Sleep(5 * time.Second)
+	// Once the bomb fills the commands' group (its pids limit refused a
+	// fork), execs and file reads keep the agent starting processes and
+	// blocking in system calls, for which its Go runtime makes threads.
+	// Their own results do not matter: starting a process may well fail
+	// with EAGAIN then.
+	testenv.Eventually(t, 30*time.Second, "the bomb at the commands' pids limit", func() (bool, string) {
+		var ev bytes.Buffer
+		tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if _, err := sb.Agent().ReadFile(tctx, "/sys/fs/cgroup/commands/pids.events", &ev); err != nil {
+			return false, err.Error()
+		}
+		return regexp.MustCompile(`(?m)^max [1-9]`).Match(ev.Bytes()), ev.String()
+	})
 	var wg sync.WaitGroup
 	for range 4 {
 		wg.Go(func() {

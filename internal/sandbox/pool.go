@@ -74,6 +74,9 @@ type pool struct {
 	ready   []*Sandbox          // members no create took
 	claimed map[string]*Sandbox // taken by Claim, waiting for Create
 	closed  bool
+	// noRoom is whether the fill loop's last pass found the pool short
+	// and the host without room for a member.
+	noRoom bool
 
 	kick chan struct{} // wakes the fill loop
 	done chan struct{} // closed when the fill loop ends
@@ -84,6 +87,9 @@ type PoolStatus struct {
 	Template string
 	Size     int
 	Ready    int
+	// WaitingForRoom is whether the pool is short of its size and its
+	// last fill found no room on the host for a member (the cap on VMs).
+	WaitingForRoom bool
 }
 
 // StartPools starts a warm pool for each spec, filling in the background
@@ -124,7 +130,7 @@ func (r *Runtime) Pools() []PoolStatus {
 	var out []PoolStatus
 	for _, p := range pools {
 		p.mu.Lock()
-		out = append(out, PoolStatus{Template: p.ref, Size: p.size, Ready: len(p.ready)})
+		out = append(out, PoolStatus{Template: p.ref, Size: p.size, Ready: len(p.ready), WaitingForRoom: p.noRoom})
 		p.mu.Unlock()
 	}
 	return out
@@ -302,7 +308,11 @@ func (p *pool) fill(ctx context.Context) {
 		for _, sb := range stale {
 			p.destroy(context.Background(), sb, "its VM exited or its template changed")
 		}
-		if short && (p.room == nil || p.room()) {
+		roomy := short && (p.room == nil || p.room())
+		p.mu.Lock()
+		p.noRoom = short && !roomy
+		p.mu.Unlock()
+		if roomy {
 			spec.ID, spec.Detach = NewID(), true
 			began := time.Now()
 			sb, err := p.r.cloneVM(ctx, spec, tpl, true)

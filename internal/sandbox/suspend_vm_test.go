@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -16,6 +17,7 @@ import (
 	"github.com/airlockhq/airlock/internal/agentproto"
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/testenv"
 	"github.com/airlockhq/airlock/internal/vm"
 )
 
@@ -195,10 +197,10 @@ func TestPauseSuspendWakeVM(t *testing.T) {
 		t.Errorf("woken sandbox %s spec %+v template %q", sb.ID, sb.Spec, sb.Template.Digest)
 	}
 	c3 := counter(sb)
-	time.Sleep(500 * time.Millisecond)
-	if c4 := counter(sb); c4 <= c3 {
-		t.Errorf("the counter stands at %d after the wake", c4)
-	}
+	testenv.Eventually(t, 10*time.Second, "the counter going on after the wake", func() (bool, string) {
+		c4 := counter(sb)
+		return c4 > c3, fmt.Sprintf("at %d, %d before", c4, c3)
+	})
 	if got := shell(ctx, t, sb, "cat /data.txt"); got != "kept" {
 		t.Errorf("/data.txt holds %q after the wake", got)
 	}

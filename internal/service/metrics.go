@@ -28,6 +28,7 @@ type Metrics struct {
 	running    prometheus.Gauge
 	attaches   prometheus.Counter
 	bytes      prometheus.Counter
+	reclaims   prometheus.Counter
 }
 
 // NewMetrics registers the service's metrics with reg.
@@ -58,8 +59,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		bytes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "airlock_streamed_bytes_total", Help: "Bytes of command output and file content streamed.",
 		}),
+		reclaims: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "airlock_template_reclaims_total", Help: "Passes of the reclaim of template storage nothing refers to, done.",
+		}),
 	}
-	reg.MustRegister(m.sandboxes, m.ops, m.opSeconds, m.opsPending, m.commands, m.running, m.attaches, m.bytes)
+	reg.MustRegister(m.sandboxes, m.ops, m.opSeconds, m.opsPending, m.commands, m.running, m.attaches, m.bytes, m.reclaims)
 	for _, st := range apiv1.States {
 		m.sandboxes.WithLabelValues(st)
 	}
@@ -110,6 +114,12 @@ func (m *Metrics) commandEnded(result string) {
 func (m *Metrics) attached() {
 	if m != nil {
 		m.attaches.Inc()
+	}
+}
+
+func (m *Metrics) reclaimed() {
+	if m != nil {
+		m.reclaims.Inc()
 	}
 }
 
@@ -410,8 +420,8 @@ func (c *SandboxCollector) measureAll(ctx context.Context, rows []store.Sandbox)
 
 // PoolCollector writes the warm pools' gauges (airlock serve --warm).
 type PoolCollector struct {
-	s           *Service
-	ready, size *prometheus.Desc
+	s                    *Service
+	ready, size, waiting *prometheus.Desc
 }
 
 // NewPoolCollector returns the collector of s's warm pools.
@@ -420,16 +430,28 @@ func NewPoolCollector(s *Service) *PoolCollector {
 	return &PoolCollector{s: s,
 		ready: prometheus.NewDesc("airlock_warm_pool_ready", "Clones the template's warm pool holds ready for a create.", labels, nil),
 		size:  prometheus.NewDesc("airlock_warm_pool_size", "Clones the template's warm pool keeps (airlock serve --warm).", labels, nil),
+		waiting: prometheus.NewDesc("airlock_warm_pool_waiting_for_room",
+			"1 while the template's warm pool is short and its last fill found the host at its cap on sandboxes, else 0.", labels, nil),
 	}
 }
 
 // Describe sends the pools' descriptors.
-func (c *PoolCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.ready; ch <- c.size }
+func (c *PoolCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.ready
+	ch <- c.size
+	ch <- c.waiting
+}
 
-// Collect writes each pool's size and members ready.
+// Collect writes each pool's size, members ready and whether it waits
+// for room.
 func (c *PoolCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, p := range c.s.rt.Pools() {
 		ch <- prometheus.MustNewConstMetric(c.ready, prometheus.GaugeValue, float64(p.Ready), p.Template)
 		ch <- prometheus.MustNewConstMetric(c.size, prometheus.GaugeValue, float64(p.Size), p.Template)
+		waiting := 0.0
+		if p.WaitingForRoom {
+			waiting = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.waiting, prometheus.GaugeValue, waiting, p.Template)
 	}
 }

@@ -326,6 +326,7 @@ func (s *Service) Reclaim(ctx context.Context) (int64, error) {
 	if err != nil {
 		errs = append(errs, err)
 	}
+	s.m.reclaimed()
 	return freed, errors.Join(errs...)
 }
 

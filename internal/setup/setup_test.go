@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,6 +13,8 @@ import (
 
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/template"
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 func TestValidate(t *testing.T) {
@@ -52,7 +55,7 @@ func TestReadyBeforeSetup(t *testing.T) {
 func TestMissingPackages(t *testing.T) {
 	missing, err := missingPackages(context.Background(), []string{"dpkg", "airlock-no-such-package"})
 	if errors.Is(err, errdefs.ErrPrecondition) {
-		t.Skip(err)
+		testenv.Lacking(t, "%v", err)
 	}
 	if err != nil {
 		t.Fatal(err)
@@ -77,17 +80,33 @@ func TestStepWriter(t *testing.T) {
 }
 
 // TestRun runs the whole setup into a fresh data directory: the kernel
-// download, the initramfs, and both templates (debootstrap takes a minute or
-// two), then runs it again, which must do nothing. It runs as root with
-// AIRLOCK_SETUP_IT=1.
+// package, the initramfs, tiny, and base by debootstrap against the host's
+// Debian mirror (a minute or two), then runs it again, which must do
+// nothing. It starts from a copy of the package caches of the host's data
+// directory, when it has them, so that it downloads only what changed
+// since. code-interpreter is base with more Debian packages and a warm
+// snapshot; make setup makes it, and the E2B runCode cases run it. It runs
+// as root with AIRLOCK_SETUP_IT=1, as make unit sets it.
 func TestRun(t *testing.T) {
 	if os.Getenv("AIRLOCK_SETUP_IT") != "1" {
-		t.Skip("set AIRLOCK_SETUP_IT=1 to run the whole setup")
+		testenv.Lacking(t, "set AIRLOCK_SETUP_IT=1 to run the whole setup (make unit does)")
 	}
 	if os.Geteuid() != 0 {
-		t.Skip("setup needs root")
+		testenv.Lacking(t, "setup needs root")
 	}
 	dir := datadir.Dir{Root: t.TempDir()}
+	if err := os.MkdirAll(dir.Cache(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []string{"debs", "debootstrap", "apt-archives"} {
+		from := filepath.Join(datadir.Default().Cache(), c)
+		if _, err := os.Stat(from); err != nil {
+			continue
+		}
+		if out, err := exec.Command("cp", "-a", from, dir.Cache()).CombinedOutput(); err != nil {
+			t.Fatalf("copy the package cache %s: %v\n%s", from, err, out)
+		}
+	}
 	agent := filepath.Join(t.TempDir(), "agent")
 	b, err := os.ReadFile("/bin/true")
 	if err != nil {
@@ -97,7 +116,7 @@ func TestRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	cfg := Config{Dir: dir, AgentPath: agent, Out: &out}
+	cfg := Config{Dir: dir, AgentPath: agent, Templates: []string{"tiny", "base"}, Out: &out}
 	if err := Run(context.Background(), cfg); err != nil {
 		t.Fatalf("Run: %v\n%s", err, out.String())
 	}
@@ -114,5 +133,13 @@ func TestRun(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("second run output lacks %q", want)
 		}
+	}
+	base, err := template.Open(dir).Resolve("base")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := exec.Command("debugfs", "-R", "stat /usr/bin/python3", base.Image).Output()
+	if err != nil || !strings.Contains(string(got), "python3.11") {
+		t.Errorf("base: debugfs stat /usr/bin/python3 = %q, %v", got, err)
 	}
 }

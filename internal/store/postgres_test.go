@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"net"
@@ -176,7 +177,11 @@ func TestPostgresReconnects(t *testing.T) {
 	for round := range 3 {
 		callsSurvive(t, s, fmt.Sprint("terminated ", round), func() {
 			pg.Exec(t, "postgres", "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid != pg_backend_pid()", db)
-			time.Sleep(100 * time.Millisecond) // the sessions end; their connections stay in the pool
+			// The sessions end; their connections stay in the pool.
+			testenv.Eventually(t, 10*time.Second, "the store's sessions ended", func() (bool, string) {
+				n := pgQuery(t, pg, "SELECT count(*)::text FROM pg_stat_activity WHERE datname = $1", db)
+				return n == "0", n + " sessions"
+			})
 		})
 	}
 }
@@ -237,9 +242,17 @@ func TestPostgresExclusive(t *testing.T) {
 	if !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "in use by another airlock serve") {
 		t.Fatalf("second server: %v, want a conflict that says why", err)
 	}
-	// The lock survives a dropped connection: a's check takes it again.
+	// The lock survives a dropped connection: a's check takes it again,
+	// on a new session.
+	holder := func() string {
+		return pgQuery(t, pg, "SELECT coalesce(string_agg(pid::text, ','), '') FROM pg_locks WHERE locktype = 'advisory' AND granted")
+	}
+	was := holder()
 	pg.Exec(t, "postgres", "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted")
-	time.Sleep(5 * ExclusiveCheckInterval)
+	testenv.Eventually(t, 10*time.Second, "a taking the lock again", func() (bool, string) {
+		h := holder()
+		return h != "" && h != was, fmt.Sprintf("held by session %q, before by %q", h, was)
+	})
 	if err := b.Exclusive(ctx, lost); !errors.Is(err, errdefs.ErrConflict) {
 		t.Fatalf("after a's connection was dropped: %v, want a to hold the lock again", err)
 	}
@@ -370,4 +383,20 @@ func TestPostgresMigrationsStepwise(t *testing.T) {
 	if id, err := s.operationInFlight(ctx, "sbx1"); err != nil || id != "" {
 		t.Errorf("the sandbox from before migration 7: in flight %q, %v", id, err)
 	}
+}
+
+// pgQuery runs a query that answers one text value as pg's superuser in
+// its postgres database.
+func pgQuery(t *testing.T, pg *testenv.Postgres, query string, args ...any) string {
+	t.Helper()
+	db, err := sql.Open("pgx", pg.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var v string
+	if err := db.QueryRow(query, args...).Scan(&v); err != nil {
+		t.Fatalf("%s: %v", query, err)
+	}
+	return v
 }

@@ -63,31 +63,3 @@ func TestBuildBuiltinUnknown(t *testing.T) {
 		t.Fatalf("BuildBuiltin(huge) = %v, want ErrInvalid", err)
 	}
 }
-
-// TestBuildBase runs debootstrap against the host's Debian mirror; it takes
-// a minute or more, so it runs only with AIRLOCK_SETUP_IT=1.
-func TestBuildBase(t *testing.T) {
-	if os.Getenv("AIRLOCK_SETUP_IT") != "1" {
-		t.Skip("set AIRLOCK_SETUP_IT=1 to run debootstrap")
-	}
-	needRoot(t)
-	dd := datadir.Dir{Root: t.TempDir()}
-	s := Open(dd)
-	tpl, err := s.BuildBuiltin(context.Background(), "base", BuildConfig{Cache: dd.Cache(), Out: tWriter{t}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("base: %s, %d MiB", tpl.Digest, tpl.SizeBytes>>20)
-	got, err := exec.Command("debugfs", "-R", "stat /usr/bin/python3", tpl.Image).Output()
-	if err != nil || !strings.Contains(string(got), "python3.11") {
-		t.Errorf("debugfs stat /usr/bin/python3 = %q, %v", got, err)
-	}
-}
-
-// tWriter logs each write to the test log.
-type tWriter struct{ t *testing.T }
-
-func (w tWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
-}

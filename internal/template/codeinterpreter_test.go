@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 func TestCodeInterpreterSettings(t *testing.T) {
@@ -34,16 +36,11 @@ func TestCodeInterpreterSettings(t *testing.T) {
 }
 
 // TestCodeInterpreterServer runs the embedded server on the host against a
-// real Jupyter kernel, when the host's python3 has jupyter_client and
-// ipykernel; otherwise the e2e runCode cases cover it in a sandbox.
+// real Jupyter kernel, with a python3 that has jupyter_client and ipykernel
+// (Debian's python3-jupyter-client and python3-ipykernel, which the
+// template installs too and make unit installs on the host).
 func TestCodeInterpreterServer(t *testing.T) {
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		t.Skip("no python3")
-	}
-	if out, err := exec.Command(py, "-c", "import jupyter_client, ipykernel").CombinedOutput(); err != nil {
-		t.Skipf("python3 has no jupyter_client and ipykernel (the e2e runCode cases test the server): %s", bytes.TrimSpace(out))
-	}
+	py := jupyterPython(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -129,7 +126,11 @@ func TestCodeInterpreterServer(t *testing.T) {
 	if e["name"] != "ZeroDivisionError" || !strings.Contains(e["traceback"].(string), "ZeroDivisionError") {
 		t.Errorf("error line = %v", e)
 	}
-	if r := find(execute(`{"code":"import os; os.environ.get('A')","language":"python"}`), "result"); r["text"] != "None" {
+	// An expression that is None makes no result line, as in Jupyter.
+	if r := find(execute(`{"code":"import os; os.environ.get('A', 'unset')","env_vars":{"A":"b"}}`), "result"); r["text"] != "b" {
+		t.Errorf("env_vars not set: %v", r)
+	}
+	if r := find(execute(`{"code":"import os; os.environ.get('A', 'unset')","language":"python"}`), "result"); r["text"] != "unset" {
 		t.Errorf("env_vars not reset: %v", r)
 	}
 
@@ -160,4 +161,32 @@ func TestCodeInterpreterServer(t *testing.T) {
 	if resp.StatusCode != 400 || !strings.Contains(string(b), "not supported") {
 		t.Errorf("context for r = %s %s", resp.Status, b)
 	}
+}
+
+// jupyterPython returns a python3 that imports jupyter_client and
+// ipykernel: the one on PATH, else Debian's; with neither the test is
+// Lacking.
+func jupyterPython(t *testing.T) string {
+	t.Helper()
+	var tried []string
+	for _, name := range []string{"python3", "/usr/bin/python3"} {
+		py, err := exec.LookPath(name)
+		if err != nil {
+			tried = append(tried, fmt.Sprintf("%s: %v", name, err))
+			continue
+		}
+		out, err := exec.Command(py, "-c", "import jupyter_client, ipykernel").CombinedOutput()
+		if err == nil {
+			return py
+		}
+		tried = append(tried, fmt.Sprintf("%s: %s", py, lastLine(out)))
+	}
+	testenv.Lacking(t, "no python3 with jupyter_client and ipykernel (Debian: apt-get install python3-jupyter-client python3-ipykernel): %s", strings.Join(tried, "; "))
+	return ""
+}
+
+// lastLine is the last non-empty line of out.
+func lastLine(out []byte) string {
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	return lines[len(lines)-1]
 }

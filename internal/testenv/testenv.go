@@ -22,6 +22,20 @@ func Lacking(t testing.TB, format string, args ...any) {
 	t.Skipf(format, args...)
 }
 
+// Short skips a test under `go test -short`, saying why it is not short
+// (it boots VMs, downloads a package). Under CI it fails instead: CI runs
+// every test, and make test never passes -short.
+func Short(t testing.TB, why string) {
+	t.Helper()
+	if !testing.Short() {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("CI runs every test, but -short was given: %s", why)
+	}
+	t.Skipf("skipped under -short: %s", why)
+}
+
 // ProcStatus returns the fields of /proc/PID/status, such as "Uid",
 // "CapEff" or "Seccomp", their values trimmed.
 func ProcStatus(t testing.TB, pid int) map[string]string {

@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 func testLog(t *testing.T) *slog.Logger {
@@ -45,7 +47,7 @@ func fakeProcess(t *testing.T, argv0 string) *exec.Cmd {
 	t.Helper()
 	sleep, err := exec.LookPath("sleep")
 	if err != nil {
-		t.Skip("no sleep binary:", err)
+		testenv.Lacking(t, "no sleep binary: %v", err)
 	}
 	cmd := &exec.Cmd{Path: sleep, Args: []string{argv0, "1000"}}
 	if err := cmd.Start(); err != nil {

@@ -190,7 +190,7 @@ func newRegistryOn(t *testing.T, addr string, wrap func(http.Handler) http.Handl
 	t.Helper()
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
-		t.Skipf("cannot listen on %s: %v", addr, err)
+		t.Fatalf("listen on %s: %v", addr, err)
 	}
 	r := &testRegistry{}
 	var h http.Handler = registry.New(registry.Logger(log.New(io.Discard, "", 0)))
