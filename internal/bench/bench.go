@@ -59,6 +59,11 @@ const (
 	ScenarioConcurrent = "concurrent_create"
 	ScenarioSnapshot   = "snapshot_create_to_first_output"
 	ScenarioWarmPool   = "warm_pool_create_to_first_output"
+	// ScenarioCloneBoot prices a clone of the template snapshot against
+	// a boot, and ScenarioWarmTemplate a warm clone of a template with a
+	// server against a cold clone that starts it.
+	ScenarioCloneBoot    = "clone_vs_boot"
+	ScenarioWarmTemplate = "warm_template_create"
 
 	ScenarioNetThroughput = "net_tcp_throughput"
 	ScenarioNetConnect    = "net_connect_latency"
@@ -86,7 +91,7 @@ const (
 
 // Scenarios lists every scenario in the order Run runs them.
 func Scenarios() []string {
-	return []string{ScenarioBoot, ScenarioSnapshot, ScenarioWarmPool, ScenarioJail, ScenarioExecRTT, ScenarioThroughput,
+	return []string{ScenarioBoot, ScenarioSnapshot, ScenarioCloneBoot, ScenarioWarmPool, ScenarioWarmTemplate, ScenarioJail, ScenarioExecRTT, ScenarioThroughput,
 		ScenarioNetThroughput, ScenarioNetConnect, ScenarioNetDNS, ScenarioNetHTTPKeepAlive, ScenarioNetHTTPConnect, ScenarioPause,
 		ScenarioSuspend, ScenarioIdlePSS, ScenarioConcurrent, ScenarioTemplateBuild, ScenarioImageCreate,
 		ScenarioE2BCreate, ScenarioE2BExecRTT, ScenarioPGCreate, ScenarioPGExecRTT,
@@ -163,8 +168,9 @@ type Config struct {
 	// two sets) and concurrent_create creates at once. Default 20.
 	Sandboxes int
 	// SnapshotRuns is how many samples each side of
-	// snapshot_create_to_first_output, warm_pool_create_to_first_output
-	// and jail_cost takes. Default 5.
+	// snapshot_create_to_first_output, clone_vs_boot,
+	// warm_pool_create_to_first_output, warm_template_create and
+	// jail_cost takes. Default 5.
 	SnapshotRuns int
 	// TemplateBuildRuns is how many samples template_build takes of each
 	// of its sides: a cold build, the same build cached, and the baseline.
@@ -366,7 +372,9 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	}{
 		{ScenarioBoot, r.boot},
 		{ScenarioSnapshot, r.snapshotCreate},
+		{ScenarioCloneBoot, r.cloneVsBoot},
 		{ScenarioWarmPool, r.warmPoolCreate},
+		{ScenarioWarmTemplate, r.warmTemplateCreate},
 		{ScenarioJail, r.jailCost},
 		{ScenarioExecRTT, r.execRTT},
 		{ScenarioThroughput, r.stdoutThroughput},

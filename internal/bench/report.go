@@ -86,6 +86,10 @@ type Result struct {
 // in-guest fork/exec for exec_rtt) and else to the Result's.
 type Variant struct {
 	Name string `json:"name"`
+	// Unit is the unit of the variant's figures when it is not the
+	// Result's (idle_pss of warm_template_create: "MiB" beside "ms");
+	// absent when it is the same.
+	Unit string `json:"unit,omitempty"`
 	Measurement
 	Ratio float64 `json:"ratio"`
 	// Baseline is the variant's own baseline; absent when it is compared
@@ -192,6 +196,10 @@ func figures(r Result) []figure {
 		if v.Baseline != nil {
 			vb = *v.Baseline
 		}
+		u := u
+		if v.Unit != "" {
+			u = " " + v.Unit
+		}
 		out = append(out, figure{v.Name + " p50" + u, v.P50, vb.P50, true, v.Ratio})
 		if v.Runs > 1 {
 			out = append(out, figure{v.Name + " p99" + u, v.P99, vb.P99, false, 0})
@@ -261,6 +269,7 @@ func WriteTable(w io.Writer, rep Report) error {
 		}
 		fmt.Fprintf(&sb, "%s: %s\n", r.Name, r.Notes)
 	}
+
 	if _, err := io.WriteString(w, sb.String()); err != nil {
 		return fmt.Errorf("write report: %w", err)
 	}
