@@ -182,13 +182,16 @@ type Config struct {
 	E2BSDK string
 	// KubeBin is the directory of etcd, kube-apiserver and
 	// kube-scheduler (tools/kube/build.sh prints it), for the cluster_
-	// scenarios' local cluster. Required when they are selected.
+	// scenarios' local cluster. Required when Scenarios names them; a run
+	// of every scenario without it skips them, saying so.
 	KubeBin string
 	// Airlock is the airlock binary the local cluster's nodes and
 	// replicas run. Default: this process's executable.
 	Airlock string
-	// Scenarios selects the scenarios to run by name; empty means all.
-	// They run in the order of Scenarios() whatever the order here.
+	// Scenarios selects the scenarios to run by name; empty means every
+	// one this host can run (the others are the report's Skipped, each
+	// with what it lacks). They run in the order of Scenarios() whatever
+	// the order here.
 	Scenarios []string
 	// BootTimeout bounds one boot to agent ready, on either side. Default
 	// DefaultBootTimeout.
@@ -240,8 +243,10 @@ func (c *Config) Validate() error {
 		}
 	}
 	if c.KubeBin == "" {
+		// Named, they fail now; in a run of every scenario they are
+		// skipped, saying why.
 		for _, s := range clusterScenarios {
-			if c.selected(s) {
+			if slices.Contains(c.Scenarios, s) {
 				errs = append(errs, fmt.Errorf("scenario %s runs a local cluster and needs the Kubernetes binaries "+
 					"(tools/kube/build.sh builds them and prints their directory): give their directory, or leave the cluster_ scenarios out", s))
 				break
@@ -365,6 +370,10 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		StartedAt: time.Now().UTC().Truncate(time.Second),
 		Host:      Host{CPUs: runtime.NumCPU(), Accel: string(rt.Accel()), Kernel: hostKernel()},
 		Results:   []Result{},
+		Skipped:   cfg.skips(hostLacks(cfg, rt)),
+	}
+	for _, k := range rep.Skipped {
+		r.progressf("skipping %s: %s", k.Name, k.Reason)
 	}
 	scenarios := []struct {
 		name string
@@ -401,7 +410,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		{ScenarioAPIExecRTT, r.apiExecRTT},
 	}
 	for _, s := range scenarios {
-		if !cfg.selected(s.name) {
+		if !cfg.selected(s.name) || skipped(rep.Skipped, s.name) {
 			continue
 		}
 		res, err := s.run(ctx)

@@ -25,15 +25,21 @@ const ReportVersion = 1
 //	              "airlock": {...}, "baseline": {...},
 //	              "ratio": 1.8, "variants": [...],
 //	              "timings": {"airlock": {"step": 12.5, ...}, "baseline": {...}},
-//	              "notes": "...", "error": "..."}]}
+//	              "notes": "...", "error": "..."}],
+//	 "skipped": [{"name": "cluster_exec_rtt", "reason": "..."}]}
 //
 // See Measurement for what "airlock" and "baseline" hold, Variant for
-// the optional "variants" and StepTimings for the optional "timings".
+// the optional "variants", StepTimings for the optional "timings" and
+// Skip for the optional "skipped".
 type Report struct {
 	Version   int       `json:"version"`
 	StartedAt time.Time `json:"started_at"`
 	Host      Host      `json:"host"`
 	Results   []Result  `json:"results"`
+	// Skipped are the scenarios a run of every scenario left out because
+	// this host cannot run them, in the order of Scenarios(). Absent when
+	// none were.
+	Skipped []Skip `json:"skipped,omitempty"`
 }
 
 // Host describes the machine the bench ran on.
@@ -269,7 +275,12 @@ func WriteTable(w io.Writer, rep Report) error {
 		}
 		fmt.Fprintf(&sb, "%s: %s\n", r.Name, r.Notes)
 	}
-
+	if len(rep.Skipped) > 0 {
+		sb.WriteString("\n")
+	}
+	for _, k := range rep.Skipped {
+		fmt.Fprintf(&sb, "skipped %s: %s\n", k.Name, k.Reason)
+	}
 	if _, err := io.WriteString(w, sb.String()); err != nil {
 		return fmt.Errorf("write report: %w", err)
 	}

@@ -109,8 +109,13 @@ under node, timed inside node; they need node and the SDK installed in
 --e2b-sdk DIR's node_modules (default e2e/e2bsdk, from the source tree:
 cd e2e/e2bsdk && npm ci), and fail saying so without them.
 The cluster_ scenarios run ` + "`airlock localcluster`" + `'s cluster (etcd,
-kube-apiserver, kube-scheduler, PostgreSQL) from --kube-bin DIR and fail
-at the start, saying so, without it.
+kube-apiserver, kube-scheduler, PostgreSQL) from --kube-bin DIR (make bench
+passes it).
+Without --only, every scenario this host can run runs, and those it cannot
+(no --kube-bin, no node or E2B SDK, no PostgreSQL server binaries, no static
+busybox, not root for the net_ scenarios, a template airlock setup did not
+make) are skipped, each named with why at the start and under the report;
+a scenario named in --only is never skipped: it fails saying what it lacks.
 Every baseline runs with the same jail as its sandboxes.
 A floor is the same work in the same VM without airlock, reported as a
 variant of its scenario with a baseline of its own.
@@ -148,7 +153,7 @@ func runBench(ctx context.Context, env *Env, args []string) error {
 	buildRuns := fs.Int("build-runs", bench.DefaultTemplateBuildRuns, "builds per side (cold, cached, baseline) in the template_build scenario")
 	e2bSDK := fs.String("e2b-sdk", bench.DefaultE2BSDK, "`dir` whose node_modules holds E2B's JS SDK (npm e2b), for the e2b_ scenarios")
 	kubeBin := fs.String("kube-bin", os.Getenv("AIRLOCK_KUBE_BIN"), "`dir` of etcd, kube-apiserver and kube-scheduler (tools/kube/build.sh prints it), for the cluster_ scenarios (default: $AIRLOCK_KUBE_BIN)")
-	only := fs.String("only", "", "comma-separated `scenarios` to run (default: all): "+strings.Join(bench.Scenarios(), ", "))
+	only := fs.String("only", "", "comma-separated `scenarios` to run (default: every one this host can run): "+strings.Join(bench.Scenarios(), ", "))
 	accel := fs.String("accel", "auto", "accelerator: auto, kvm or tcg")
 	asJSON := fs.Bool("json", false, "print JSON even on a terminal")
 	outFile := fs.String("o", "", "also write the JSON report to `file`")
