@@ -6,11 +6,12 @@
 // lifecycle (pause and resume, suspend and wake) against the same QEMU
 // operations on a bare VM, a create from the template snapshot to first
 // output against a bare QEMU restoring the same snapshot, a create from a
-// warm pool member to first output against a plain create, and the fleet
-// (memory per idle sandbox, concurrent creates) against one bare VM or
-// one create alone, and the network (TCP throughput, connect latency and
-// DNS latency through a sandbox's gateway) against the same program on the
-// host, and E2B's JavaScript SDK (create to first output, a command's
+// warm pool member to first output against a plain create, a clone
+// against a boot, a warm clone of a template with a server against a
+// cold clone that starts it, and the fleet (memory per idle sandbox,
+// concurrent creates) against as many bare VMs or creates alone, and the
+// network (TCP throughput, connect latency and DNS latency through a
+// sandbox's gateway) against the same program on the host, and E2B's JavaScript SDK (create to first output, a command's
 // round trip) against the same work over the native API, and template
 // builds (cold and cached) against booting a sandbox and running the same
 // commands, and a create from an image-built template against one from a
@@ -19,9 +20,11 @@
 // throughput and a create to first output are also measured against
 // floors in the same VM: the same work inside the guest, timed there by
 // the agent's probe mode, or on a virtio-serial port without airlock.
-// Absolute timings vary from host to host (and from minute to minute under
-// software emulation); the ratios to the baselines are what compare across
-// runs.
+// A baseline does the same work as its airlock side in the same run, with
+// the same jail (bare VMs get the runtime's: Runtime.Confine), template
+// and number of samples. Absolute timings vary from host to host (and
+// from minute to minute under software emulation); the ratios to the
+// baselines are what compare across runs.
 package bench
 
 import (

@@ -127,7 +127,8 @@ type StepTimings struct {
 // suspend_wake_512) add bytes: the largest file one run wrote. The
 // scenarios that boot a sandbox per run (boot,
 // api_create_to_first_output, snapshot_create_to_first_output,
-// warm_pool_create_to_first_output, template_build,
+// clone_vs_boot, warm_pool_create_to_first_output,
+// warm_template_create, template_build,
 // image_template_create_to_first_output) add failures
 // when runs failed and were retried; concurrent_create adds the creates
 // that failed, which fail the scenario.
