@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -335,5 +337,27 @@ func TestStreamOnHost(t *testing.T) {
 	if err := runOnHost(context.Background(), []string{"sh", "-c", "echo nope >&2; exit 3"}, io.Discard); err == nil ||
 		!strings.Contains(err.Error(), "nope") {
 		t.Errorf("a failing command gave %v, want an error quoting its stderr", err)
+	}
+}
+
+// docs/bench.md's scenario table has a row for every scenario, and none
+// for a scenario that is not one.
+func TestDocsTableListsEveryScenario(t *testing.T) {
+	b, err := os.ReadFile("../../docs/bench.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if line == "" && len(rows) > 0 {
+			break // the end of the first table
+		}
+		if name, ok := strings.CutPrefix(line, "| `"); ok {
+			name, _, _ = strings.Cut(name, "`")
+			rows = append(rows, name)
+		}
+	}
+	if !slices.Equal(slices.Sorted(slices.Values(rows)), slices.Sorted(slices.Values(Scenarios()))) {
+		t.Errorf("docs/bench.md's scenario table lists %v, want every scenario: %v", rows, Scenarios())
 	}
 }
