@@ -6,11 +6,12 @@
 // lifecycle (pause and resume, suspend and wake) against the same QEMU
 // operations on a bare VM, a create from the template snapshot to first
 // output against a bare QEMU restoring the same snapshot, a create from a
-// warm pool member to first output against a plain create, and the fleet
-// (memory per idle sandbox, concurrent creates) against one bare VM or
-// one create alone, and the network (TCP throughput, connect latency and
-// DNS latency through a sandbox's gateway) against the same program on the
-// host, and E2B's JavaScript SDK (create to first output, a command's
+// warm pool member to first output against a plain create, a clone
+// against a boot, a warm clone of a template with a server against a
+// cold clone that starts it, and the fleet (memory per idle sandbox,
+// concurrent creates) against as many bare VMs or creates alone, and the
+// network (TCP throughput, connect latency and DNS latency through a
+// sandbox's gateway) against the same program on the host, and E2B's JavaScript SDK (create to first output, a command's
 // round trip) against the same work over the native API, and template
 // builds (cold and cached) against booting a sandbox and running the same
 // commands, and a create from an image-built template against one from a
@@ -19,9 +20,11 @@
 // throughput and a create to first output are also measured against
 // floors in the same VM: the same work inside the guest, timed there by
 // the agent's probe mode, or on a virtio-serial port without airlock.
-// Absolute timings vary from host to host (and from minute to minute under
-// software emulation); the ratios to the baselines are what compare across
-// runs.
+// A baseline does the same work as its airlock side in the same run, with
+// the same jail (bare VMs get the runtime's: Runtime.Confine), template
+// and number of samples. Absolute timings vary from host to host (and
+// from minute to minute under software emulation); the ratios to the
+// baselines are what compare across runs.
 package bench
 
 import (
@@ -59,6 +62,11 @@ const (
 	ScenarioConcurrent = "concurrent_create"
 	ScenarioSnapshot   = "snapshot_create_to_first_output"
 	ScenarioWarmPool   = "warm_pool_create_to_first_output"
+	// ScenarioCloneBoot prices a clone of the template snapshot against
+	// a boot, and ScenarioWarmTemplate a warm clone of a template with a
+	// server against a cold clone that starts it.
+	ScenarioCloneBoot    = "clone_vs_boot"
+	ScenarioWarmTemplate = "warm_template_create"
 
 	ScenarioNetThroughput = "net_tcp_throughput"
 	ScenarioNetConnect    = "net_connect_latency"
@@ -86,7 +94,7 @@ const (
 
 // Scenarios lists every scenario in the order Run runs them.
 func Scenarios() []string {
-	return []string{ScenarioBoot, ScenarioSnapshot, ScenarioWarmPool, ScenarioJail, ScenarioExecRTT, ScenarioThroughput,
+	return []string{ScenarioBoot, ScenarioSnapshot, ScenarioCloneBoot, ScenarioWarmPool, ScenarioWarmTemplate, ScenarioJail, ScenarioExecRTT, ScenarioThroughput,
 		ScenarioNetThroughput, ScenarioNetConnect, ScenarioNetDNS, ScenarioNetHTTPKeepAlive, ScenarioNetHTTPConnect, ScenarioPause,
 		ScenarioSuspend, ScenarioIdlePSS, ScenarioConcurrent, ScenarioTemplateBuild, ScenarioImageCreate,
 		ScenarioE2BCreate, ScenarioE2BExecRTT, ScenarioPGCreate, ScenarioPGExecRTT,
@@ -163,8 +171,9 @@ type Config struct {
 	// two sets) and concurrent_create creates at once. Default 20.
 	Sandboxes int
 	// SnapshotRuns is how many samples each side of
-	// snapshot_create_to_first_output, warm_pool_create_to_first_output
-	// and jail_cost takes. Default 5.
+	// snapshot_create_to_first_output, clone_vs_boot,
+	// warm_pool_create_to_first_output, warm_template_create and
+	// jail_cost takes. Default 5.
 	SnapshotRuns int
 	// TemplateBuildRuns is how many samples template_build takes of each
 	// of its sides: a cold build, the same build cached, and the baseline.
@@ -176,13 +185,16 @@ type Config struct {
 	E2BSDK string
 	// KubeBin is the directory of etcd, kube-apiserver and
 	// kube-scheduler (tools/kube/build.sh prints it), for the cluster_
-	// scenarios' local cluster. Required when they are selected.
+	// scenarios' local cluster. Required when Scenarios names them; a run
+	// of every scenario without it skips them, saying so.
 	KubeBin string
 	// Airlock is the airlock binary the local cluster's nodes and
 	// replicas run. Default: this process's executable.
 	Airlock string
-	// Scenarios selects the scenarios to run by name; empty means all.
-	// They run in the order of Scenarios() whatever the order here.
+	// Scenarios selects the scenarios to run by name; empty means every
+	// one this host can run (the others are the report's Skipped, each
+	// with what it lacks). They run in the order of Scenarios() whatever
+	// the order here.
 	Scenarios []string
 	// BootTimeout bounds one boot to agent ready, on either side. Default
 	// DefaultBootTimeout.
@@ -234,8 +246,10 @@ func (c *Config) Validate() error {
 		}
 	}
 	if c.KubeBin == "" {
+		// Named, they fail now; in a run of every scenario they are
+		// skipped, saying why.
 		for _, s := range clusterScenarios {
-			if c.selected(s) {
+			if slices.Contains(c.Scenarios, s) {
 				errs = append(errs, fmt.Errorf("scenario %s runs a local cluster and needs the Kubernetes binaries "+
 					"(tools/kube/build.sh builds them and prints their directory): give their directory, or leave the cluster_ scenarios out", s))
 				break
@@ -359,6 +373,10 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		StartedAt: time.Now().UTC().Truncate(time.Second),
 		Host:      Host{CPUs: runtime.NumCPU(), Accel: string(rt.Accel()), Kernel: hostKernel()},
 		Results:   []Result{},
+		Skipped:   cfg.skips(hostLacks(cfg, rt)),
+	}
+	for _, k := range rep.Skipped {
+		r.progressf("skipping %s: %s", k.Name, k.Reason)
 	}
 	scenarios := []struct {
 		name string
@@ -366,7 +384,9 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	}{
 		{ScenarioBoot, r.boot},
 		{ScenarioSnapshot, r.snapshotCreate},
+		{ScenarioCloneBoot, r.cloneVsBoot},
 		{ScenarioWarmPool, r.warmPoolCreate},
+		{ScenarioWarmTemplate, r.warmTemplateCreate},
 		{ScenarioJail, r.jailCost},
 		{ScenarioExecRTT, r.execRTT},
 		{ScenarioThroughput, r.stdoutThroughput},
@@ -393,7 +413,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		{ScenarioAPIExecRTT, r.apiExecRTT},
 	}
 	for _, s := range scenarios {
-		if !cfg.selected(s.name) {
+		if !cfg.selected(s.name) || skipped(rep.Skipped, s.name) {
 			continue
 		}
 		res, err := s.run(ctx)

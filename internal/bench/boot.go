@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
@@ -68,37 +67,22 @@ func (r *runner) bootSandbox(ctx context.Context) (time.Duration, error) {
 // bootPlain times QEMU booting without a sandbox around it until the agent
 // answers the handshake, and then stops it. The VM runs in a fresh
 // directory under the data directory's sandboxes/, whose paths are short
-// enough for unix sockets.
+// enough for unix sockets, with the runtime's jail and cgroup, made
+// before the clock starts.
 func (r *runner) bootPlain(ctx context.Context) (_ time.Duration, err error) {
-	if err := os.MkdirAll(r.cfg.Dir.Sandboxes(), 0o755); err != nil {
-		return 0, fmt.Errorf("create sandboxes directory: %w", err)
-	}
-	dir, err := os.MkdirTemp(r.cfg.Dir.Sandboxes(), "bench-")
+	b, err := r.newBare(ctx, vm.Config{
+		Kernel: r.cfg.Dir.Kernel(), Initramfs: r.cfg.Dir.Initramfs(), Accel: r.rt.Accel(), CPU: r.rt.CPU(),
+		VCPUs: r.tpl.VCPUs, MemoryMiB: r.tpl.MemoryMiB,
+	}, nil)
 	if err != nil {
-		return 0, fmt.Errorf("create plain boot directory: %w", err)
+		return 0, err
 	}
-	defer func() {
-		if rerr := os.RemoveAll(dir); rerr != nil {
-			err = errors.Join(err, fmt.Errorf("remove plain boot directory: %w", rerr))
-		}
-	}()
+	defer func() { err = errors.Join(err, b.close()) }()
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.BootTimeout)
 	defer cancel()
-
 	start := time.Now()
-	m, err := vm.Start(ctx, vm.Config{
-		Kernel: r.cfg.Dir.Kernel(), Initramfs: r.cfg.Dir.Initramfs(), Accel: r.rt.Accel(), CPU: r.rt.CPU(),
-		VCPUs: r.tpl.VCPUs, MemoryMiB: r.tpl.MemoryMiB, Dir: dir,
-	}, r.cfg.Log)
-	if err != nil {
-		return 0, fmt.Errorf("start plain qemu: %w", err)
+	if err := b.boot(ctx, r.cfg.BootTimeout); err != nil {
+		return 0, err
 	}
-	defer m.Stop(context.Background()) // bounded: Stop kills QEMU after 2 s
-	c, err := sandbox.ConnectAgent(ctx, m, r.cfg.BootTimeout)
-	d := time.Since(start)
-	if err != nil {
-		return 0, fmt.Errorf("plain qemu boot: %w", err)
-	}
-	c.Close()
-	return d, nil
+	return time.Since(start), nil
 }

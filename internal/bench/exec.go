@@ -120,24 +120,28 @@ func (r *runner) stdoutThroughput(ctx context.Context) (Result, error) {
 	size := int64(r.cfg.ThroughputMiB) << 20
 	argv := streamArgv(size)
 	timeout := streamTimeout(r.cfg.ThroughputMiB)
-	a, err := stream(ctx, 1, size, func(ctx context.Context, w io.Writer) error {
-		ctx, cancel := context.WithTimeout(ctx, timeout)
-		defer cancel()
-		return runInSandbox(ctx, sb, argv, w)
-	})
-	if err != nil {
-		return Result{}, err
+	var air, host []Measurement
+	for i := 1; i <= streamRuns; i++ {
+		a, err := stream(ctx, 1, size, func(ctx context.Context, w io.Writer) error {
+			ctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			return runInSandbox(ctx, sb, argv, w)
+		})
+		if err != nil {
+			return Result{}, err
+		}
+		b, err := stream(ctx, 1, size, func(ctx context.Context, w io.Writer) error {
+			ctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			return runOnHost(ctx, argv, w)
+		})
+		if err != nil {
+			return Result{}, fmt.Errorf("baseline: %w", err)
+		}
+		air, host = append(air, a), append(host, b)
+		r.progressf("stdout_throughput %d/%d: airlock %.1f MiB/s, host %.1f MiB/s", i, streamRuns, a.MiBPerS, b.MiBPerS)
 	}
-	r.progressf("stdout_throughput: airlock %d MiB in %.2f s (%.1f MiB/s)", r.cfg.ThroughputMiB, a.Seconds, a.MiBPerS)
-	b, err := stream(ctx, streamBaselineRuns, size, func(ctx context.Context, w io.Writer) error {
-		ctx, cancel := context.WithTimeout(ctx, timeout)
-		defer cancel()
-		return runOnHost(ctx, argv, w)
-	})
-	if err != nil {
-		return Result{}, fmt.Errorf("baseline: %w", err)
-	}
-	r.progressf("stdout_throughput: host %d MiB in %.2f s (%.1f MiB/s, median of %d)", r.cfg.ThroughputMiB, b.Seconds, b.MiBPerS, b.Runs)
+	a, b := medianRun(air), medianRun(host)
 	res := Result{
 		Name:     ScenarioThroughput,
 		Unit:     "MiB/s",
@@ -145,8 +149,9 @@ func (r *runner) stdoutThroughput(ctx context.Context) (Result, error) {
 		Baseline: b,
 		Ratio:    ratio(a.MiBPerS, b.MiBPerS),
 		Notes: fmt.Sprintf("`%s` in a running %s sandbox, stdout streamed to the host into a byte counter; "+
-			"baseline: the same command on the host via os/exec into the same counter, median of %d runs; "+
-			"byte counts verified; ratio of MiB/s", strings.Join(argv, " "), r.tpl.Ref(), streamBaselineRuns),
+			"baseline: the same command on the host via os/exec into the same counter; %d runs each, alternating, "+
+			"the median run by time of each counting; byte counts verified; ratio of MiB/s",
+			strings.Join(argv, " "), r.tpl.Ref(), streamRuns),
 	}
 	vs, notes, err := r.stdoutFloors(ctx, size, timeout)
 	res.Variants = vs
@@ -226,10 +231,11 @@ func (r *runner) stdoutFloors(ctx context.Context, size int64, timeout time.Dura
 	return vs, notes, nil
 }
 
-// streamBaselineRuns is how many times the host side of stdout_throughput
-// runs. It takes well under a second, so a single run is at the mercy of
-// whatever else the host does in that moment; the median run counts.
-const streamBaselineRuns = 5
+// streamRuns is how many runs each side of stdout_throughput's headline
+// makes, alternating; the median run by time of each counts. The host's
+// side takes well under a second, so a single run would be at the mercy
+// of whatever else the host does in that moment.
+const streamRuns = 3
 
 // stream runs run the given number of times, each writing its output to a
 // counter that must receive exactly want bytes, and reports the median run

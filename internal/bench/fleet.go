@@ -24,10 +24,11 @@ const idleSettle = 5 * time.Second
 
 // idlePSS measures the proportional set size of the QEMU of each of
 // Config.Sandboxes idle sandboxes, clones of the template's snapshot as
-// Create makes them, against that of a bare clone of the same snapshot
-// beside them; and then, as variants, the same for as many cold-booted
-// sandboxes against a bare QEMU of the same memory size booted to its
-// agent beside them.
+// Create makes them, against that of as many bare clones of the same
+// snapshot beside them, with the same jail; and then, as variants, the
+// same for as many cold-booted sandboxes against as many bare QEMUs of the
+// same memory size booted to their agent beside them, and the clones
+// against the cold-booted sandboxes.
 func (r *runner) idlePSS(ctx context.Context) (_ Result, err error) {
 	// Nothing of the earlier scenarios shares the host's pages or CPU.
 	if err := r.close(); err != nil {
@@ -38,13 +39,12 @@ func (r *runner) idlePSS(ctx context.Context) (_ Result, err error) {
 		return Result{}, err
 	}
 	bootFloor := func(ctx context.Context) (*bareVM, error) {
-		r.progressf("%s: booting a bare QEMU of %d MiB", ScenarioIdlePSS, r.tpl.MemoryMiB)
 		return r.startBare(ctx, vm.Config{
 			Kernel: r.cfg.Dir.Kernel(), Initramfs: r.cfg.Dir.Initramfs(), Accel: r.rt.Accel(), CPU: r.rt.CPU(),
 			VCPUs: r.tpl.VCPUs, MemoryMiB: r.tpl.MemoryMiB,
-		}, false, 0)
+		}, nil)
 	}
-	cloneFloor := "a bare clone of the same template snapshot (its memory file mapped private, a disk of its own, " +
+	cloneFloor := "bare clones of the same template snapshot (its memory file mapped private, a disk of their own, " +
 		"no agent session, init or disk growth)"
 	created, err := r.idleFleet(ctx, "created", spec, func(ctx context.Context) (*bareVM, error) {
 		snap, err := r.rt.TemplateSnapshot(ctx, spec)
@@ -52,10 +52,9 @@ func (r *runner) idlePSS(ctx context.Context) (_ Result, err error) {
 			if ctx.Err() != nil {
 				return nil, err
 			}
-			cloneFloor = "(no template snapshot) a bare QEMU booted to the agent's handshake"
+			cloneFloor = "(no template snapshot) bare QEMUs booted to the agent's handshake"
 			return bootFloor(ctx)
 		}
-		r.progressf("%s: starting a bare clone of the template snapshot", ScenarioIdlePSS)
 		return r.startBareClone(ctx, snap)
 	})
 	if err != nil {
@@ -69,39 +68,57 @@ func (r *runner) idlePSS(ctx context.Context) (_ Result, err error) {
 	res := idleResult(created, cold)
 	n := r.cfg.Sandboxes
 	res.Notes = fmt.Sprintf("airlock: PSS (/proc/<pid>/smaps_rollup) of the QEMU of each of %d idle %s sandboxes "+
-		"of %d MiB as Create makes them (%d of %d were clones of the template snapshot), started one after another "+
-		"and left %s idle after the last; baseline: PSS of %s, started just before them and read beside them, so "+
-		"that the pages all the QEMUs share (binary, libraries, the snapshot's memory file) are split the same way; "+
-		"variants: anon (Pss_Anon alone: guest RAM written and QEMU's heap), and cold_boot and cold_boot_anon, the "+
-		"same for %d sandboxes booted from scratch (Spec.ColdBoot) after the first set was removed, against one bare "+
-		"QEMU of the same kernel, initramfs, vCPUs and memory, no disk, booted to the agent's handshake beside them "+
-		"(a booted QEMU maps the kernel file, which all the booted QEMUs share); no other VM of the bench ran; MiB "+
-		"per sandbox; ratios of p50s", n, r.tpl.Ref(), r.tpl.MemoryMiB, created.clones, n, idleSettle, cloneFloor, n)
+		"of %d MiB as Create makes them (%d of %d were clones of the template snapshot); baseline: PSS of %d %s, "+
+		"each started just before a sandbox (bare, sandbox, bare, ...) and all read beside them after %s idle "+
+		"after the last, with the runtime's jail (%s) and cgroup, so that a jailed clone and a bare one map the "+
+		"same sealed copy of the snapshot's memory file and the pages all the QEMUs share are split among as "+
+		"many processes on both sides; variants: anon (Pss_Anon alone: guest RAM written and QEMU's heap), "+
+		"cold_boot and cold_boot_anon, the same for %d sandboxes booted from scratch (Spec.ColdBoot) after the "+
+		"first set was removed, against as many bare QEMUs of the same kernel, initramfs, vCPUs and memory, no "+
+		"disk, booted to the agent's handshake, started and read the same way (a booted QEMU maps the kernel "+
+		"file, which all the booted QEMUs share), and clone_vs_cold_boot: the clones against the cold-booted "+
+		"sandboxes (what a clone saves a sandbox's host); no other VM of the bench ran; MiB per sandbox; "+
+		"ratios of p50s",
+		n, r.tpl.Ref(), r.tpl.MemoryMiB, created.clones, n, n, cloneFloor, idleSettle, jailWord(r.rt.Jailed()), n)
 	return res, nil
+}
+
+// jailWord says whether a runtime's VMs run jailed.
+func jailWord(jailed bool) string {
+	if jailed {
+		return "on"
+	}
+	return "off: the runtime runs its VMs unjailed"
 }
 
 // idleSet is what idle_pss read of one set of idle sandboxes.
 type idleSet struct {
 	uses   []memUse // of each sandbox's QEMU
-	base   memUse   // of the baseline's bare QEMU, beside them
+	base   []memUse // of each of the baseline's bare QEMUs, beside them
 	clones int      // how many of the sandboxes were clones
 }
 
-// idleFleet starts the baseline's bare VM with startFloor and then
-// Config.Sandboxes sandboxes of spec one after another, leaves them idle
-// for idleSettle and reads their QEMUs' memory use and the bare VM's
-// beside them. The sandboxes and the bare VM are gone before it returns.
+// idleFleet starts Config.Sandboxes pairs of a bare VM (with startFloor)
+// and a sandboxes of spec, one after another, leaves them idle for
+// idleSettle and reads the memory use of every QEMU. The sandboxes and
+// the bare VMs are gone before it returns.
 func (r *runner) idleFleet(ctx context.Context, what string, spec sandbox.Spec, startFloor func(context.Context) (*bareVM, error)) (_ idleSet, err error) {
-	bare, err := startFloor(ctx)
-	if err != nil {
-		return idleSet{}, fmt.Errorf("baseline: %w", err)
-	}
-	defer func() { err = errors.Join(err, bare.close()) }()
 	n := r.cfg.Sandboxes
 	var fleet []*sandbox.Sandbox
-	defer func() { err = errors.Join(err, destroyAll(fleet)) }()
+	var bares []*bareVM
+	defer func() {
+		err = errors.Join(err, destroyAll(fleet))
+		for _, b := range bares {
+			err = errors.Join(err, b.close())
+		}
+	}()
 	var set idleSet
 	for i := 1; i <= n; i++ {
+		b, err := startFloor(ctx)
+		if err != nil {
+			return idleSet{}, fmt.Errorf("baseline %d of %d: %w", i, n, err)
+		}
+		bares = append(bares, b)
 		sb, err := r.rt.Create(ctx, spec)
 		if err != nil {
 			return idleSet{}, fmt.Errorf("create sandbox %d of %d: %w", i, n, err)
@@ -111,7 +128,7 @@ func (r *runner) idleFleet(ctx context.Context, what string, spec sandbox.Spec, 
 			set.clones++
 		}
 		if i%5 == 0 || i == n {
-			r.progressf("%s: %d/%d sandboxes %s", ScenarioIdlePSS, i, n, what)
+			r.progressf("%s: %d/%d sandboxes %s, each beside a bare QEMU", ScenarioIdlePSS, i, n, what)
 		}
 	}
 	select {
@@ -119,23 +136,24 @@ func (r *runner) idleFleet(ctx context.Context, what string, spec sandbox.Spec, 
 	case <-ctx.Done():
 		return idleSet{}, ctx.Err()
 	}
-	for _, sb := range fleet {
+	for i, sb := range fleet {
 		u, err := readMemUse(sb.Machine().PID())
 		if err != nil {
 			return idleSet{}, fmt.Errorf("sandbox %s: %w", sb.ID, err)
 		}
 		set.uses = append(set.uses, u)
-	}
-	if set.base, err = readMemUse(bare.m.PID()); err != nil {
-		return idleSet{}, fmt.Errorf("baseline: %w", err)
+		if u, err = readMemUse(bares[i].m.PID()); err != nil {
+			return idleSet{}, fmt.Errorf("baseline: %w", err)
+		}
+		set.base = append(set.base, u)
 	}
 	return set, nil
 }
 
 // idleResult assembles the idle_pss result: the sandboxes as Create makes
-// them against the bare VM beside them, and as variants their anonymous
+// them against the bare VMs beside them, and as variants their anonymous
 // part and the cold-booted set, each against the matching figure of the
-// bare VM beside its set.
+// bare VMs beside its set, and the clones against the cold boots.
 func idleResult(created, cold idleSet) Result {
 	total := func(u memUse) int64 { return u.pssKiB }
 	anon := func(u memUse) int64 { return u.anonKiB }
@@ -146,7 +164,7 @@ func idleResult(created, cold idleSet) Result {
 		res.Variants = append(res.Variants, Variant{Name: name, Measurement: a, Ratio: ratio(a.P50, b.P50), Baseline: &b})
 	}
 	// A kernel that does not report Pss_Anon leaves the anon variants out.
-	hasAnon := created.base.anonKiB > 0
+	hasAnon := len(created.base) > 0 && created.base[0].anonKiB > 0
 	if hasAnon {
 		add("anon", created, anon)
 	}
@@ -155,18 +173,23 @@ func idleResult(created, cold idleSet) Result {
 		if hasAnon {
 			add("cold_boot_anon", cold, anon)
 		}
+		c, _ := cold.summary(total)
+		res.Variants = append(res.Variants, Variant{Name: "clone_vs_cold_boot", Measurement: a, Ratio: ratio(a.P50, c.P50), Baseline: &c})
 	}
 	return res
 }
 
 // summary summarizes one figure, in KiB, of the set's sandboxes and of
-// the bare QEMU beside them.
+// the bare QEMUs beside them.
 func (s idleSet) summary(of func(memUse) int64) (sandboxes, bare Measurement) {
-	kib := make([]int64, len(s.uses))
-	for i, u := range s.uses {
-		kib[i] = of(u)
+	kib := func(us []memUse) []int64 {
+		out := make([]int64, len(us))
+		for i, u := range us {
+			out[i] = of(u)
+		}
+		return out
 	}
-	return summarizeKiB(kib), summarizeKiB([]int64{of(s.base)})
+	return summarizeKiB(kib(s.uses)), summarizeKiB(kib(s.base))
 }
 
 // memUse is a process's proportional set size, in KiB, as its
@@ -229,7 +252,9 @@ func concurrentBootTimeout(one time.Duration, n, cpus int) time.Duration {
 }
 
 // concurrentCreate measures Config.Sandboxes Runtime.Create calls made at
-// once against one create alone, made just before them.
+// once against as many creates made alone, one after another, half of
+// them just before the concurrent ones and half just after, so that drift
+// hits both sides.
 func (r *runner) concurrentCreate(ctx context.Context) (_ Result, err error) {
 	// Nothing of the earlier scenarios competes for the CPU.
 	if err := r.close(); err != nil {
@@ -248,24 +273,38 @@ func (r *runner) concurrentCreate(ctx context.Context) (_ Result, err error) {
 		return Result{}, err
 	}
 
-	r.progressf("%s: one create alone", ScenarioConcurrent)
-	start := time.Now()
-	sb, err := rt.Create(ctx, spec)
-	single := time.Since(start)
-	if err != nil {
-		return Result{}, fmt.Errorf("baseline: %w", err)
+	var singles []time.Duration
+	singleClones := 0
+	alone := func(k int) error {
+		for range k {
+			start := time.Now()
+			sb, err := rt.Create(ctx, spec)
+			d := time.Since(start)
+			if err != nil {
+				return fmt.Errorf("baseline: %w", err)
+			}
+			if sb.Snapshot != "" {
+				singleClones++
+			}
+			if err := destroy(sb); err != nil {
+				return fmt.Errorf("baseline: %w", err)
+			}
+			singles = append(singles, d)
+		}
+		return nil
 	}
-	singleClone := sb.Snapshot != ""
-	if err := destroy(sb); err != nil {
-		return Result{}, fmt.Errorf("baseline: %w", err)
+	before := n / 2
+	r.progressf("%s: %d creates alone, one after another", ScenarioConcurrent, before)
+	if err := alone(before); err != nil {
+		return Result{}, err
 	}
-	r.progressf("%s: one create took %.0f ms; now %d at once", ScenarioConcurrent, ms(single), n)
+	r.progressf("%s: now %d at once", ScenarioConcurrent, n)
 
 	ds := make([]time.Duration, n)
 	errs := make([]error, n)
 	made := make([]*sandbox.Sandbox, n)
 	var wg sync.WaitGroup
-	start = time.Now()
+	start := time.Now()
 	for i := range n {
 		wg.Add(1)
 		go func() { // ends when its create does, bounded by ctx and the boot timeout
@@ -277,41 +316,45 @@ func (r *runner) concurrentCreate(ctx context.Context) (_ Result, err error) {
 	}
 	wg.Wait()
 	wall := time.Since(start)
-	defer func() {
-		var live []*sandbox.Sandbox
-		for _, sb := range made {
-			if sb != nil {
-				live = append(live, sb)
-			}
-		}
-		err = errors.Join(err, destroyAll(live))
-	}()
-	if ctx.Err() != nil {
-		return Result{}, ctx.Err()
-	}
+	var live []*sandbox.Sandbox
 	clones := 0
 	for _, sb := range made {
-		if sb != nil && sb.Snapshot != "" {
-			clones++
+		if sb != nil {
+			live = append(live, sb)
+			if sb.Snapshot != "" {
+				clones++
+			}
 		}
 	}
-	res, err := concurrentResult(single, ds, errs, wall)
-	r.progressf("%s: %d creates in %.0f ms, p50 %.0f ms", ScenarioConcurrent, n, ms(wall), res.Airlock.P50)
+	// Destroyed before the creates alone that follow, which must not
+	// share the host with them.
+	if derr := destroyAll(live); derr != nil || ctx.Err() != nil {
+		return Result{}, errors.Join(ctx.Err(), derr)
+	}
+	r.progressf("%s: %d at once in %.0f ms; %d creates alone", ScenarioConcurrent, n, ms(wall), n-before)
+	if err := alone(n - before); err != nil {
+		return Result{}, err
+	}
+	res, err := concurrentResult(singles, ds, errs, wall)
+	r.progressf("%s: p50 %.0f ms at once, %.0f ms alone", ScenarioConcurrent, res.Airlock.P50, res.Baseline.P50)
 	res.Notes = fmt.Sprintf("airlock: %d sandbox.Runtime.Create calls of template %s started at once from as many "+
 		"goroutines, each timed to its return (agent ready, init answered; %d of the %d that succeeded were clones of "+
-		"the template snapshot, made beforehand), boot timeout %s each; variant wall: from the first start to the "+
-		"last return; baseline: one create of the same template alone just before, on the same runtime (%s); no "+
-		"other VM of the bench ran; ratios to the single create",
-		n, r.tpl.Ref(), clones, res.Airlock.Runs, timeout, cloneWord(singleClone))
+		"the template snapshot, made beforehand), boot timeout %s each; baseline: %d creates of the same template "+
+		"alone, one after another on the same runtime, %d just before and %d just after (%d of them clones), each "+
+		"destroyed before the next; variant wall: from the first start to the last return, against the sum of "+
+		"the creates alone (the same creates one after another: below 1, creating them at once is faster); no "+
+		"other VM of the bench ran; ratios of p50s",
+		n, r.tpl.Ref(), clones, res.Airlock.Runs, timeout, len(singles), before, n-before, singleClones)
 	return res, err
 }
 
-// concurrentResult assembles the concurrent_create result from one create
+// concurrentResult assembles the concurrent_create result from the creates
 // alone and the outcomes of the concurrent ones (ds[i] is the duration of
 // the create that returned errs[i]). A failed create is counted in the
 // airlock side's failures, left out of its statistics and fails the
-// scenario: the error is returned with the result.
-func concurrentResult(single time.Duration, ds []time.Duration, errs []error, wall time.Duration) (Result, error) {
+// scenario: the error is returned with the result. The wall variant is
+// compared with the creates alone end to end: their sum.
+func concurrentResult(singles, ds []time.Duration, errs []error, wall time.Duration) (Result, error) {
 	var ok []time.Duration
 	var failed []error
 	for i, d := range ds {
@@ -321,11 +364,16 @@ func concurrentResult(single time.Duration, ds []time.Duration, errs []error, wa
 		}
 		ok = append(ok, d)
 	}
-	a, b, w := summarize(ok), summarize([]time.Duration{single}), summarize([]time.Duration{wall})
+	var serial time.Duration
+	for _, d := range singles {
+		serial += d
+	}
+	a, b := summarize(ok), summarize(singles)
+	w, sb := summarize([]time.Duration{wall}), summarize([]time.Duration{serial})
 	a.Failures = len(failed)
 	res := Result{
 		Name: ScenarioConcurrent, Unit: "ms", Airlock: a, Baseline: b, Ratio: ratio(a.P50, b.P50),
-		Variants: []Variant{{Name: "wall", Measurement: w, Ratio: ratio(w.P50, b.P50)}},
+		Variants: []Variant{{Name: "wall", Measurement: w, Ratio: ratio(w.P50, sb.P50), Baseline: &sb}},
 	}
 	if len(failed) > 0 {
 		return res, fmt.Errorf("%d of %d concurrent creates failed; the first: %w", len(failed), len(ds), failed[0])

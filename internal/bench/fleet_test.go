@@ -92,12 +92,12 @@ func TestSummarizeKiB(t *testing.T) {
 func TestIdleResult(t *testing.T) {
 	created := idleSet{
 		uses:   []memUse{{pssKiB: 40 << 10, anonKiB: 30 << 10}, {pssKiB: 50 << 10, anonKiB: 35 << 10}, {pssKiB: 60 << 10, anonKiB: 45 << 10}},
-		base:   memUse{pssKiB: 20 << 10, anonKiB: 10 << 10},
+		base:   []memUse{{pssKiB: 20 << 10, anonKiB: 10 << 10}, {pssKiB: 22 << 10, anonKiB: 12 << 10}, {pssKiB: 18 << 10, anonKiB: 8 << 10}},
 		clones: 3,
 	}
 	cold := idleSet{
 		uses: []memUse{{pssKiB: 80 << 10, anonKiB: 70 << 10}, {pssKiB: 90 << 10, anonKiB: 75 << 10}, {pssKiB: 100 << 10, anonKiB: 85 << 10}},
-		base: memUse{pssKiB: 30 << 10, anonKiB: 15 << 10},
+		base: []memUse{{pssKiB: 30 << 10, anonKiB: 15 << 10}, {pssKiB: 31 << 10, anonKiB: 16 << 10}, {pssKiB: 29 << 10, anonKiB: 14 << 10}},
 	}
 	res := idleResult(created, cold)
 	if res.Name != ScenarioIdlePSS || res.Unit != "MiB" {
@@ -106,11 +106,12 @@ func TestIdleResult(t *testing.T) {
 	if res.Airlock.Runs != 3 || res.Airlock.P50 != 50 || res.Airlock.Max != 60 || res.Airlock.Mean != 50 {
 		t.Errorf("airlock %+v, want p50 50, max 60, mean 50 MiB", res.Airlock)
 	}
-	if res.Baseline.Runs != 1 || res.Baseline.P50 != 20 || res.Ratio != 2.5 {
-		t.Errorf("baseline %+v, ratio %v; want 20 MiB and 2.5", res.Baseline, res.Ratio)
+	// As many bare QEMUs as sandboxes.
+	if res.Baseline.Runs != 3 || res.Baseline.P50 != 20 || res.Baseline.Max != 22 || res.Ratio != 2.5 {
+		t.Errorf("baseline %+v, ratio %v; want 3 runs, p50 20 MiB, max 22, ratio 2.5", res.Baseline, res.Ratio)
 	}
-	// Each variant against the bare QEMU's matching figure, read beside
-	// its own set.
+	// Each variant against the bare QEMUs' matching figure, read beside
+	// its own set; the clones against the cold boots.
 	want := []struct {
 		name         string
 		p50, baseP50 float64
@@ -118,6 +119,7 @@ func TestIdleResult(t *testing.T) {
 		{"anon", 35, 10},
 		{"cold_boot", 90, 30},
 		{"cold_boot_anon", 75, 15},
+		{"clone_vs_cold_boot", 50, 90},
 	}
 	if len(res.Variants) != len(want) {
 		t.Fatalf("variants %+v, want %d", res.Variants, len(want))
@@ -130,10 +132,10 @@ func TestIdleResult(t *testing.T) {
 	}
 	t.Run("no Pss_Anon", func(t *testing.T) {
 		created, cold := created, cold
-		created.base.anonKiB, cold.base.anonKiB = 0, 0
+		created.base = []memUse{{pssKiB: 20 << 10}}
 		res := idleResult(created, cold)
-		if len(res.Variants) != 1 || res.Variants[0].Name != "cold_boot" {
-			t.Errorf("variants %+v, want cold_boot alone", res.Variants)
+		if len(res.Variants) != 2 || res.Variants[0].Name != "cold_boot" || res.Variants[1].Name != "clone_vs_cold_boot" {
+			t.Errorf("variants %+v, want cold_boot and clone_vs_cold_boot", res.Variants)
 		}
 	})
 	t.Run("no cold set", func(t *testing.T) {
@@ -170,25 +172,27 @@ func TestConcurrentBootTimeout(t *testing.T) {
 
 func TestConcurrentResult(t *testing.T) {
 	t.Run("all succeed", func(t *testing.T) {
-		res, err := concurrentResult(time.Second, msDurations(4000, 2000, 3000), make([]error, 3), 4100*time.Millisecond)
+		res, err := concurrentResult(msDurations(900, 1000, 1100), msDurations(4000, 2000, 3000), make([]error, 3), 2000*time.Millisecond)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if res.Name != ScenarioConcurrent || res.Airlock.Runs != 3 || res.Airlock.P50 != 3000 || res.Airlock.Max != 4000 || res.Airlock.Failures != 0 {
 			t.Errorf("airlock %+v", res.Airlock)
 		}
-		if res.Baseline.Runs != 1 || res.Baseline.P50 != 1000 || res.Ratio != 3 {
-			t.Errorf("baseline %+v, ratio %v; want the single create and 3", res.Baseline, res.Ratio)
+		// As many creates alone as at once.
+		if res.Baseline.Runs != 3 || res.Baseline.P50 != 1000 || res.Baseline.Max != 1100 || res.Ratio != 3 {
+			t.Errorf("baseline %+v, ratio %v; want the 3 creates alone, p50 1000 ms, and 3", res.Baseline, res.Ratio)
 		}
-		if len(res.Variants) != 1 || res.Variants[0].Name != "wall" || res.Variants[0].P50 != 4100 ||
-			res.Variants[0].Ratio != 4.1 || res.Variants[0].Baseline != nil {
-			t.Errorf("variants %+v, want wall 4100 ms against the single create", res.Variants)
+		// The wall against the same creates one after another.
+		if len(res.Variants) != 1 || res.Variants[0].Name != "wall" || res.Variants[0].P50 != 2000 || res.Variants[0].Baseline == nil ||
+			res.Variants[0].Baseline.P50 != 3000 || res.Variants[0].Ratio != ratio(2000, 3000) {
+			t.Errorf("variants %+v, want wall 2000 ms against the creates alone's sum, 3000", res.Variants)
 		}
 	})
 	t.Run("a failure fails the scenario and is counted", func(t *testing.T) {
 		boom := errors.New("boot timed out")
 		errs := []error{nil, boom, nil, errors.New("other")}
-		res, err := concurrentResult(time.Second, msDurations(2000, 9000, 3000, 9500), errs, 10*time.Second)
+		res, err := concurrentResult(msDurations(1000, 1000, 1000, 1000), msDurations(2000, 9000, 3000, 9500), errs, 10*time.Second)
 		if !errors.Is(err, boom) || !strings.Contains(err.Error(), "2 of 4 concurrent creates failed") {
 			t.Fatalf("err = %v, want 2 of 4 failed, wrapping the first", err)
 		}

@@ -126,6 +126,24 @@ func (r *runner) jailCost(ctx context.Context) (Result, error) {
 	}
 	confOn, confOff := summarize(ca), summarize(cb)
 	r.progressf("%s: image configuration jailed %.0f ms, unjailed %.0f ms (p50)", ScenarioJail, confOn.P50, confOff.P50)
+	res := jailResult(createOn, createOff, execOn, execOff, saveOn, saveOff, confOn, confOff)
+	res.Notes = fmt.Sprintf("airlock: a create of template %s from its snapshot to the first stdout byte of %v with the jail "+
+		"on (own user, mount namespace, no capabilities, no_new_privs, QEMU's seccomp sandbox, cgroup, the "+
+		"memory file as a sealed copy); baseline: the same through a runtime with the jail off; %d samples each, "+
+		"alternating; ratio of p50s (p50 difference %+.0f ms). Variants, each with its own baseline: exec of true, "+
+		"%d round trips each in one jailed and one unjailed sandbox, alternating (jailed p50 %.2f ms, unjailed %.2f ms); "+
+		"a save of each one's disk, %d each, its image tools jailed as the VM's user against unconfined "+
+		"(p50 %.0f ms against %.0f ms); the template's configuration written into a copy of the template "+
+		"image, %d each, the tools jailed as a build's user against unconfined (p50 %.0f ms against %.0f ms)",
+		r.tpl.Ref(), firstOutputArgv, n, createOn.P50-createOff.P50, m, execOn.P50, execOff.P50,
+		k, saveOn.P50, saveOff.P50, k, confOn.P50, confOff.P50)
+	return res, nil
+}
+
+// jailResult assembles jail_cost's result: the create with the jail on
+// against it off, and each variant, jailed, against its own unjailed
+// baseline, never the create's.
+func jailResult(createOn, createOff, execOn, execOff, saveOn, saveOff, confOn, confOff Measurement) Result {
 	return Result{
 		Name:     ScenarioJail,
 		Unit:     "ms",
@@ -137,15 +155,5 @@ func (r *runner) jailCost(ctx context.Context) (Result, error) {
 			{Name: "save_tools_jailed_vs_unjailed", Measurement: saveOn, Baseline: &saveOff, Ratio: ratio(saveOn.P50, saveOff.P50)},
 			{Name: "image_config_tools_jailed_vs_unjailed", Measurement: confOn, Baseline: &confOff, Ratio: ratio(confOn.P50, confOff.P50)},
 		},
-		Notes: fmt.Sprintf("airlock: a create of template %s from its snapshot to the first stdout byte of %v with the jail "+
-			"on (own user, mount namespace, no capabilities, no_new_privs, QEMU's seccomp sandbox, cgroup, the "+
-			"memory file as a sealed copy); baseline: the same through a runtime with the jail off; %d samples each, "+
-			"alternating; ratio of p50s (p50 difference %+.0f ms). Variants, each with its own baseline: exec of true, "+
-			"%d round trips each in one jailed and one unjailed sandbox, alternating (jailed p50 %.2f ms, unjailed %.2f ms); "+
-			"a save of each one's disk, %d each, its image tools jailed as the VM's user against unconfined "+
-			"(p50 %.0f ms against %.0f ms); the template's configuration written into a copy of the template "+
-			"image, %d each, the tools jailed as a build's user against unconfined (p50 %.0f ms against %.0f ms)",
-			r.tpl.Ref(), firstOutputArgv, n, createOn.P50-createOff.P50, m, execOn.P50, execOff.P50,
-			k, saveOn.P50, saveOff.P50, k, confOn.P50, confOff.P50),
-	}, nil
+	}
 }

@@ -201,7 +201,7 @@ func (r *runner) suspendBaseline(ctx context.Context, sb *sandbox.Sandbox) (*bar
 		// bare VM would write into it.
 		cfg.MemoryFile, cfg.MemoryShared = "", false
 		r.progressf("booting a bare QEMU of the same configuration")
-		return r.startBare(ctx, cfg, true, sb.Spec.DiskMiB)
+		return r.startBare(ctx, cfg, r.imageDisk(sb.Spec.DiskMiB))
 	}
 	snap, err := r.rt.TemplateSnapshot(ctx, sandbox.Spec{Template: r.cfg.Template, MemoryMiB: suspendMemoryMiB})
 	if err != nil {
@@ -242,12 +242,16 @@ func recordedVM(dir string) (vm.Config, error) {
 
 // bareVM is a QEMU without a sandbox around it, as the baselines run it,
 // in a directory of its own under the data directory's sandboxes/, whose
-// paths are short enough for unix sockets. Only one goroutine uses it.
+// paths are short enough for unix sockets. It runs with the jail and
+// cgroup the run's runtime gives its sandboxes (none when it runs them
+// unjailed), so that a baseline and the sandboxes it is measured against
+// differ only in what airlock adds. Only one goroutine uses it.
 type bareVM struct {
-	dir string
-	cfg vm.Config // as it starts: Dir and Disk its own, Incoming off
-	m   *vm.Machine
-	log *slog.Logger
+	dir     string
+	cfg     vm.Config // as it starts: Dir and Disk its own, Incoming off
+	m       *vm.Machine
+	log     *slog.Logger
+	release func() // frees the jail's user and the cgroup; nil before they are taken
 }
 
 // newBareDir makes a directory for a bare VM.
@@ -262,11 +266,26 @@ func newBareDir(d datadir.Dir) (string, error) {
 	return dir, nil
 }
 
+// bareDisk is a bare VM's own disk: a qcow2 overlay over the chain
+// backing (nearest first, the nearest in format), of sizeMiB (0: the
+// nearest's size), as a sandbox's disk is made.
+type bareDisk struct {
+	backing []string
+	format  string
+	sizeMiB int
+}
+
+// imageDisk is a disk over the run's template image alone, of sizeMiB
+// (0: the image's size).
+func (r *runner) imageDisk(sizeMiB int) *bareDisk {
+	return &bareDisk{backing: []string{r.tpl.Image}, format: "raw", sizeMiB: sizeMiB}
+}
+
 // newBare prepares a bare VM of cfg, whose Dir it replaces, and starts
-// nothing yet. With withDisk the VM has a disk of its own in place of
-// cfg.Disk, an overlay over the run's template image of diskMiB (0: the
-// image's size); else none. On failure nothing of it is left.
-func (r *runner) newBare(ctx context.Context, cfg vm.Config, withDisk bool, diskMiB int) (_ *bareVM, err error) {
+// nothing yet: its directory, its disk (one qemu-img create, or none when
+// disk is nil), and the runtime's jail and cgroup. On failure nothing of
+// it is left.
+func (r *runner) newBare(ctx context.Context, cfg vm.Config, disk *bareDisk) (_ *bareVM, err error) {
 	dir, err := newBareDir(r.cfg.Dir)
 	if err != nil {
 		return nil, err
@@ -277,12 +296,16 @@ func (r *runner) newBare(ctx context.Context, cfg vm.Config, withDisk bool, disk
 			err = errors.Join(err, b.close())
 		}
 	}()
-	cfg.Dir, cfg.Disk, cfg.Detach, cfg.Incoming = dir, "", false, false
-	if withDisk {
-		cfg.Disk = filepath.Join(dir, "disk.qcow2")
-		if err := createOverlay(ctx, r.tpl.Image, "raw", cfg.Disk, diskMiB); err != nil {
+	cfg.Dir, cfg.Disk, cfg.Backing, cfg.Detach, cfg.Incoming = dir, "", nil, false, false
+	cfg.Jail, cfg.Cgroup = nil, nil
+	if disk != nil {
+		cfg.Disk, cfg.Backing = filepath.Join(dir, "disk.qcow2"), disk.backing
+		if err := createOverlay(ctx, disk.backing[0], disk.format, cfg.Disk, disk.sizeMiB); err != nil {
 			return nil, err
 		}
+	}
+	if b.release, err = r.rt.Confine(&cfg); err != nil {
+		return nil, fmt.Errorf("jail a bare qemu: %w", err)
 	}
 	b.cfg = cfg
 	return b, nil
@@ -290,8 +313,8 @@ func (r *runner) newBare(ctx context.Context, cfg vm.Config, withDisk bool, disk
 
 // startBare boots a bare VM of cfg as newBare prepares it until its agent
 // answers the handshake, and closes the agent session again.
-func (r *runner) startBare(ctx context.Context, cfg vm.Config, withDisk bool, diskMiB int) (_ *bareVM, err error) {
-	b, err := r.newBare(ctx, cfg, withDisk, diskMiB)
+func (r *runner) startBare(ctx context.Context, cfg vm.Config, disk *bareDisk) (_ *bareVM, err error) {
+	b, err := r.newBare(ctx, cfg, disk)
 	if err != nil {
 		return nil, err
 	}
@@ -300,27 +323,46 @@ func (r *runner) startBare(ctx context.Context, cfg vm.Config, withDisk bool, di
 			err = errors.Join(err, b.close())
 		}
 	}()
-	if b.m, err = vm.Start(ctx, b.cfg, r.cfg.Log); err != nil {
-		return nil, fmt.Errorf("start a bare qemu: %w", err)
+	if err := b.boot(ctx, r.cfg.BootTimeout); err != nil {
+		return nil, err
 	}
-	c, err := sandbox.ConnectAgent(ctx, b.m, r.cfg.BootTimeout)
+	return b, nil
+}
+
+// boot starts the VM's QEMU and waits until its agent answers the
+// handshake, then closes the agent session again.
+func (b *bareVM) boot(ctx context.Context, timeout time.Duration) error {
+	var err error
+	if b.m, err = vm.Start(ctx, b.cfg, b.log); err != nil {
+		return fmt.Errorf("start a bare qemu: %w", err)
+	}
+	c, err := sandbox.ConnectAgent(ctx, b.m, timeout)
 	if err != nil {
-		return nil, fmt.Errorf("bare qemu boot: %w", err)
+		return fmt.Errorf("bare qemu boot: %w", err)
 	}
 	c.Close()
-	return b, nil
+	return nil
 }
 
 // startBareClone starts a bare VM as a clone of snap, as Runtime.Create
 // does but without a sandbox around it: a QEMU of the snapshot's
-// configuration with a directory and a disk (at the template's size) of
-// its own and the snapshot's memory file mapped private, restoring the
-// snapshot's device state and running on until QEMU says it runs. There
-// is no agent session, init or exec, and the disk is not grown.
+// configuration with a directory and a disk of its own (one overlay, over
+// the warm snapshot's disk layer or else the template image, at the size
+// the snapshot's guest saw) and the snapshot's memory file mapped private
+// (jailed, through the same sealed copy the runtime's clones map),
+// restoring the snapshot's device state and running on until QEMU says it
+// runs. There is no agent session, init or exec, and the disk is not
+// grown.
 func (r *runner) startBareClone(ctx context.Context, snap sandbox.TemplateSnapshot) (_ *bareVM, err error) {
 	cfg := snap.VM
 	cfg.MemoryFile, cfg.MemoryShared = snap.MemFile, false
-	b, err := r.newBare(ctx, cfg, true, 0)
+	disk := r.imageDisk(0)
+	if snap.Warm {
+		// The guest of a warm snapshot has its disk layer mounted: the
+		// disk is an overlay of that, as a sandbox's is.
+		disk = &bareDisk{backing: []string{snap.Disk, r.tpl.Image}, format: "qcow2", sizeMiB: snap.DiskMiB}
+	}
+	b, err := r.newBare(ctx, cfg, disk)
 	if err != nil {
 		return nil, err
 	}
@@ -329,13 +371,6 @@ func (r *runner) startBareClone(ctx context.Context, snap sandbox.TemplateSnapsh
 			err = errors.Join(err, b.close())
 		}
 	}()
-	if snap.Warm {
-		// The guest of a warm snapshot has its disk layer mounted: the
-		// disk is an overlay of that, as a sandbox's is.
-		if err := createOverlay(ctx, snap.Disk, "qcow2", b.cfg.Disk, 0); err != nil {
-			return nil, err
-		}
-	}
 	if err := b.restore(ctx, snap.StateFile, true); err != nil {
 		return nil, err
 	}
@@ -392,10 +427,14 @@ func untilRunning(ctx context.Context, m *vm.Machine) error {
 	}
 }
 
-// close stops the VM, if it runs, and removes its directory.
+// close stops the VM, if it runs, gives back its jail's user and cgroup,
+// and removes its directory.
 func (b *bareVM) close() error {
 	if b.m != nil {
 		b.m.Stop(context.Background()) // bounded: Stop kills QEMU after 2 s
+	}
+	if b.release != nil {
+		b.release()
 	}
 	if err := os.RemoveAll(b.dir); err != nil {
 		return fmt.Errorf("remove a bare VM's directory: %w", err)

@@ -25,15 +25,21 @@ const ReportVersion = 1
 //	              "airlock": {...}, "baseline": {...},
 //	              "ratio": 1.8, "variants": [...],
 //	              "timings": {"airlock": {"step": 12.5, ...}, "baseline": {...}},
-//	              "notes": "...", "error": "..."}]}
+//	              "notes": "...", "error": "..."}],
+//	 "skipped": [{"name": "cluster_exec_rtt", "reason": "..."}]}
 //
 // See Measurement for what "airlock" and "baseline" hold, Variant for
-// the optional "variants" and StepTimings for the optional "timings".
+// the optional "variants", StepTimings for the optional "timings" and
+// Skip for the optional "skipped".
 type Report struct {
 	Version   int       `json:"version"`
 	StartedAt time.Time `json:"started_at"`
 	Host      Host      `json:"host"`
 	Results   []Result  `json:"results"`
+	// Skipped are the scenarios a run of every scenario left out because
+	// this host cannot run them, in the order of Scenarios(). Absent when
+	// none were.
+	Skipped []Skip `json:"skipped,omitempty"`
 }
 
 // Host describes the machine the bench ran on.
@@ -86,6 +92,10 @@ type Result struct {
 // in-guest fork/exec for exec_rtt) and else to the Result's.
 type Variant struct {
 	Name string `json:"name"`
+	// Unit is the unit of the variant's figures when it is not the
+	// Result's (idle_pss of warm_template_create: "MiB" beside "ms");
+	// absent when it is the same.
+	Unit string `json:"unit,omitempty"`
 	Measurement
 	Ratio float64 `json:"ratio"`
 	// Baseline is the variant's own baseline; absent when it is compared
@@ -117,7 +127,8 @@ type StepTimings struct {
 // suspend_wake_512) add bytes: the largest file one run wrote. The
 // scenarios that boot a sandbox per run (boot,
 // api_create_to_first_output, snapshot_create_to_first_output,
-// warm_pool_create_to_first_output, template_build,
+// clone_vs_boot, warm_pool_create_to_first_output,
+// warm_template_create, template_build,
 // image_template_create_to_first_output) add failures
 // when runs failed and were retried; concurrent_create adds the creates
 // that failed, which fail the scenario.
@@ -192,6 +203,10 @@ func figures(r Result) []figure {
 		if v.Baseline != nil {
 			vb = *v.Baseline
 		}
+		u := u
+		if v.Unit != "" {
+			u = " " + v.Unit
+		}
 		out = append(out, figure{v.Name + " p50" + u, v.P50, vb.P50, true, v.Ratio})
 		if v.Runs > 1 {
 			out = append(out, figure{v.Name + " p99" + u, v.P99, vb.P99, false, 0})
@@ -260,6 +275,12 @@ func WriteTable(w io.Writer, rep Report) error {
 			fmt.Fprintf(&sb, "%s: FAILED: %s\n", r.Name, r.Error)
 		}
 		fmt.Fprintf(&sb, "%s: %s\n", r.Name, r.Notes)
+	}
+	if len(rep.Skipped) > 0 {
+		sb.WriteString("\n")
+	}
+	for _, k := range rep.Skipped {
+		fmt.Fprintf(&sb, "skipped %s: %s\n", k.Name, k.Reason)
 	}
 	if _, err := io.WriteString(w, sb.String()); err != nil {
 		return fmt.Errorf("write report: %w", err)

@@ -57,11 +57,12 @@ func (r *runner) snapshotCreate(ctx context.Context) (Result, error) {
 	notes := fmt.Sprintf("airlock: sandbox.Runtime.Create of template %s, a clone of its snapshot (directory, disk "+
 		"overlay, QEMU start, restore of the snapshot's device state with its RAM mapped private from the memory "+
 		"file, disk grown, agent session, guest init or, from a warm snapshot, reinit), then Exec of argv %v until its first stdout byte; baseline: "+
-		"a bare QEMU restoring the same snapshot (its configuration, a directory and disk overlay of its own, the "+
-		"memory file mapped private, restore, cont) until query-status says running, with no agent session, init "+
-		"or exec; %d samples each, alternating, each VM removed after its sample, untimed; the snapshot made "+
+		"a bare QEMU restoring the same snapshot (its configuration, a directory and one disk overlay of its own "+
+		"made by one qemu-img create, the runtime's jail (%s) and cgroup, the memory file mapped private, through "+
+		"the same sealed copy when jailed, restore, cont) until query-status says running, with no agent session, "+
+		"init or exec; %d samples each, alternating, each VM removed after its sample, untimed; the snapshot made "+
 		"beforehand (%s, %d MiB); ratio of p50s; p50 difference %+.0f ms",
-		r.tpl.Ref(), firstOutputArgv, n, r.tpl.Ref(), snap.VM.MemoryMiB, a.P50-b.P50)
+		r.tpl.Ref(), firstOutputArgv, jailWord(r.rt.Jailed()), n, r.tpl.Ref(), snap.VM.MemoryMiB, a.P50-b.P50)
 	if failA+failB > 0 {
 		notes += fmt.Sprintf("; %d airlock and %d baseline samples failed and were retried", failA, failB)
 	}

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/sandbox"
+	"github.com/airlockhq/airlock/internal/template"
 )
 
 // What the template scenarios build and compare.
@@ -32,8 +34,10 @@ const (
 	buildFrom = "tiny"
 	// imageBaseline is the built-in template that
 	// image_template_create_to_first_output compares the image-built one
-	// with. It has echo (coreutils), and its clones are fast enough.
-	imageBaseline = "base"
+	// with: Debian's static busybox, as the image is, so both sides run
+	// the same binary; the image's template takes its vCPUs, memory and
+	// disk.
+	imageBaseline = "tiny"
 	// buildName and imageName are the templates the scenarios build.
 	buildName = "bench-build"
 	imageName = "bench-image"
@@ -58,7 +62,8 @@ func (r *runner) templateServer(ctx context.Context) (*apiServer, error) {
 	if r.tplAPI != nil {
 		return r.tplAPI, nil
 	}
-	s, err := startAPIServer(ctx, r.cfg, []string{buildFrom, imageBaseline}, "")
+	refs := slices.Compact([]string{buildFrom, imageBaseline}) // one link each
+	s, err := startAPIServer(ctx, r.cfg, refs, "")
 	if err != nil {
 		return nil, fmt.Errorf("start an API server with templates of its own: %w", err)
 	}
@@ -254,8 +259,12 @@ func (r *runner) imageTemplateCreate(ctx context.Context) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
+	like, err := s.rt.Templates().Resolve(imageBaseline)
+	if err != nil {
+		return Result{}, err
+	}
 	start := time.Now()
-	size, err := s.putImageTemplate(ctx, img)
+	size, err := s.putImageTemplate(ctx, img, like)
 	if err != nil {
 		return Result{}, err
 	}
@@ -273,21 +282,24 @@ func (r *runner) imageTemplateCreate(ctx context.Context) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	return imageCreateResult(a, b, size), nil
+	return imageCreateResult(a, b, size, like), nil
 }
 
 // imageCreateResult assembles image_template_create_to_first_output's
 // result; archiveBytes is the size of the uploaded image.
-func imageCreateResult(image, builtin Measurement, archiveBytes int64) Result {
+func imageCreateResult(image, builtin Measurement, archiveBytes int64, like template.Template) Result {
 	notes := fmt.Sprintf("airlock: POST /v1/sandboxes of template %s, long polls of its create operation, "+
 		"POST /v1/sandboxes/{id}/commands of argv %v, attach, until the first stdout event was read; %s was built "+
 		"beforehand, untimed, from an OCI image made in the process (one layer: the host's static busybox as "+
 		"/bin/busybox, /bin/sh and /bin/echo linked to it; PATH=/bin), uploaded as a docker save tarball of %d KiB "+
-		"through Service.PutBuildContext and built from oci-archive:<id> with no steps; baseline: the same for the "+
-		"built-in template %s; both from a server in the same process whose templates directory is its own, both "+
-		"templates' snapshots made beforehand for the creates to clone; %d samples each, alternating, each "+
-		"sandbox deleted after its sample, untimed; ratio of p50s; p50 difference %+.0f ms",
-		imageName, firstOutputArgv, imageName, archiveBytes>>10, imageBaseline, image.Runs, image.P50-builtin.P50)
+		"through Service.PutBuildContext and built from oci-archive:<id> with no steps and the baseline's "+
+		"settings (%d vCPU, %d MiB of memory, %d MiB of disk); baseline: the same for the built-in template %s, "+
+		"the same static busybox (Debian's busybox-static) made by airlock setup; both from a server in the same "+
+		"process whose templates directory is its own, both templates' snapshots made beforehand for the creates "+
+		"to clone; %d samples each, alternating, each sandbox deleted after its sample, untimed; ratio of p50s; "+
+		"p50 difference %+.0f ms",
+		imageName, firstOutputArgv, imageName, archiveBytes>>10, like.VCPUs, like.MemoryMiB, like.DiskMiB,
+		imageBaseline, image.Runs, image.P50-builtin.P50)
 	if image.Failures+builtin.Failures > 0 {
 		notes += fmt.Sprintf("; %d image and %d %s samples failed and were retried", image.Failures, builtin.Failures, imageBaseline)
 	}
@@ -302,9 +314,9 @@ func imageCreateResult(image, builtin Measurement, archiveBytes int64) Result {
 }
 
 // putImageTemplate uploads img as a docker save tarball and builds
-// template imageName from it, with no steps. It returns the tarball's
-// size.
-func (s *apiServer) putImageTemplate(ctx context.Context, img v1.Image) (int64, error) {
+// template imageName from it, with no steps and like's vCPUs, memory and
+// disk. It returns the tarball's size.
+func (s *apiServer) putImageTemplate(ctx context.Context, img v1.Image, like template.Template) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, buildTimeout)
 	defer cancel()
 	tag, err := name.NewTag("airlock-bench/busybox:latest")
@@ -320,7 +332,8 @@ func (s *apiServer) putImageTemplate(ctx context.Context, img v1.Image) (int64, 
 	if err != nil {
 		return 0, fmt.Errorf("upload the image: %w", err)
 	}
-	return size, s.buildTemplate(ctx, apiv1.CreateTemplate{Name: imageName, From: "oci-archive:" + bc.ID})
+	return size, s.buildTemplate(ctx, apiv1.CreateTemplate{Name: imageName, From: "oci-archive:" + bc.ID,
+		VCPUs: like.VCPUs, MemoryMiB: like.MemoryMiB, DiskMiB: like.DiskMiB})
 }
 
 // busyboxImage is an OCI image of one layer: the static busybox at path

@@ -156,11 +156,12 @@ func TestTemplateBuildResult(t *testing.T) {
 func TestImageCreateResult(t *testing.T) {
 	image := Measurement{Runs: 5, Min: 400, P50: 500, P99: 600, Max: 600, Mean: 500}
 	builtin := Measurement{Runs: 5, Min: 900, P50: 1000, P99: 1200, Max: 1200, Mean: 1000}
-	res := imageCreateResult(image, builtin, 2<<20)
+	tiny := template.Template{VCPUs: 1, MemoryMiB: 256, DiskMiB: 256}
+	res := imageCreateResult(image, builtin, 2<<20, tiny)
 	if res.Name != ScenarioImageCreate || res.Unit != "ms" || res.Ratio != 0.5 || len(res.Variants) != 0 {
 		t.Errorf("result %+v", res)
 	}
-	for _, want := range []string{"template bench-image", "built-in template base", "2048 KiB", "oci-archive:<id>",
+	for _, want := range []string{"template bench-image", "built-in template tiny", "the same static busybox", "1 vCPU, 256 MiB of memory, 256 MiB of disk", "2048 KiB", "oci-archive:<id>",
 		"/bin/busybox", "snapshots made beforehand", "5 samples each", "p50 difference -500 ms"} {
 		if !strings.Contains(res.Notes, want) {
 			t.Errorf("notes lack %q: %s", want, res.Notes)
@@ -170,7 +171,7 @@ func TestImageCreateResult(t *testing.T) {
 		t.Errorf("notes speak of retries when there were none: %s", res.Notes)
 	}
 	builtin.Failures = 2
-	if res := imageCreateResult(image, builtin, 1); !strings.Contains(res.Notes, "0 image and 2 base samples failed") {
+	if res := imageCreateResult(image, builtin, 1, tiny); !strings.Contains(res.Notes, "0 image and 2 tiny samples failed") {
 		t.Errorf("notes do not count the failures: %s", res.Notes)
 	}
 }

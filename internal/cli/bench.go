@@ -28,11 +28,16 @@ the ratios compare across runs):
                               the first stdout of echo hi vs a bare QEMU restoring
                               the same snapshot until it runs; floor: that restore
                               plus a fork/exec timed inside the guest
+  clone_vs_boot               sandbox create, a clone of the template snapshot, vs
+                              the same create booted from scratch
   warm_pool_create_to_first_output
                               sandbox create from a warm pool member (a pool of 1,
                               refilled between samples, untimed) to the first
                               stdout of echo hi vs a plain create (a clone) to the
                               same
+  warm_template_create        create of code-interpreter, a clone of its warm
+                              snapshot with the server up, vs a clone of its cold
+                              snapshot that starts the server; and the PSS of both
   jail_cost                   the same create to first output, exec round trips,
                               a save of a disk and the template configuration
                               written into an image, with the jail (and the image
@@ -58,17 +63,18 @@ the ratios compare across runs):
                               QMP stop and cont on the same QEMU
   suspend_wake_512            suspend and wake of a 512 MiB sandbox vs a bare QEMU
                               saving its state and a fresh one restoring it
-  idle_pss                    PSS of each of N idle sandboxes' QEMU vs a bare clone
+  idle_pss                    PSS of each of N idle sandboxes' QEMU vs N bare clones
                               of the same snapshot beside them; then N cold boots
-                              vs a bare QEMU booted to its agent beside them
-  concurrent_create           N sandbox creates at once vs one create alone
+                              vs N bare QEMUs booted to their agent beside them
+  concurrent_create           N sandbox creates at once vs N creates alone, one
+                              after another
   template_build              a template build of a 3-step Dockerfile FROM tiny, cold
                               and cached, vs booting a sandbox and running the same
                               commands in it
   image_template_create_to_first_output
                               HTTP API create to the first stdout of echo hi from a
                               template built from an uploaded OCI image (busybox) vs
-                              the same from the built-in base
+                              the same from the built-in tiny (the same busybox)
   e2b_create_to_first_output  E2B's JS SDK: Sandbox.create('base') to the first output
                               of commands.run('echo hi') vs the same over the native API
   e2b_exec_rtt                E2B's JS SDK: commands.run('true') round trip vs the
@@ -103,8 +109,14 @@ under node, timed inside node; they need node and the SDK installed in
 --e2b-sdk DIR's node_modules (default e2e/e2bsdk, from the source tree:
 cd e2e/e2bsdk && npm ci), and fail saying so without them.
 The cluster_ scenarios run ` + "`airlock localcluster`" + `'s cluster (etcd,
-kube-apiserver, kube-scheduler, PostgreSQL) from --kube-bin DIR and fail
-at the start, saying so, without it.
+kube-apiserver, kube-scheduler, PostgreSQL) from --kube-bin DIR (make bench
+passes it).
+Without --only, every scenario this host can run runs, and those it cannot
+(no --kube-bin, no node or E2B SDK, no PostgreSQL server binaries, no static
+busybox, not root for the net_ scenarios, a template airlock setup did not
+make) are skipped, each named with why at the start and under the report;
+a scenario named in --only is never skipped: it fails saying what it lacks.
+Every baseline runs with the same jail as its sandboxes.
 A floor is the same work in the same VM without airlock, reported as a
 variant of its scenario with a baseline of its own.
 The create scenarios snapshot_create_to_first_output,
@@ -137,11 +149,11 @@ func runBench(ctx context.Context, env *Env, args []string) error {
 	pauseRuns := fs.Int("pause-runs", bench.DefaultPauseRuns, "rounds of pause and resume per side in the pause_resume scenario")
 	suspendRuns := fs.Int("suspend-runs", bench.DefaultSuspendRuns, "rounds of suspend and wake per side in the suspend_wake_512 scenario")
 	sandboxes := fs.Int("sandboxes", bench.DefaultSandboxes, "sandboxes at once in the idle_pss and concurrent_create scenarios")
-	snapshotRuns := fs.Int("snapshot-runs", bench.DefaultSnapshotRuns, "samples per side in the snapshot_create_to_first_output, warm_pool_create_to_first_output and jail_cost scenarios")
+	snapshotRuns := fs.Int("snapshot-runs", bench.DefaultSnapshotRuns, "samples per side in the snapshot_create_to_first_output, clone_vs_boot, warm_pool_create_to_first_output, warm_template_create and jail_cost scenarios")
 	buildRuns := fs.Int("build-runs", bench.DefaultTemplateBuildRuns, "builds per side (cold, cached, baseline) in the template_build scenario")
 	e2bSDK := fs.String("e2b-sdk", bench.DefaultE2BSDK, "`dir` whose node_modules holds E2B's JS SDK (npm e2b), for the e2b_ scenarios")
 	kubeBin := fs.String("kube-bin", os.Getenv("AIRLOCK_KUBE_BIN"), "`dir` of etcd, kube-apiserver and kube-scheduler (tools/kube/build.sh prints it), for the cluster_ scenarios (default: $AIRLOCK_KUBE_BIN)")
-	only := fs.String("only", "", "comma-separated `scenarios` to run (default: all): "+strings.Join(bench.Scenarios(), ", "))
+	only := fs.String("only", "", "comma-separated `scenarios` to run (default: every one this host can run): "+strings.Join(bench.Scenarios(), ", "))
 	accel := fs.String("accel", "auto", "accelerator: auto, kvm or tcg")
 	asJSON := fs.Bool("json", false, "print JSON even on a terminal")
 	outFile := fs.String("o", "", "also write the JSON report to `file`")

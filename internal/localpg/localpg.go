@@ -241,3 +241,10 @@ func (p *Cluster) Stop() {
 	p.Down()
 	os.RemoveAll(p.dir)
 }
+
+// Available says whether this host has PostgreSQL's server binaries:
+// nil, or ErrNoServer.
+func Available() error {
+	_, err := postgresBin()
+	return err
+}

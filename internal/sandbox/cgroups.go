@@ -66,6 +66,38 @@ func (r *Runtime) vmCgroup(cfg *vm.Config) (*cgroup.Group, error) {
 	return g, nil
 }
 
+// Confine gives cfg, a VM outside any sandbox whose files are in
+// cfg.Dir, the jail (its own user) and the cgroup this runtime's own VMs
+// get, and nothing when the runtime runs them unjailed: so that a bare
+// QEMU measured beside sandboxes (the bench's baselines) runs as theirs
+// do, a clone of a template snapshot mapping the same sealed copy of the
+// memory file. release frees the user and removes the group; call it once
+// the VM has ended, whether or not it started.
+func (r *Runtime) Confine(cfg *vm.Config) (release func(), err error) {
+	j, err := r.jail(cfg.Dir, nil)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Jail = j
+	if j == nil {
+		return func() {}, nil
+	}
+	dir := cfg.Dir
+	g, err := r.vmCgroup(cfg)
+	if err != nil {
+		vm.ReleaseUID(dir)
+		return nil, err
+	}
+	return func() {
+		if g != nil {
+			if err := g.Delete(); err != nil {
+				r.log.Warn("remove a bare VM's cgroup", "dir", dir, "err", err)
+			}
+		}
+		vm.ReleaseUID(dir)
+	}, nil
+}
+
 // cgroupStep makes the sandbox's group before its VM starts.
 func (r *Runtime) cgroupStep(sb *Sandbox, cfg *vm.Config) step {
 	return step{"create cgroup", func(context.Context) error {

@@ -42,7 +42,7 @@ func cloneRuntime(t *testing.T, ctx context.Context) *Runtime {
 
 // TestTemplateSnapshotVM creates sandboxes of the tiny template as clones
 // of its snapshot, against real VMs: concurrent first creates make the
-// snapshot once; a clone starts well faster than a boot; clones have
+// snapshot once; a create is a clone and a cold boot is not; clones have
 // their own random state, hostname, clock and disk; a clone suspends and
 // wakes; a damaged snapshot is made again, or, when QEMU refuses it,
 // creates fall back to a boot.
@@ -120,25 +120,20 @@ func TestTemplateSnapshotVM(t *testing.T) {
 		n, firstTook.Round(time.Millisecond), rec.BuildMillis, fileSize(t, snap.MemFile), rec.StateBytes)
 	a, b := clones[0], clones[1]
 
-	t.Run("clone is faster than boot", func(t *testing.T) {
-		_, cloneTook := create(t, Spec{})
-		cold, bootTook := create(t, Spec{ColdBoot: true})
+	// How much faster a clone is than a boot, and how much less memory
+	// it holds, is the bench's to say (clone_vs_boot, idle_pss), against
+	// baselines measured in the same run; here, what each create is.
+	t.Run("a cold boot is not a clone", func(t *testing.T) {
+		clone, _ := create(t, Spec{})
+		if clone.Snapshot != snap.Dir {
+			t.Errorf("a create was cloned from %q, want the snapshot %s", clone.Snapshot, snap.Dir)
+		}
+		cold, _ := create(t, Spec{ColdBoot: true})
 		if cold.Snapshot != "" {
 			t.Fatalf("a cold boot was cloned from %s", cold.Snapshot)
 		}
-		t.Logf("create: clone %s, cold boot %s", cloneTook.Round(time.Millisecond), bootTook.Round(time.Millisecond))
-		if 2*cloneTook > bootTook {
-			t.Errorf("a clone took %s, not well under a boot's %s", cloneTook, bootTook)
-		}
-
-		// Memory of an idle clone and an idle booted sandbox. The pages
-		// of the snapshot's memory file that a clone maps count for it
-		// divided by the number of clones mapping them.
-		time.Sleep(time.Second)
-		cloneMem, bootMem := smapsRollup(t, a.Machine().PID()), smapsRollup(t, cold.Machine().PID())
-		t.Logf("an idle sandbox's QEMU, KiB, with %d clones running: clone %v; cold boot %v", n+1, cloneMem, bootMem)
-		if cloneMem["Pss"] >= bootMem["Pss"] {
-			t.Errorf("an idle clone's PSS %d KiB is not below a booted sandbox's %d KiB", cloneMem["Pss"], bootMem["Pss"])
+		if got := shell(ctx, t, cold, "hostname"); got != cold.ID {
+			t.Errorf("the booted sandbox's hostname is %q, want %s", got, cold.ID)
 		}
 	})
 
@@ -268,35 +263,6 @@ func TestTemplateSnapshotVM(t *testing.T) {
 		}
 		shell(ctx, t, sb, "true")
 	})
-}
-
-// smapsRollup reads the memory totals of process pid, in KiB: Rss, Pss
-// and its anonymous, file and shared memory parts.
-func smapsRollup(t *testing.T, pid int) map[string]int {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := make(map[string]int)
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 {
-			continue
-		}
-		switch k := strings.TrimSuffix(f[0], ":"); k {
-		case "Rss", "Pss", "Pss_Anon", "Pss_File", "Pss_Shmem":
-			n, err := strconv.Atoi(f[1])
-			if err != nil {
-				t.Fatal(err)
-			}
-			m[k] = n
-		}
-	}
-	if _, ok := m["Pss"]; !ok {
-		t.Fatalf("no Pss in the smaps_rollup of %d", pid)
-	}
-	return m
 }
 
 // fileSize describes the apparent and allocated size of a file.

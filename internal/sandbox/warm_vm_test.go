@@ -380,8 +380,10 @@ func TestWarmSnapshotVM(t *testing.T) {
 // code-interpreter template as warm clones, with the agent of this tree,
 // and as cold clones that start the server: a warm clone's server runs
 // code at once, each clone's kernel draws its own bytes from the OS, and
-// a warm create is well faster than a cold clone and its start. It skips
-// when the host has no code-interpreter template.
+// a cold clone's server started after its create runs code too. How much
+// faster a warm create is, and how much less memory it holds, is the
+// bench's to say (warm_template_create), against baselines measured in
+// the same run. It skips when the host has no code-interpreter template.
 func TestWarmCodeInterpreterVM(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 8*time.Minute)
 	defer cancel()
@@ -435,13 +437,9 @@ func TestWarmCodeInterpreterVM(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("warm snapshot made in %s", time.Since(start).Round(time.Millisecond))
-	var warm time.Duration
-	var warmPID int
 	urandom := map[string]bool{}
 	for range 2 {
 		sb, took := create(t, Spec{})
-		warmPID = sb.Machine().PID()
-		warm = max(warm, took)
 		if !sb.Warm {
 			t.Fatal("a sandbox of the code interpreter is not a warm clone")
 		}
@@ -459,26 +457,19 @@ func TestWarmCodeInterpreterVM(t *testing.T) {
 		t.Errorf("the kernels of two warm clones drew the same bytes from the OS: %v", urandom)
 	}
 
-	// Today's way: a clone of the cold snapshot (made first), then the
-	// start command and the wait for /health.
+	// A clone of the cold snapshot (made first), then the start command
+	// and the wait for /health: its server runs code too.
 	create(t, Spec{NoStart: true})
 	sb, took := create(t, Spec{NoStart: true})
+	if sb.Warm {
+		t.Fatal("a sandbox that skips the start command is a warm clone")
+	}
 	start = time.Now()
 	if err := rt.startTemplate(ctx, sb, rt.startTimeout()); err != nil {
 		t.Fatal(err)
 	}
-	started := time.Since(start)
-	t.Logf("create with the server up: warm clone %s (slowest of two); cold clone %s and start %s, %s in all",
-		warm.Round(time.Millisecond), took.Round(time.Millisecond), started.Round(time.Millisecond), (took + started).Round(time.Millisecond))
-	if 2*warm > took+started {
-		t.Errorf("a warm clone took %s, not well under a cold clone and start's %s", warm, took+started)
-	}
-	// The server's pages of two warm clones are the snapshot's, shared;
-	// a server started in a clone has its own.
-	time.Sleep(time.Second)
-	warmMem, coldMem := smapsRollup(t, warmPID), smapsRollup(t, sb.Machine().PID())
-	t.Logf("QEMU of an idle sandbox with the server up, KiB: warm clone (one of two) %v; cold clone that started it %v", warmMem, coldMem)
-	if warmMem["Pss"] >= coldMem["Pss"] {
-		t.Errorf("a warm clone's PSS is %d KiB, not under a cold clone's with its server started, %d KiB", warmMem["Pss"], coldMem["Pss"])
+	t.Logf("cold clone created in %s, its server started in %s", took.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+	if out := runCode(t, sb, "print(6 * 7)"); !strings.Contains(out, `"text": "42`) {
+		t.Errorf("the started server's runCode printed %s, want 42", out)
 	}
 }
