@@ -123,7 +123,7 @@ func runNode(ctx context.Context, env *Env, args []string) error {
 	maxContext := fs.Int64("max-build-context", 1024, "largest build context upload in `MiB`")
 	reclaimEvery := fs.Duration("reclaim-interval", 5*time.Minute, "how often to remove the template images nothing in the cluster refers to any more")
 	e2bDomain := fs.String("e2b-domain", "", "sandbox `domain` E2B SDKs are told of in the answers this node gives through the servers' E2B API (as serve's --e2b-domain)")
-	templatesFrom := fs.String("templates-from", "", "comma-separated base `URLs` of API servers to fetch template images from when no other node has them (in Kubernetes: the Service, http://airlock.airlock.svc)")
+	templatesFrom := fs.String("templates-from", "", "comma-separated https base `URLs` of the API servers' internal listeners (serve --internal-listen) to fetch template images from when no other node has them (in Kubernetes: the Service, https://airlock-internal.airlock.svc:7702)")
 	jailOpts := addJailFlags(fs)
 	if err := parse(fs, args); err != nil {
 		return err
