@@ -11,8 +11,8 @@ import (
 
 	"github.com/airlockhq/airlock/internal/apiclient"
 	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/daemon"
 	"github.com/airlockhq/airlock/internal/errdefs"
-	"github.com/airlockhq/airlock/internal/service"
 )
 
 func keyCommands() []command {
@@ -195,7 +195,7 @@ type limitsFlag struct {
 func (f *limitsFlag) String() string { return "" }
 
 func (f *limitsFlag) Set(s string) error {
-	l, err := service.ParseLimits(s)
+	l, err := daemon.ParseLimits(s)
 	if err != nil {
 		return err
 	}

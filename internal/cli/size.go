@@ -54,13 +54,13 @@ func formatSize(n int64) string {
 
 // sizeFlag is a flag.Value holding a size in bytes, given as parseSize
 // reads it.
-type sizeFlag struct{ n int64 }
+type sizeFlag int64
 
 func (f *sizeFlag) String() string {
 	if f == nil {
 		return "0"
 	}
-	return formatSize(f.n)
+	return formatSize(int64(*f))
 }
 
 func (f *sizeFlag) Set(v string) error {
@@ -68,6 +68,6 @@ func (f *sizeFlag) Set(v string) error {
 	if err != nil {
 		return err
 	}
-	f.n = n
+	*f = sizeFlag(n)
 	return nil
 }

@@ -1,4 +1,4 @@
-package cli
+package daemon
 
 import (
 	"context"
@@ -11,14 +11,14 @@ import (
 	"github.com/airlockhq/airlock/internal/store"
 )
 
-// openServeStore opens serve's store: the SQLite file of the data directory
-// when addr is "", else the PostgreSQL database addr names. A PostgreSQL
-// server that cannot be reached is tried again, backing off, for up to
-// wait, each failure logged; what retrying cannot mend (a wrong password,
-// no such database, a bad URL) fails at once.
-func openServeStore(ctx context.Context, env *Env, addr string, wait time.Duration, log *slog.Logger) (*store.Store, error) {
+// OpenStore opens a server's store: the SQLite file of the data
+// directory, path, when addr is "", else the PostgreSQL database addr
+// names. A PostgreSQL server that cannot be reached is tried again,
+// backing off, for up to wait, each failure logged; what retrying cannot
+// mend (a wrong password, no such database, a bad URL) fails at once.
+func OpenStore(ctx context.Context, path, addr string, wait time.Duration, log *slog.Logger) (*store.Store, error) {
 	if addr == "" {
-		return store.Open(env.Dir.Store())
+		return store.Open(path)
 	}
 	if !store.IsPostgresURL(addr) {
 		return nil, fmt.Errorf("--store %s: want a postgres:// or postgresql:// URL, or none for the SQLite file in the data directory: %w",
@@ -44,6 +44,23 @@ func openServeStore(ctx context.Context, env *Env, addr string, wait time.Durati
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-time.After(backoff):
+		}
+	}
+}
+
+// purgeIdempotent drops remembered answers older than a day, hourly,
+// until ctx ends.
+func purgeIdempotent(ctx context.Context, st *store.Store, log *slog.Logger) {
+	t := time.NewTicker(time.Hour)
+	defer t.Stop()
+	for {
+		if _, err := st.PurgeIdempotent(ctx, time.Now().Add(-24*time.Hour)); err != nil && ctx.Err() == nil {
+			log.Warn("purge idempotency keys", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
 		}
 	}
 }
