@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -16,9 +15,9 @@ import (
 
 	"github.com/airlockhq/airlock/internal/agentclient"
 	"github.com/airlockhq/airlock/internal/agentproto"
-	"github.com/airlockhq/airlock/internal/api"
 	"github.com/airlockhq/airlock/internal/apiclient"
 	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/daemon"
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/sandbox"
 	"github.com/airlockhq/airlock/internal/service"
@@ -35,27 +34,25 @@ var firstOutputArgv = []string{"echo", "hi"}
 // server links to: read-only for a server, and slow to make again.
 var sharedHomeEntries = []string{"boot", "templates", "accel.json"}
 
-// serverStopTimeout bounds the HTTP server's shutdown; event streams end
-// at once, so only a request stuck in flight can take it.
-const serverStopTimeout = 5 * time.Second
-
-// apiServer is an airlock server run inside the bench process: a temporary
-// data directory of its own that links the real one's boot artifacts,
-// templates and accelerator verdict, with its own store, service and HTTP
-// API on a loopback port, and a client holding its admin key. The
-// baselines of the API scenarios use its runtime, so that both sides boot
-// the same way into the same directory.
+// apiServer is an airlock server run inside the bench process, built by
+// internal/daemon as `airlock serve` builds its own: a temporary data
+// directory of its own that links the real one's boot artifacts,
+// templates and accelerator verdict, with its own store, service, HTTP
+// API and E2B API on loopback ports, and a client holding its admin key.
+// The baselines of the API scenarios use its runtime, so that both sides
+// boot the same way into the same directory.
 type apiServer struct {
 	home   string // the temporary data directory; short, for unix sockets
+	d      *daemon.Daemon
 	rt     *sandbox.Runtime
 	st     *store.Store
 	svc    *service.Service
-	api    *api.Server
-	http   *http.Server
-	served chan error // Serve's result, sent once it returns
+	stop   context.CancelFunc // ends d.Run
+	served chan error         // Run's result, sent once it returns
 	hc     *http.Client
 	client *apiclient.Client
 	url    string
+	e2bURL string // E2B's API (see startE2BServer)
 	// admin is the admin key's principal, for calls to the service itself.
 	admin service.Principal
 
@@ -102,38 +99,24 @@ func startAPIServer(ctx context.Context, cfg Config, templates []string, storeAd
 	if s.home, err = newHome(cfg.Dir, templates); err != nil {
 		return nil, err
 	}
-	dir := datadir.Dir{Root: s.home}
-	if storeAddr != "" {
-		s.st, err = store.OpenPostgres(ctx, storeAddr)
-	} else {
-		s.st, err = store.Open(filepath.Join(s.home, "airlock.db"))
-	}
-	if err != nil {
-		return nil, fmt.Errorf("open store: %w", err)
-	}
-	s.rt, err = sandbox.New(ctx, sandbox.Config{Dir: dir, Accel: cfg.Accel, BootTimeout: cfg.BootTimeout, Log: cfg.Log})
+	s.d, err = daemon.New(ctx, daemon.Config{
+		Dir: datadir.Dir{Root: s.home}, Log: cfg.Log, Listen: "127.0.0.1:0", E2BListen: "127.0.0.1:0",
+		Accel: cfg.Accel, BootTimeout: cfg.BootTimeout, Store: storeAddr, NoReclaim: templates == nil,
+		MaxSandboxes: 32, PingInterval: 15 * time.Second, DefaultEgress: "deny", MaxBuilds: 1, MaxBuildContextMiB: 1024,
+	})
 	if err != nil {
 		return nil, err
 	}
-	if s.svc, err = service.New(ctx, service.Config{Dir: dir, Runtime: s.rt, Store: s.st, Log: cfg.Log, NoReclaim: templates == nil}); err != nil {
-		return nil, err
-	}
-	key, err := s.svc.EnsureAdminKey(ctx, filepath.Join(s.home, "admin.key"))
-	if err != nil {
-		return nil, err
-	}
+	s.rt, s.st, s.svc = s.d.Runtime(), s.d.Store(), s.d.Service()
+	key := s.d.AdminKey()
 	if s.admin, err = s.svc.Authenticate(ctx, key); err != nil {
 		return nil, fmt.Errorf("authenticate the admin key: %w", err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, fmt.Errorf("listen on loopback: %w", err)
-	}
-	s.api = api.New(api.Config{Service: s.svc, Store: s.st, Log: cfg.Log})
-	s.http = &http.Server{Handler: s.api, ReadHeaderTimeout: 10 * time.Second}
+	var runCtx context.Context
+	runCtx, s.stop = context.WithCancel(context.Background())
 	s.served = make(chan error, 1)
-	go func() { s.served <- s.http.Serve(ln) }() // ends with close's Shutdown
-	s.url = "http://" + ln.Addr().String()
+	go func() { s.served <- s.d.Run(runCtx) }() // ends with close's stop
+	s.url, s.e2bURL = "http://"+s.d.Addr().String(), "http://"+s.d.E2BAddr().String()
 	// A transport of its own, so that close can drop its connections.
 	s.hc = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
 	s.client = apiclient.New(s.url, key, apiclient.WithHTTPClient(s.hc))
@@ -197,32 +180,20 @@ func (s *apiServer) close() error {
 			errs = append(errs, s.deleteSandbox(id))
 		}
 	}
-	if s.api != nil {
-		s.api.Shutdown() // ends event streams
-	}
-	if s.http != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), serverStopTimeout)
-		if err := s.http.Shutdown(ctx); err != nil {
-			s.http.Close()
-		}
-		cancel()
-		if err := <-s.served; err != nil && !errors.Is(err, http.ErrServerClosed) {
+	if s.served != nil {
+		s.stop() // Run stops serving and lets go of the sandboxes
+		if err := <-s.served; err != nil {
 			errs = append(errs, fmt.Errorf("serve the API: %w", err))
 		}
 	}
 	if s.hc != nil {
 		s.hc.CloseIdleConnections()
 	}
-	if s.svc != nil {
-		s.svc.Close() // lets go of sandboxes without stopping them
+	if s.d != nil {
+		s.d.Close() // the service lets go of sandboxes without stopping them
 	}
 	if s.rt != nil {
 		errs = append(errs, s.removeLeftovers())
-	}
-	if s.st != nil {
-		if err := s.st.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("close store: %w", err))
-		}
 	}
 	if s.home != "" {
 		if err := os.RemoveAll(s.home); err != nil {

@@ -10,8 +10,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,8 +17,6 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
-	"github.com/airlockhq/airlock/internal/e2b"
-	"github.com/airlockhq/airlock/internal/e2b/envd"
 	"github.com/airlockhq/airlock/internal/sandbox"
 )
 
@@ -144,23 +140,20 @@ func (m nodeMsg) sample() (time.Duration, error) {
 	return time.Duration(*m.MS * float64(time.Millisecond)), nil
 }
 
-// e2bServer serves E2B's API over an apiServer's service on a loopback
-// port, as `airlock serve --e2b-listen` does, with an e2b-format key of
-// that server and a work directory holding the node script beside a link
-// to the SDK's node_modules (node resolves imports from the script's
-// directory).
+// e2bServer is the way to E2B's API that an apiServer serves on a
+// loopback port, as `airlock serve --e2b-listen` does: an e2b-format key
+// of that server and a work directory holding the node script beside a
+// link to the SDK's node_modules (node resolves imports from the
+// script's directory).
 type e2bServer struct {
-	sdk    e2bSDK
-	envd   *envd.Server
-	http   *http.Server
-	served chan error // Serve's result, sent once it returns
-	url    string
-	key    string
-	work   string
+	sdk  e2bSDK
+	url  string
+	key  string
+	work string
 }
 
-// startE2BServer starts an e2bServer over s. On failure, what it started
-// is stopped again.
+// startE2BServer readies an e2bServer over s. On failure, what it made
+// is removed again.
 func (r *runner) startE2BServer(ctx context.Context, s *apiServer, sdk e2bSDK) (_ *e2bServer, err error) {
 	e := &e2bServer{sdk: sdk}
 	defer func() {
@@ -182,40 +175,15 @@ func (r *runner) startE2BServer(ctx context.Context, s *apiServer, sdk e2bSDK) (
 		return nil, fmt.Errorf("create an e2b key: %w", err)
 	}
 	e.key = k.Key
-	e.envd = envd.New(s.svc, r.cfg.Log)
-	h, err := e2b.New(e2b.Config{Service: s.svc, Log: r.cfg.Log, Envd: e.envd})
-	if err != nil {
-		return nil, err
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, fmt.Errorf("listen on loopback: %w", err)
-	}
-	e.http = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	e.served = make(chan error, 1)
-	go func() { e.served <- e.http.Serve(ln) }() // ends with close's Shutdown
-	e.url = "http://" + ln.Addr().String()
+	e.url = s.e2bURL
 	r.progressf("serving E2B's API on %s; E2B SDK %s under node %s", e.url, sdk.version, sdk.nodeVersion)
 	return e, nil
 }
 
-// close stops the server and removes the work directory, also for a
-// server only partly started.
+// close removes the work directory, also for a server only partly
+// readied. E2B's API is served until the apiServer closes.
 func (e *e2bServer) close() error {
 	var errs []error
-	if e.http != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), serverStopTimeout)
-		if err := e.http.Shutdown(ctx); err != nil {
-			e.http.Close()
-		}
-		cancel()
-		if err := <-e.served; err != nil && !errors.Is(err, http.ErrServerClosed) {
-			errs = append(errs, fmt.Errorf("serve E2B's API: %w", err))
-		}
-	}
-	if e.envd != nil {
-		e.envd.Close()
-	}
 	if e.work != "" {
 		if err := os.RemoveAll(e.work); err != nil {
 			errs = append(errs, fmt.Errorf("remove the node script's directory: %w", err))
