@@ -6,24 +6,20 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
-	"github.com/airlockhq/airlock/internal/api"
 	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/daemon/daemontest"
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/errdefs"
-	"github.com/airlockhq/airlock/internal/sandbox"
-	"github.com/airlockhq/airlock/internal/secrets"
 	"github.com/airlockhq/airlock/internal/service"
-	"github.com/airlockhq/airlock/internal/store"
 )
 
-// secretServer is the real API server over a real transport, with a store
+// secretServer is the real server over a real transport, with a store
 // and a secrets box and no VMs: the secret commands need nothing more.
 type secretServer struct {
 	url string
@@ -34,34 +30,12 @@ type secretServer struct {
 
 func newSecretServer(t *testing.T) *secretServer {
 	t.Helper()
-	ctx := context.Background()
-	dir := datadir.Dir{Root: t.TempDir()}
-	st, err := store.Open(dir.Store())
+	d := daemontest.Start(t)
+	p, err := d.Service().Authenticate(context.Background(), d.AdminKey)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { st.Close() })
-	box, err := secrets.OpenBox(filepath.Join(dir.Root, "secrets.key"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The runtime is never called: the store holds no sandbox.
-	svc, err := service.New(ctx, service.Config{Dir: dir, Runtime: &sandbox.Runtime{}, Store: st, Secrets: box})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(svc.Close)
-	key, err := svc.EnsureAdminKey(ctx, dir.AdminKey())
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := svc.Authenticate(ctx, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(api.New(api.Config{Service: svc, Store: st}))
-	t.Cleanup(srv.Close)
-	return &secretServer{url: srv.URL, svc: svc, key: key, id: p.KeyID}
+	return &secretServer{url: d.URL, svc: d.Service(), key: d.AdminKey, id: p.KeyID}
 }
 
 // run runs `airlock secret SUB --url URL ARGS...` with stdin from the

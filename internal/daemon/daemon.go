@@ -93,7 +93,10 @@ func New(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 	} else {
 		err = d.buildServe(ctx, r)
 	}
-	return d, err
+	if err != nil {
+		return nil, err
+	}
+	return d, nil
 }
 
 // listen opens a listener on addr, refused off loopback without the jail.
