@@ -137,28 +137,8 @@ func (d *Daemon) buildServe(ctx context.Context, r resolved) error {
 	if err != nil {
 		return err
 	}
-	if cfg.Role == Front {
-		// Replicas share the store, and so its secrets' key; the sandboxes
-		// are the nodes'.
-		if err := checkClusterKeys(ctx, d.st, cfg.Dir, tokenKey); err != nil {
-			return err
-		}
-		if d.front, err = startClusterFront(ctx, d.st, cfg.Kubeconfig, cfg.Namespace, r.token, r.id, cfg.KubeWait, log); err != nil {
-			return err
-		}
-	} else {
-		// A second server on one PostgreSQL database would take the first's
-		// sandboxes for its own; one that loses the database stops.
-		if err := d.st.Exclusive(ctx, func(err error) { d.lostStore <- err }); err != nil {
-			return err
-		}
-		// This server is the store's only one: a claim on an Idempotency-Key is
-		// one of a request that died with the last server, and a retry must run.
-		if n, err := d.st.ReleaseAllClaims(ctx); err != nil {
-			return err
-		} else if n > 0 {
-			log.Info("released the idempotency keys of requests the last server did not answer", "keys", n)
-		}
+	if err := d.takeStore(ctx, r, tokenKey); err != nil {
+		return err
 	}
 	reg := newRegistry()
 	sc := d.serviceConfig(box, tokenKey)
@@ -189,6 +169,46 @@ func (d *Daemon) buildServe(ctx context.Context, r resolved) error {
 	d.apiSrv = api.New(api.Config{Service: d.svc, Store: d.st, Log: log, Registry: reg, Secrets: box,
 		MetricsOpen: isLoopback(d.ln.Addr()), PingInterval: cfg.PingInterval, Forward: forward})
 	d.httpSrv = &http.Server{Handler: d.apiSrv, ReadHeaderTimeout: 10 * time.Second}
+	return d.buildServeEdges(r)
+}
+
+// takeStore makes the store this daemon's: a Front's, shared with the
+// other replicas, once its keys and token are the cluster's; a Local
+// one's for it alone.
+func (d *Daemon) takeStore(ctx context.Context, r resolved, tokenKey []byte) error {
+	cfg, log := d.cfg, d.log
+	var err error
+	if cfg.Role == Front {
+		// Replicas share the store, and so its secrets' key; the sandboxes
+		// are the nodes'.
+		if err := checkClusterKeys(ctx, d.st, cfg.Dir, tokenKey); err != nil {
+			return err
+		}
+		if d.front, err = startClusterFront(ctx, d.st, cfg.Kubeconfig, cfg.Namespace, r.token, r.id, cfg.KubeWait, log); err != nil {
+			return err
+		}
+	} else {
+		// A second server on one PostgreSQL database would take the first's
+		// sandboxes for its own; one that loses the database stops.
+		if err := d.st.Exclusive(ctx, func(err error) { d.lostStore <- err }); err != nil {
+			return err
+		}
+		// This server is the store's only one: a claim on an Idempotency-Key is
+		// one of a request that died with the last server, and a retry must run.
+		if n, err := d.st.ReleaseAllClaims(ctx); err != nil {
+			return err
+		} else if n > 0 {
+			log.Info("released the idempotency keys of requests the last server did not answer", "keys", n)
+		}
+	}
+	return nil
+}
+
+// buildServeEdges builds what a Local or Front daemon serves beside the
+// API: a Front's internal listener of template images, and E2B's API.
+func (d *Daemon) buildServeEdges(r resolved) error {
+	cfg, log := d.cfg, d.log
+	var err error
 	if d.front != nil {
 		// The nodes fetch the template images they lack from here, over
 		// the cluster TLS.

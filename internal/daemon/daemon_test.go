@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +16,24 @@ import (
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/sandbox"
 )
+
+// syncBuffer is a buffer that Run's goroutine writes while a test reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer // guarded by mu
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
 
 // Validate refuses a bad setting with errdefs.ErrInvalid and names the
 // flag that sets it.
@@ -71,7 +90,7 @@ func TestValidate(t *testing.T) {
 
 // A daemon shows the admin key it made and serves the API.
 func TestServes(t *testing.T) {
-	var out bytes.Buffer
+	var out syncBuffer
 	s := daemontest.Start(t, func(c *daemon.Config) { c.Stdout = &out })
 	if !strings.Contains(out.String(), "admin API key (shown once") || !strings.Contains(out.String(), s.AdminKey) {
 		t.Errorf("the admin key was not shown:\n%s", out.String())
@@ -89,7 +108,7 @@ func TestServes(t *testing.T) {
 // Run prints airlock serve's lines, and stops when its context ends.
 func TestRunLines(t *testing.T) {
 	cfg := daemontest.Config(t, daemontest.DataDir(t))
-	var out bytes.Buffer
+	var out syncBuffer
 	cfg.Stdout, cfg.E2BListen = &out, "127.0.0.1:0"
 	d, err := daemon.New(context.Background(), cfg)
 	if err != nil {
