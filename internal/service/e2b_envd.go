@@ -19,6 +19,7 @@ import (
 	"github.com/airlockhq/airlock/internal/agentproto"
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/atomicfile"
+	"github.com/airlockhq/airlock/internal/command"
 	"github.com/airlockhq/airlock/internal/errdefs"
 )
 
@@ -152,7 +153,7 @@ func (s *Service) RunningCommands(ctx context.Context, p Principal, sbx string) 
 // AttachNow attaches to a started command from the present on: its stream
 // gives the events logged after this call, or only the exit event if the
 // command has exited already. Unlike Attach it never starts a command.
-func (s *Service) AttachNow(ctx context.Context, p Principal, id string) (*Stream, error) {
+func (s *Service) AttachNow(ctx context.Context, p Principal, id string) (*command.Stream, error) {
 	rec, err := s.getCommand(ctx, p, id)
 	if err != nil {
 		return nil, err
@@ -168,12 +169,5 @@ func (s *Service) AttachNow(ctx context.Context, p Principal, id string) (*Strea
 	if err != nil {
 		return nil, err
 	}
-	c.mu.Lock()
-	last := c.log.Last()
-	c.mu.Unlock()
-	after := last.Seq
-	if last.Type == evExit && after > 0 {
-		after--
-	}
-	return s.Attach(ctx, AttachAuth{Principal: &p}, id, after)
+	return s.Attach(ctx, AttachAuth{Principal: &p}, id, c.Present())
 }
