@@ -108,15 +108,41 @@ func (s *Service) SetCommandNote(ctx context.Context, p Principal, id string, no
 	if err != nil {
 		return err
 	}
-	path := s.commandNotePath(rec.SandboxID, rec.ID)
+	return s.writeNote(rec.SandboxID, rec.ID, note)
+}
+
+func (s *Service) writeNote(sbx, id string, note []byte) error {
+	path := s.commandNotePath(sbx, id)
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return fmt.Errorf("keep note of command %s: %w", id, err)
 	}
-	_, err = atomicfile.Write(path, 0o600, func(w io.Writer) error {
+	_, err := atomicfile.Write(path, 0o600, func(w io.Writer) error {
 		_, err := w.Write(note)
 		return err
 	})
 	return err
+}
+
+// StartCommand creates a command in sandbox sbx, keeps note beside it and
+// starts it: CreateCommand, SetCommandNote and the first Attach in one
+// step, so that the note is there before the process runs. It returns the
+// command's ID and its stream from the first event.
+func (s *Service) StartCommand(ctx context.Context, p Principal, sbx string, req apiv1.CommandRequest, note []byte) (string, *command.Stream, error) {
+	if len(note) > MaxCommandNote {
+		return "", nil, fmt.Errorf("a command note is %d bytes, over %d: %w", len(note), MaxCommandNote, errdefs.ErrInvalid)
+	}
+	sess, err := s.CreateCommand(ctx, p, sbx, req)
+	if err != nil {
+		return "", nil, err
+	}
+	if err := s.writeNote(sbx, sess.ID, note); err != nil {
+		return "", nil, err
+	}
+	st, err := s.Attach(ctx, AttachAuth{Principal: &p}, sess.ID, 0)
+	if err != nil {
+		return "", nil, err
+	}
+	return sess.ID, st, nil
 }
 
 // RunningCommands lists the commands of sandbox sbx that p owns and that

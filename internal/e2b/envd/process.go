@@ -101,20 +101,13 @@ func (s *Server) start(ctx context.Context, req Request, r *http.Request, m mess
 	if err != nil {
 		return err
 	}
-	sess, err := s.svc.CreateCommand(ctx, req.Principal, req.SandboxID, cr)
-	if err != nil {
-		return err
-	}
 	b, _ := json.Marshal(note{Tag: sr.Tag, Config: sr.Process})
-	if err := s.svc.SetCommandNote(ctx, req.Principal, sess.ID, b); err != nil {
-		return fmt.Errorf("keep the process's tag: %w", err)
-	}
-	st, err := s.svc.Attach(ctx, service.AttachAuth{Principal: &req.Principal}, sess.ID, 0)
+	id, st, err := s.svc.StartCommand(ctx, req.Principal, req.SandboxID, cr, b)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
-	return s.follow(ctx, r, out, st, follow{sandbox: req.SandboxID, command: sess.ID, principal: req.Principal, pty: cr.PTY != nil, tag: sr.Tag})
+	return s.follow(ctx, r, out, st, follow{sandbox: req.SandboxID, command: id, principal: req.Principal, pty: cr.PTY != nil, tag: sr.Tag})
 }
 
 // connect is Process.Connect: it re-attaches to a running process from
