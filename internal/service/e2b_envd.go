@@ -2,8 +2,8 @@ package service
 
 // What E2B's envd layer (internal/e2b/envd) needs beyond the native API:
 // a sandbox's default environment, stats that keep a symlink's target,
-// the running commands of a sandbox with their requests, a note the layer
-// keeps beside a command it started (E2B's process tag and config), and an
+// the running commands of a sandbox with their requests, a start that
+// keeps a note beside the command (E2B's process tag and config), and an
 // attach that starts at the present rather than at the first event.
 
 import (
