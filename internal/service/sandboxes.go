@@ -334,33 +334,10 @@ func (s *Service) makeRoom(ctx context.Context) {
 	}
 }
 
-// errorStatus turns an internal error into what an operation reports.
+// errorStatus turns an internal error into what an operation reports: the
+// API code of its class and its full text.
 func errorStatus(err error) store.Error {
-	return store.Error{Code: Code(err), Message: err.Error()}
-}
-
-// Code is the API error code of err's class.
-func Code(err error) string {
-	switch {
-	case errors.Is(err, errdefs.ErrInvalid):
-		return apiv1.CodeInvalidArgument
-	case errors.Is(err, errdefs.ErrNotFound):
-		return apiv1.CodeNotFound
-	case errors.Is(err, errdefs.ErrConflict):
-		return apiv1.CodeConflict
-	case errors.Is(err, errdefs.ErrExhausted):
-		return apiv1.CodeResourceExhausted
-	case errors.Is(err, errdefs.ErrUnauthenticated):
-		return apiv1.CodeUnauthenticated
-	case errors.Is(err, errdefs.ErrPermission):
-		return apiv1.CodePermissionDenied
-	case errors.Is(err, errdefs.ErrTooLarge):
-		return apiv1.CodePayloadTooLarge
-	case errors.Is(err, errdefs.ErrUnavailable), errors.Is(err, errdefs.ErrPrecondition):
-		return apiv1.CodeUnavailable
-	default:
-		return apiv1.CodeInternal
-	}
+	return store.Error{Code: errdefs.ClassOf(err).Code, Message: err.Error()}
 }
 
 // transition moves a sandbox to sb's state (and last error), finishing or
