@@ -447,7 +447,9 @@ func (lv *live) start(c *command, rec store.Command) error {
 		c.log.Finish()
 		c.mu.Unlock()
 		rec.State, rec.ExitCode, rec.StartedAt, rec.FinishedAt = apiv1.CommandExited, &code, &now, &now
-		lv.s.st.UpdateCommand(context.Background(), rec)
+		if err := lv.s.st.UpdateCommand(context.Background(), rec); err != nil {
+			lv.s.log.Error("record command exit", "command", rec.ID, "err", err)
+		}
 		lv.s.m.commandEnded("exited")
 		return nil
 	}
@@ -558,7 +560,9 @@ func (s *Service) markEnded(id string) {
 	if rec.StartedAt == nil {
 		rec.StartedAt = &now
 	}
-	s.st.UpdateCommand(context.Background(), rec)
+	if err := s.st.UpdateCommand(context.Background(), rec); err != nil {
+		s.log.Error("record lost command", "command", id, "err", err)
+	}
 	s.m.commandEnded("lost")
 }
 
@@ -690,7 +694,9 @@ func (s *Service) Stdin(ctx context.Context, p Principal, id string, r io.Reader
 		return err
 	}
 	var req apiv1.CommandRequest
-	json.Unmarshal(rec.Request, &req)
+	if err := json.Unmarshal(rec.Request, &req); err != nil {
+		return fmt.Errorf("read the request of command %s: %w", id, err)
+	}
 	if !req.Stdin {
 		return fmt.Errorf("command %s was created without stdin: create it with \"stdin\": true: %w", id, errdefs.ErrConflict)
 	}
@@ -740,7 +746,9 @@ func (s *Service) Resize(ctx context.Context, p Principal, id string, rows, cols
 		return err
 	}
 	var req apiv1.CommandRequest
-	json.Unmarshal(rec.Request, &req)
+	if err := json.Unmarshal(rec.Request, &req); err != nil {
+		return fmt.Errorf("read the request of command %s: %w", id, err)
+	}
 	if req.PTY == nil {
 		return fmt.Errorf("command %s has no pty to resize: %w", id, errdefs.ErrInvalid)
 	}

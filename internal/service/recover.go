@@ -194,7 +194,11 @@ func (s *Service) recoverRunning(ctx context.Context, sb store.Sandbox) {
 		if state != sb.State {
 			s.states[sb.State]--
 			sb.State, sb.UpdatedAt = state, s.now()
-			s.st.UpdateSandbox(ctx, sb)
+			if err := s.st.UpdateSandbox(ctx, sb); err != nil {
+				// The VM is adopted all the same; its next change of
+				// state is recorded over the stale one.
+				s.log.Error("record adopted sandbox state", "sandbox", sb.ID, "state", state, "err", err)
+			}
 			s.states[sb.State]++
 		}
 	}

@@ -374,6 +374,15 @@ func (s *Service) transition(sb store.Sandbox, op *store.Operation, from string)
 	s.publish(cur)
 }
 
+// markRunning records that op has begun. A failed write is logged and
+// the operation goes on: its end is recorded over it.
+func (s *Service) markRunning(op *store.Operation) {
+	op.Status = apiv1.OpRunning
+	if err := s.st.UpdateOperation(context.Background(), *op); err != nil {
+		s.log.Warn("record operation running", "operation", op.ID, "err", err)
+	}
+}
+
 // finishOp records a finished operation on its own.
 func (s *Service) finishOp(op store.Operation, took time.Duration) {
 	if err := s.st.UpdateOperation(context.Background(), op); err != nil {
@@ -601,8 +610,7 @@ func (s *Service) DeleteSandbox(ctx context.Context, p Principal, id string) (ap
 func (s *Service) runDelete(sb store.Sandbox, op store.Operation) {
 	defer s.work.Done()
 	start := time.Now()
-	op.Status = apiv1.OpRunning
-	s.st.UpdateOperation(context.Background(), op)
+	s.markRunning(&op)
 
 	s.mu.Lock()
 	c := s.creating[sb.ID]
