@@ -41,7 +41,7 @@ var e2bKeyPattern = regexp.MustCompile(`^e2b_[0-9a-f]{40}$`)
 
 func newE2BKey() string {
 	b := make([]byte, e2bKeyBytes)
-	rand.Read(b)
+	rand.Read(b) // crypto/rand.Read never fails: it crashes the program instead
 	return e2bKeyPrefix + hex.EncodeToString(b)
 }
 

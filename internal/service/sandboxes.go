@@ -295,7 +295,9 @@ func (s *Service) runCreate(ctx context.Context, c *creation, sb store.Sandbox, 
 		log.Warn("create failed", "err", err)
 		status := errorStatus(err)
 		op.Status, op.Error = apiv1.OpFailed, &status
-		s.rt.Remove(context.Background(), sb.ID)
+		if err := s.rt.Remove(context.Background(), sb.ID); err != nil {
+			log.Warn("remove what the failed create left", "err", err)
+		}
 		cur, gerr := s.st.GetSandbox(s.ctx, sb.ID)
 		if gerr == nil && cur.State == apiv1.StateCreating {
 			cur.State, cur.LastError = apiv1.StateFailed, &status
