@@ -779,8 +779,7 @@ func (s *Service) Exec(ctx context.Context, p Principal, sbxID string, req apiv1
 		return nil, err
 	}
 	if out.stderr, err = newSpool(s.execTmp(), execOutputCap); err != nil {
-		out.Close()
-		return nil, err
+		return nil, errors.Join(err, out.Close())
 	}
 	proc, err := box.Exec(vmCtx, x, agentclient.Stdio{Stdout: out.stdout, Stderr: out.stderr})
 	if err != nil {
@@ -789,22 +788,22 @@ func (s *Service) Exec(ctx context.Context, p Principal, sbxID string, req apiv1
 			out.Result.ExitCode, out.note = 127, agentMessage(err)+"\n"
 			return out, nil
 		}
-		out.Close()
-		return nil, err
+		return nil, errors.Join(err, out.Close())
 	}
 	s.m.following(1)
 	select {
 	case <-proc.Done():
 	case <-ctx.Done():
-		proc.Signal(context.Background(), "KILL")
+		if err := proc.Signal(context.Background(), "KILL"); err != nil {
+			s.log.Warn("kill an exec whose caller left", "sandbox", sbxID, "err", err)
+		}
 		<-proc.Done()
 	}
 	exit, err := box.Wait(proc)
 	s.m.following(-1)
 	if err != nil {
 		s.m.commandEnded("lost")
-		out.Close()
-		return nil, err
+		return nil, errors.Join(err, out.Close())
 	}
 	s.m.commandEnded("exited")
 	s.m.streamed(int(out.stdout.n + out.stderr.n))
