@@ -89,6 +89,32 @@ func ClassOf(err error) Class {
 	return unclassed
 }
 
+// ByCode is the class a client reads in an answer with the native API's
+// error code code: the internal class (Err nil) for a code of no class, and
+// ErrUnavailable for "unavailable", which ErrPrecondition also answers.
+func ByCode(code string) Class {
+	return reverseFind(func(c Class) bool { return c.Code == code })
+}
+
+// ByHTTPStatus is the class a client reads in an answer of the native API
+// with status and no error code (a proxy answered, say), as ByCode.
+func ByHTTPStatus(status int) Class {
+	return reverseFind(func(c Class) bool { return c.HTTPStatus == status })
+}
+
+// reverseFind is the last row of the table that match accepts, or the
+// internal class. From the end, so that of two classes that answer the
+// same (precondition and unavailable) the one a client can act on, retry,
+// is read.
+func reverseFind(match func(Class) bool) Class {
+	for i := len(classes) - 1; i >= 0; i-- {
+		if match(classes[i]) {
+			return classes[i]
+		}
+	}
+	return unclassed
+}
+
 // IsUserError reports whether err is the caller's to fix (bad input or a host
 // not yet set up), as opposed to a failure inside airlock.
 func IsUserError(err error) bool {

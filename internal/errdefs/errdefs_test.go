@@ -104,3 +104,41 @@ func TestMessage(t *testing.T) {
 		})
 	}
 }
+
+// TestByCode: a client reads each code and status back as its class, and
+// "unavailable" and 503, which two classes answer, as the one to retry.
+func TestByCode(t *testing.T) {
+	for _, tc := range []struct {
+		code   string
+		status int
+		want   error
+	}{
+		{apiv1.CodeInvalidArgument, http.StatusBadRequest, errdefs.ErrInvalid},
+		{apiv1.CodeUnauthenticated, http.StatusUnauthorized, errdefs.ErrUnauthenticated},
+		{apiv1.CodePermissionDenied, http.StatusForbidden, errdefs.ErrPermission},
+		{apiv1.CodeNotFound, http.StatusNotFound, errdefs.ErrNotFound},
+		{apiv1.CodeConflict, http.StatusConflict, errdefs.ErrConflict},
+		{apiv1.CodePayloadTooLarge, http.StatusRequestEntityTooLarge, errdefs.ErrTooLarge},
+		{apiv1.CodeResourceExhausted, http.StatusTooManyRequests, errdefs.ErrExhausted},
+		{apiv1.CodeUnavailable, http.StatusServiceUnavailable, errdefs.ErrUnavailable},
+		{apiv1.CodeInternal, http.StatusInternalServerError, nil},
+		{"teapot", http.StatusTeapot, nil},
+	} {
+		t.Run(tc.code, func(t *testing.T) {
+			if got := errdefs.ByCode(tc.code).Err; got != tc.want {
+				t.Errorf("ByCode(%q).Err = %v, want %v", tc.code, got, tc.want)
+			}
+			c := errdefs.ByHTTPStatus(tc.status)
+			if c.Err != tc.want {
+				t.Errorf("ByHTTPStatus(%d).Err = %v, want %v", tc.status, c.Err, tc.want)
+			}
+			want := tc.code
+			if tc.want == nil {
+				want = apiv1.CodeInternal
+			}
+			if c.Code != want {
+				t.Errorf("ByHTTPStatus(%d).Code = %q, want %q", tc.status, c.Code, want)
+			}
+		})
+	}
+}
