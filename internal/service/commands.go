@@ -313,7 +313,9 @@ func (lv *live) start(c *command.Session, rec store.Command) error {
 		close(ready)
 		c.NotStarted(agentMessage(err)+"\n", code)
 		rec.State, rec.ExitCode, rec.StartedAt, rec.FinishedAt = apiv1.CommandExited, &code, &now, &now
-		lv.s.st.UpdateCommand(context.Background(), rec)
+		if err := lv.s.st.UpdateCommand(context.Background(), rec); err != nil {
+			lv.s.log.Error("record command exit", "command", rec.ID, "err", err)
+		}
 		lv.s.m.commandEnded("exited")
 		return nil
 	}
@@ -397,7 +399,9 @@ func (s *Service) markEnded(id string) {
 	if rec.StartedAt == nil {
 		rec.StartedAt = &now
 	}
-	s.st.UpdateCommand(context.Background(), rec)
+	if err := s.st.UpdateCommand(context.Background(), rec); err != nil {
+		s.log.Error("record lost command", "command", id, "err", err)
+	}
 	s.m.commandEnded("lost")
 }
 
@@ -494,7 +498,9 @@ func (s *Service) Stdin(ctx context.Context, p Principal, id string, r io.Reader
 		return err
 	}
 	var req apiv1.CommandRequest
-	json.Unmarshal(rec.Request, &req)
+	if err := json.Unmarshal(rec.Request, &req); err != nil {
+		return fmt.Errorf("read the request of command %s: %w", id, err)
+	}
 	if !req.Stdin {
 		return fmt.Errorf("command %s was created without stdin: create it with \"stdin\": true: %w", id, errdefs.ErrConflict)
 	}
@@ -544,7 +550,9 @@ func (s *Service) Resize(ctx context.Context, p Principal, id string, rows, cols
 		return err
 	}
 	var req apiv1.CommandRequest
-	json.Unmarshal(rec.Request, &req)
+	if err := json.Unmarshal(rec.Request, &req); err != nil {
+		return fmt.Errorf("read the request of command %s: %w", id, err)
+	}
 	if req.PTY == nil {
 		return fmt.Errorf("command %s has no pty to resize: %w", id, errdefs.ErrInvalid)
 	}
@@ -575,8 +583,7 @@ func (s *Service) Exec(ctx context.Context, p Principal, sbxID string, req apiv1
 		return nil, err
 	}
 	if out.stderr, err = newSpool(s.execTmp(), execOutputCap); err != nil {
-		out.Close()
-		return nil, err
+		return nil, errors.Join(err, out.Close())
 	}
 	proc, err := box.Exec(vmCtx, x, agentclient.Stdio{Stdout: out.stdout, Stderr: out.stderr})
 	if err != nil {
@@ -585,22 +592,22 @@ func (s *Service) Exec(ctx context.Context, p Principal, sbxID string, req apiv1
 			out.Result.ExitCode, out.note = 127, agentMessage(err)+"\n"
 			return out, nil
 		}
-		out.Close()
-		return nil, err
+		return nil, errors.Join(err, out.Close())
 	}
 	s.m.following(1)
 	select {
 	case <-proc.Done():
 	case <-ctx.Done():
-		proc.Signal(context.Background(), "KILL")
+		if err := proc.Signal(context.Background(), "KILL"); err != nil {
+			s.log.Warn("kill an exec whose caller left", "sandbox", sbxID, "err", err)
+		}
 		<-proc.Done()
 	}
 	exit, err := box.Wait(proc)
 	s.m.following(-1)
 	if err != nil {
 		s.m.commandEnded("lost")
-		out.Close()
-		return nil, err
+		return nil, errors.Join(err, out.Close())
 	}
 	s.m.commandEnded("exited")
 	s.m.streamed(int(out.stdout.n + out.stderr.n))
