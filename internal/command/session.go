@@ -19,6 +19,7 @@ package command
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -148,22 +149,25 @@ func (s *Session) Started(proc *agentclient.Process) error {
 }
 
 // NotStarted ends the log of a command whose process never ran: msg on
-// stderr, then an exit with code.
-func (s *Session) NotStarted(msg string, code int) {
+// stderr, then an exit with code. The log's readers end even when a write
+// fails; the error says the stream lacks its end.
+func (s *Session) NotStarted(msg string, code int) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.log.Append(recStderr, s.cursor, []byte(msg))
-	appendExit(s.log, s.cursor, apiv1.ExitEvent{ExitCode: code})
-	s.log.Finish()
+	defer s.log.Finish()
+	_, err := s.log.Append(recStderr, s.cursor, []byte(msg))
+	return errors.Join(err, appendExit(s.log, s.cursor, apiv1.ExitEvent{ExitCode: code}))
 }
 
-// Exited logs the exit of the attached process and ends the log.
-func (s *Session) Exited(ev apiv1.ExitEvent) {
+// Exited logs the exit of the attached process and ends the log, whose
+// readers end even when the write fails.
+func (s *Session) Exited(ev apiv1.ExitEvent) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	appendExit(s.log, s.cursor, ev)
+	err := appendExit(s.log, s.cursor, ev)
 	s.log.Finish()
 	s.proc = nil
+	return err
 }
 
 // Detach lets go of proc, which is no longer followed, if it is the one
@@ -186,16 +190,19 @@ func (s *Session) Position() (cursor int64, attached bool) {
 
 // Reattach attaches proc, the command's process found again in the agent
 // (after a server restart or a wake). Output the agent no longer had, from
-// the log's cursor to proc.Offset, is logged as lost.
-func (s *Session) Reattach(proc *agentclient.Process) {
+// the log's cursor to proc.Offset, is logged as lost. proc is attached even
+// when that record cannot be written; the error says so.
+func (s *Session) Reattach(proc *agentclient.Process) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if proc.Offset > s.cursor {
-		data, _ := json.Marshal(lost{DroppedBytes: proc.Offset - s.cursor})
-		s.cursor = proc.Offset
-		s.log.Append(recLost, s.cursor, data)
-	}
 	s.proc = proc
+	if proc.Offset <= s.cursor {
+		return nil
+	}
+	data, _ := json.Marshal(lost{DroppedBytes: proc.Offset - s.cursor}) // a struct of one int64
+	s.cursor = proc.Offset
+	_, err := s.log.Append(recLost, s.cursor, data)
+	return err
 }
 
 // Process is the attached process, nil if none.
@@ -207,13 +214,14 @@ func (s *Session) Process() *agentclient.Process {
 
 // End closes the stream of a started command that has no exit yet with
 // "airlock: reason" on stderr and an exit with code -1, and lets go of
-// its process.
-func (s *Session) End(reason string) {
+// its process. The log's readers end even when a write fails.
+func (s *Session) End(reason string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	endLog(s.log, s.cursor, reason)
+	err := endLog(s.log, s.cursor, reason)
 	s.log.Finish()
 	s.proc = nil
+	return err
 }
 
 // LastSeq is the number of the last event logged, 0 if none.
@@ -246,26 +254,29 @@ func (s *Session) Stream(after int64, onExit func()) *Stream {
 // EndLog closes the log at path of a command whose sandbox is gone, as End
 // does, so that its readers end; a log that is missing or empty is left
 // alone.
-func EndLog(path, reason string) {
+func EndLog(path, reason string) error {
 	log, err := eventlog.Open(path, 0)
-	if err != nil {
-		return
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
 	}
-	defer log.Close()
-	endLog(log, log.Last().Cursor, reason)
+	if err != nil {
+		return err
+	}
+	return errors.Join(endLog(log, log.Last().Cursor, reason), log.Close())
 }
 
 // endLog logs "airlock: reason" on stderr and an exit with code -1, at
 // cursor, unless the log is empty or ends with an exit.
-func endLog(log *eventlog.Log, cursor int64, reason string) {
+func endLog(log *eventlog.Log, cursor int64, reason string) error {
 	if last := log.Last(); last.Seq == 0 || last.Type == recExit {
-		return
+		return nil
 	}
-	log.Append(recStderr, cursor, []byte("airlock: "+reason+"\n"))
-	appendExit(log, cursor, apiv1.ExitEvent{ExitCode: -1})
+	_, err := log.Append(recStderr, cursor, []byte("airlock: "+reason+"\n"))
+	return errors.Join(err, appendExit(log, cursor, apiv1.ExitEvent{ExitCode: -1}))
 }
 
-func appendExit(log *eventlog.Log, cursor int64, ev apiv1.ExitEvent) {
-	data, _ := json.Marshal(ev)
-	log.Append(recExit, cursor, data)
+func appendExit(log *eventlog.Log, cursor int64, ev apiv1.ExitEvent) error {
+	data, _ := json.Marshal(ev) // a struct of numbers and strings
+	_, err := log.Append(recExit, cursor, data)
+	return err
 }

@@ -352,3 +352,22 @@ func TestEventsEnds(t *testing.T) {
 		}
 	})
 }
+
+// A log write that fails is reported to the caller, and the stream's
+// readers still end.
+func TestEndReportsFailedWrite(t *testing.T) {
+	s := open(t)
+	huge := strings.Repeat("x", eventlog.MaxData+1)
+	if err := s.NotStarted(huge, 127); err == nil {
+		t.Fatal("NotStarted logged an event over the limit without an error")
+	}
+	_, err := readAll(t, s.Stream(0, nil))
+	if !errors.Is(err, io.EOF) {
+		t.Fatalf("stream ended with %v, want io.EOF", err)
+	}
+
+	path := filepath.Join(t.TempDir(), "gone", "cmd.log")
+	if err := EndLog(path, "the sandbox is gone"); err != nil {
+		t.Fatalf("EndLog of a missing log: %v", err)
+	}
+}

@@ -311,7 +311,9 @@ func (lv *live) start(c *command.Session, rec store.Command) error {
 			code = 127
 		}
 		close(ready)
-		c.NotStarted(agentMessage(err)+"\n", code)
+		if err := c.NotStarted(agentMessage(err)+"\n", code); err != nil {
+			lv.s.log.Error("log command's end", "command", rec.ID, "err", err)
+		}
 		rec.State, rec.ExitCode, rec.StartedAt, rec.FinishedAt = apiv1.CommandExited, &code, &now, &now
 		if err := lv.s.st.UpdateCommand(context.Background(), rec); err != nil {
 			lv.s.log.Error("record command exit", "command", rec.ID, "err", err)
@@ -369,7 +371,9 @@ func (lv *live) waitCommand(c *command.Session, proc *agentclient.Process, rec s
 		sig := exit.Signal
 		ev.Signal = &sig
 	}
-	c.Exited(ev)
+	if err := c.Exited(ev); err != nil {
+		lv.s.log.Error("log command exit", "command", c.ID(), "err", err)
+	}
 	now := lv.s.now()
 	if cur, err := lv.s.st.GetCommand(context.Background(), c.ID()); err == nil {
 		rec = cur
@@ -383,7 +387,9 @@ func (lv *live) waitCommand(c *command.Session, proc *agentclient.Process, rec s
 
 // endCommand ends a command whose process can no longer be followed.
 func (lv *live) endCommand(c *command.Session, rec store.Command, reason string) {
-	c.End(reason)
+	if err := c.End(reason); err != nil {
+		lv.s.log.Error("log command's end", "command", rec.ID, "err", err)
+	}
 	lv.s.markEnded(rec.ID)
 }
 
@@ -419,7 +425,9 @@ func (s *Service) endCommands(sbxID, reason string) {
 			}
 			if state == apiv1.CommandRunning {
 				// Readers of the log, if it is still there, end.
-				command.EndLog(s.commandLogPath(rec.SandboxID, rec.ID), reason)
+				if err := command.EndLog(s.commandLogPath(rec.SandboxID, rec.ID), reason); err != nil {
+					s.log.Error("log command's end", "command", rec.ID, "err", err)
+				}
 			}
 			s.markEnded(rec.ID)
 		}
@@ -453,7 +461,9 @@ func (lv *live) resume(rec store.Command) {
 		lv.endCommand(c, rec, "the command's process was lost while the server was down")
 		return
 	}
-	c.Reattach(proc)
+	if err := c.Reattach(proc); err != nil {
+		lv.s.log.Error("log command's lost output", "command", rec.ID, "err", err)
+	}
 	lv.s.m.following(1)
 	lv.pumps.Add(1)
 	go lv.waitCommand(c, proc, rec, box, vmCtx)

@@ -177,7 +177,9 @@ func (lv *live) endAll(reason string) {
 	}
 	lv.mu.Unlock()
 	for _, c := range cmds {
-		c.End(reason)
+		if err := c.End(reason); err != nil {
+			lv.s.log.Error("log command's end", "command", c.ID(), "err", err)
+		}
 	}
 }
 
