@@ -275,7 +275,7 @@ func (s *Server) wrap(rt route) http.Handler {
 				panic(http.ErrAbortHandler)
 			}
 			writeError(sw, err)
-			if service.Code(err) == apiv1.CodeInternal {
+			if errdefs.ClassOf(err).Err == nil {
 				s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 			}
 		}
@@ -373,49 +373,26 @@ func bearer(r *http.Request) (string, error) {
 	return strings.TrimSpace(token), nil
 }
 
-var statusOf = map[string]int{
-	apiv1.CodeInvalidArgument:   http.StatusBadRequest,
-	apiv1.CodeUnauthenticated:   http.StatusUnauthorized,
-	apiv1.CodePermissionDenied:  http.StatusForbidden,
-	apiv1.CodeNotFound:          http.StatusNotFound,
-	apiv1.CodeConflict:          http.StatusConflict,
-	apiv1.CodePayloadTooLarge:   http.StatusRequestEntityTooLarge,
-	apiv1.CodeResourceExhausted: http.StatusTooManyRequests,
-	apiv1.CodeInternal:          http.StatusInternalServerError,
-	apiv1.CodeUnavailable:       http.StatusServiceUnavailable,
-}
-
-// writeError answers err in the contract's shape.
+// writeError answers err in the contract's shape: the status and code of
+// its class (errdefs.ClassOf), and its message without the class.
 func writeError(w http.ResponseWriter, err error) {
-	code := service.Code(err)
+	class := errdefs.ClassOf(err)
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
-		code = apiv1.CodePayloadTooLarge
+		class = errdefs.ClassOf(errdefs.ErrTooLarge)
 	}
 	if errors.Is(err, context.Canceled) {
-		code = apiv1.CodeUnavailable
+		class = errdefs.ClassOf(errdefs.ErrUnavailable)
 	}
-	body := apiv1.ErrorBody{Error: apiv1.Error{Code: code, Message: message(err)}}
+	body := apiv1.ErrorBody{Error: apiv1.Error{Code: class.Code, Message: errdefs.Message(err)}}
 	var d interface{ Details() map[string]any }
 	if errors.As(err, &d) {
 		body.Error.Details = d.Details()
 	}
-	if code == apiv1.CodeResourceExhausted {
+	if class.Code == apiv1.CodeResourceExhausted {
 		w.Header().Set("Retry-After", "1")
 	}
-	writeJSON(w, statusOf[code], body)
-}
-
-// message is err's text without the trailing error class.
-func message(err error) string {
-	msg := err.Error()
-	for _, class := range []error{errdefs.ErrInvalid, errdefs.ErrNotFound, errdefs.ErrConflict, errdefs.ErrExhausted,
-		errdefs.ErrPrecondition, errdefs.ErrUnavailable, errdefs.ErrUnauthenticated, errdefs.ErrPermission, errdefs.ErrTooLarge} {
-		if errors.Is(err, class) {
-			msg = strings.TrimSuffix(msg, ": "+class.Error())
-		}
-	}
-	return msg
+	writeJSON(w, class.HTTPStatus, body)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/command"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/service"
 )
@@ -135,47 +137,22 @@ func (s *Server) streamCommand(w http.ResponseWriter, r *http.Request, auth serv
 	if err != nil {
 		return err
 	}
+	defer st.Close()
 	out := startSSE(w)
-
-	// Events come from a goroutine so that pings go out while it waits.
-	type next struct {
-		ev  service.Event
-		err error
-	}
-	events := make(chan next)
-	// The reader goroutine ends with ctx; the stream is closed after it.
-	defer func() {
-		cancel()
-		for range events {
-		}
-		st.Close()
-	}()
-	go func() {
-		defer close(events)
-		for {
-			ev, err := st.Next(ctx)
-			select {
-			case events <- next{ev, err}:
-			case <-ctx.Done():
-				return
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
+	events := st.Events(ctx)
 	ping := time.NewTicker(s.cfg.PingInterval)
 	defer ping.Stop()
 	for {
 		select {
-		case n, ok := <-events:
-			if !ok || n.err != nil {
-				if n.err != nil && !errors.Is(n.err, io.EOF) && ctx.Err() == nil {
-					s.log.Warn("command stream failed", "command", r.PathValue("id"), "err", n.err)
+		case ev, ok := <-events:
+			if !ok {
+				if err := st.Err(); !errors.Is(err, io.EOF) && ctx.Err() == nil {
+					s.log.Warn("command stream failed", "command", r.PathValue("id"), "err", err)
 				}
 				return nil
 			}
-			if out.event(n.ev.ID, n.ev.Name, n.ev.Data) != nil {
+			name, data := commandEvent(ev)
+			if out.event(ev.ID, name, data) != nil {
 				return nil
 			}
 		case <-ping.C:
@@ -186,4 +163,29 @@ func (s *Server) streamCommand(w http.ResponseWriter, r *http.Request, auth serv
 			return nil
 		}
 	}
+}
+
+// commandEvent is a command's event as the attach stream sends it: its
+// SSE event name and its JSON data (apiv1's StartEvent, DataEvent with the
+// output in base64, ExitEvent, GapEvent, or dropped_bytes for output the
+// guest agent no longer had).
+func commandEvent(ev command.Event) (name string, data []byte) {
+	var v any
+	switch ev.Kind {
+	case command.Start:
+		name, v = apiv1.EventStart, ev.Start
+	case command.Stdout:
+		name, v = apiv1.EventStdout, apiv1.DataEvent{Data: ev.Data}
+	case command.Stderr:
+		name, v = apiv1.EventStderr, apiv1.DataEvent{Data: ev.Data}
+	case command.Exit:
+		name, v = apiv1.EventExit, ev.Exit
+	case command.Gap:
+		name, v = apiv1.EventGap, apiv1.GapEvent{DroppedEvents: ev.Dropped.Events}
+		if ev.Dropped.Bytes > 0 {
+			v = map[string]int64{"dropped_bytes": ev.Dropped.Bytes}
+		}
+	}
+	data, _ = json.Marshal(v)
+	return name, data
 }

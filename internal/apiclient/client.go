@@ -105,49 +105,13 @@ func (e *Error) Error() string {
 
 // Unwrap maps the error code to its errdefs class, or nil when it has none.
 func (e *Error) Unwrap() error {
-	switch e.Code {
-	case apiv1.CodeInvalidArgument:
-		return errdefs.ErrInvalid
-	case apiv1.CodePayloadTooLarge:
-		return errdefs.ErrTooLarge
-	case apiv1.CodeNotFound:
-		return errdefs.ErrNotFound
-	case apiv1.CodeConflict:
-		return errdefs.ErrConflict
-	case apiv1.CodeResourceExhausted:
-		return errdefs.ErrExhausted
-	case apiv1.CodeUnauthenticated:
-		return errdefs.ErrUnauthenticated
-	case apiv1.CodePermissionDenied:
-		return errdefs.ErrPermission
-	case apiv1.CodeUnavailable:
-		return errdefs.ErrUnavailable
-	}
-	return nil
+	return errdefs.ByCode(e.Code).Err
 }
 
 // codeForStatus is the contract's code for a status, used when an answer
 // has no error body (a proxy in between, say).
 func codeForStatus(status int) string {
-	switch status {
-	case http.StatusBadRequest:
-		return apiv1.CodeInvalidArgument
-	case http.StatusUnauthorized:
-		return apiv1.CodeUnauthenticated
-	case http.StatusForbidden:
-		return apiv1.CodePermissionDenied
-	case http.StatusNotFound:
-		return apiv1.CodeNotFound
-	case http.StatusConflict:
-		return apiv1.CodeConflict
-	case http.StatusRequestEntityTooLarge:
-		return apiv1.CodePayloadTooLarge
-	case http.StatusTooManyRequests:
-		return apiv1.CodeResourceExhausted
-	case http.StatusServiceUnavailable:
-		return apiv1.CodeUnavailable
-	}
-	return apiv1.CodeInternal
+	return errdefs.ByHTTPStatus(status).Code
 }
 
 // ReadError turns a non-2xx answer into an *Error and closes its body.

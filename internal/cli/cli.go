@@ -33,8 +33,9 @@ func (e *ExitError) Error() string {
 func (e *ExitError) Unwrap() error { return e.Err }
 
 // ExitCode picks the process exit status for an error returned by Run:
-// 0 for nil, the command's own status for ExitError, 2 for errors the user
-// can fix (bad input, setup not run), 1 for the rest.
+// 0 for nil, the command's own status for ExitError, and otherwise the
+// exit status of err's class (errdefs.ClassOf): 2 for errors the user can
+// fix (bad input, setup not run), 1 for the rest.
 func ExitCode(err error) int {
 	var ee *ExitError
 	switch {
@@ -44,26 +45,16 @@ func ExitCode(err error) int {
 		return ee.Code
 	case errors.Is(err, flag.ErrHelp):
 		return 0
-	case errdefs.IsUserError(err):
-		return 2
 	default:
-		return 1
+		return errdefs.ClassOf(err).ExitCode
 	}
 }
 
-// Message is err as one line for a person: the error class that ends a
-// wrapped message (": invalid argument") is dropped, as the exit status
-// already carries it.
+// Message is err as one line for a person: errdefs.Message, without the
+// error class that ends a wrapped message (": invalid argument"), as the
+// exit status already carries it.
 func Message(err error) string {
-	msg := err.Error()
-	for _, class := range []error{errdefs.ErrInvalid, errdefs.ErrNotFound, errdefs.ErrConflict,
-		errdefs.ErrExhausted, errdefs.ErrPrecondition, errdefs.ErrUnavailable, errdefs.ErrUnauthenticated,
-		errdefs.ErrPermission, errdefs.ErrTooLarge} {
-		if errors.Is(err, class) {
-			msg = strings.TrimSuffix(msg, ": "+class.Error())
-		}
-	}
-	return msg
+	return errdefs.Message(err)
 }
 
 // Env is what a command runs with: its streams and the process-wide inputs

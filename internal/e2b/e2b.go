@@ -25,7 +25,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/e2b/envd"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/service"
@@ -168,7 +167,8 @@ type Error struct {
 	Message string `json:"message"`
 }
 
-// status is the HTTP status of err's class.
+// status is the HTTP status of err: E2B's own classes and what the
+// transport says first, then errdefs' table.
 func status(err error) int {
 	var mbe *http.MaxBytesError
 	switch {
@@ -181,25 +181,7 @@ func status(err error) int {
 	case errors.Is(err, context.Canceled):
 		return http.StatusServiceUnavailable
 	}
-	switch service.Code(err) {
-	case apiv1.CodeInvalidArgument:
-		return http.StatusBadRequest
-	case apiv1.CodeUnauthenticated:
-		return http.StatusUnauthorized
-	case apiv1.CodePermissionDenied:
-		return http.StatusForbidden
-	case apiv1.CodeNotFound:
-		return http.StatusNotFound
-	case apiv1.CodeConflict:
-		return http.StatusConflict
-	case apiv1.CodePayloadTooLarge:
-		return http.StatusRequestEntityTooLarge
-	case apiv1.CodeResourceExhausted:
-		return http.StatusTooManyRequests
-	case apiv1.CodeUnavailable:
-		return http.StatusServiceUnavailable
-	}
-	return http.StatusInternalServerError
+	return errdefs.ClassOf(err).HTTPStatus
 }
 
 // writeError answers err in E2B's shape. A 429 carries Retry-After, which
@@ -212,17 +194,10 @@ func writeError(w http.ResponseWriter, err error) {
 	writeJSON(w, code, Error{Code: code, Message: message(err)})
 }
 
-// message is err's text without the trailing error class.
+// message is err's text without the trailing error class, E2B's own
+// classes among them.
 func message(err error) string {
-	msg := err.Error()
-	for _, class := range []error{errdefs.ErrInvalid, errdefs.ErrNotFound, errdefs.ErrConflict, errdefs.ErrExhausted,
-		errdefs.ErrPrecondition, errdefs.ErrUnavailable, errdefs.ErrUnauthenticated, errdefs.ErrPermission,
-		errdefs.ErrTooLarge, errNotImplemented, errTimeout} {
-		if errors.Is(err, class) {
-			msg = strings.TrimSuffix(msg, ": "+class.Error())
-		}
-	}
-	return msg
+	return errdefs.Message(err, errNotImplemented, errTimeout)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"os"
 	"slices"
@@ -322,13 +323,13 @@ func (s *Service) startBuild(p Principal, pl plan, body []byte) (apiv1.TemplateO
 	if s.closed {
 		s.mu.Unlock()
 		cancel()
-		run.log.close()
+		_ = run.log.close() // refused before it began: nothing was written
 		return apiv1.TemplateOperation{}, fmt.Errorf("the server is shutting down: retry shortly: %w", errdefs.ErrUnavailable)
 	}
 	if n := len(s.builds); n >= maxQueuedBuilds {
 		s.mu.Unlock()
 		cancel()
-		run.log.close()
+		_ = run.log.close() // refused before it began: nothing was written
 		return apiv1.TemplateOperation{}, fmt.Errorf("%d builds are running or waiting, the limit: retry later: %w", n, errdefs.ErrExhausted)
 	}
 	s.builds[rec.ID] = run
@@ -340,8 +341,10 @@ func (s *Service) startBuild(p Principal, pl plan, body []byte) (apiv1.TemplateO
 		delete(s.builds, rec.ID)
 		s.mu.Unlock()
 		cancel()
-		run.log.close()
-		os.Remove(s.buildLogPath(rec.ID))
+		_ = run.log.close() // removed next: nothing in it to lose
+		if err := os.Remove(s.buildLogPath(rec.ID)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			s.log.Warn("remove the log of a build not recorded", "build", rec.ID, "err", err)
+		}
 		s.work.Done()
 		return apiv1.TemplateOperation{}, fmt.Errorf("record build: %w", err)
 	}
@@ -392,7 +395,9 @@ func (s *Service) runBuild(ctx context.Context, run *running, pl plan) {
 	if s.ctx.Err() != nil {
 		// Shutting down: the next start fails the build with a reason.
 		run.log.infof(0, "the server is shutting down; the build is cut short")
-		run.log.close()
+		if err := run.log.close(); err != nil {
+			log.Warn("the build's log may have lost lines", "err", err)
+		}
 		s.mu.Lock()
 		delete(s.builds, run.rec.ID)
 		s.mu.Unlock()
@@ -416,7 +421,9 @@ func (s *Service) runBuild(ctx context.Context, run *running, pl plan) {
 		run.log.infof(0, "built %s:%s as %s in %.1f s", pl.name, pl.tag, tpl.Digest, time.Since(start).Seconds())
 		log.Info("template built", "digest", tpl.Digest, "ms", time.Since(start).Milliseconds())
 	}
-	run.log.close()
+	if err := run.log.close(); err != nil {
+		log.Warn("the build's log may have lost lines", "err", err)
+	}
 	if pl.ending != nil {
 		pl.ending()
 	}

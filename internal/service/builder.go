@@ -125,7 +125,7 @@ func (b *builder) copyIn(ctx context.Context, n int, st imagebuild.Step, sel *im
 		return fmt.Errorf("%s: %w", what, err)
 	}
 	err = b.box.Agent().TarIn(ctx, root, r)
-	r.Close()
+	r.Close() // it only reads the build context: a close loses nothing
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
@@ -152,6 +152,15 @@ func (b *builder) copyIn(ctx context.Context, n int, st imagebuild.Step, sel *im
 	return nil
 }
 
+// removeWorkDir removes a work directory of a build or a save (see
+// template.Store.TempDir). One left behind holds a disk's worth of space,
+// so a failure is logged.
+func (s *Service) removeWorkDir(dir string) {
+	if err := os.RemoveAll(dir); err != nil {
+		s.log.Warn("remove a work directory", "dir", dir, "err", err)
+	}
+}
+
 // save writes the build sandbox's disk as a new image.
 func (b *builder) save(ctx context.Context, run *running, st template.Settings) (template.Template, error) {
 	store := b.s.rt.Templates()
@@ -159,7 +168,7 @@ func (b *builder) save(ctx context.Context, run *running, st template.Settings) 
 	if err != nil {
 		return template.Template{}, err
 	}
-	defer os.RemoveAll(dir)
+	defer b.s.removeWorkDir(dir)
 	img := filepath.Join(dir, "disk.ext4")
 	if err := b.box.SaveDisk(ctx, img); err != nil {
 		return template.Template{}, err
@@ -218,7 +227,7 @@ func (s *Service) buildBase(ctx context.Context, run *running, pl plan) (templat
 	if err != nil {
 		return template.Template{}, err
 	}
-	defer os.RemoveAll(dir)
+	defer s.removeWorkDir(dir)
 	root := filepath.Join(dir, "root")
 	if err := os.Mkdir(root, 0o755); err != nil {
 		return template.Template{}, err
@@ -340,7 +349,7 @@ func (s *Service) finalImage(ctx context.Context, run *running, cur template.Tem
 	if err != nil {
 		return template.Template{}, err
 	}
-	defer os.RemoveAll(dir)
+	defer s.removeWorkDir(dir)
 	img := filepath.Join(dir, "disk.ext4")
 	if err := copySparse(ctx, cur.Image, img); err != nil {
 		return template.Template{}, err

@@ -37,6 +37,7 @@ type buildLog struct {
 	f       *os.File      // nil once closed
 	size    int64         // bytes written
 	full    bool          // past maxLogBytes
+	err     error         // the first failed write, for close to report
 	changed chan struct{} // closed and replaced on every write, and on close
 	tail    map[int][]string
 }
@@ -78,8 +79,11 @@ func (l *buildLog) add(step int, stream, text string) {
 		l.full = true
 		b, _ = json.Marshal(apiv1.BuildLogLine{Step: step, Stream: "info", Text: fmt.Sprintf("the log reached %d MiB; later lines are not kept", maxLogBytes>>20)})
 	}
-	n, _ := l.f.Write(append(b, '\n'))
+	n, err := l.f.Write(append(b, '\n'))
 	l.size += int64(n)
+	if err != nil && l.err == nil {
+		l.err = err
+	}
 	close(l.changed)
 	l.changed = make(chan struct{})
 }
@@ -112,16 +116,18 @@ func (l *buildLog) wait() (<-chan struct{}, bool) {
 	return l.changed, l.f != nil
 }
 
-func (l *buildLog) close() {
+// close ends the log and wakes its readers. Its error says the file
+// may have lost lines: a failed write, sync or close.
+func (l *buildLog) close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.f == nil {
-		return
+		return nil
 	}
-	l.f.Sync()
-	l.f.Close()
+	err := errors.Join(l.err, l.f.Sync(), l.f.Close())
 	l.f = nil
 	close(l.changed)
+	return err
 }
 
 // lineWriter splits what is written into lines (a carriage return ends a

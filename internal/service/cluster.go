@@ -96,7 +96,9 @@ func (s *Service) realizeFetched(id string, sb store.Sandbox, op store.Operation
 		spec, err := s.fetchAndResolve(cctx, sb, want)
 		if err != nil {
 			s.unadmit(id, c)
-			s.failCreate(sb, op, fmt.Errorf("node %s cannot make template %s (%s): %w", s.cfg.Node, sb.TemplateRef, sb.TemplateDigest, err))
+			// Recorded on the sandbox and its operation; the request
+			// that asked has been answered already.
+			_ = s.failCreate(sb, op, fmt.Errorf("node %s cannot make template %s (%s): %w", s.cfg.Node, sb.TemplateRef, sb.TemplateDigest, err))
 			close(c.done)
 			return
 		}

@@ -8,10 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -19,20 +17,11 @@ import (
 	"github.com/airlockhq/airlock/internal/agentclient"
 	"github.com/airlockhq/airlock/internal/agentproto"
 	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/command"
 	"github.com/airlockhq/airlock/internal/errdefs"
-	"github.com/airlockhq/airlock/internal/eventlog"
 	"github.com/airlockhq/airlock/internal/ids"
 	"github.com/airlockhq/airlock/internal/sandbox"
 	"github.com/airlockhq/airlock/internal/store"
-)
-
-// Event types in a command's log.
-const (
-	evStart  byte = 1
-	evStdout byte = 2
-	evStderr byte = 3
-	evExit   byte = 4
-	evLost   byte = 5 // output the agent no longer had after a reconnect
 )
 
 // AttachTTL is how long an attach token is valid.
@@ -40,27 +29,6 @@ const AttachTTL = 10 * time.Minute
 
 // execOutputCap bounds each of stdout and stderr in an exec answer.
 const execOutputCap = 16 << 20
-
-// command is a command whose log this server has open.
-type command struct {
-	id string
-	lv *live
-
-	startMu sync.Mutex // serialises starting the process
-
-	mu     sync.Mutex // guards the fields below
-	log    *eventlog.Log
-	proc   *agentclient.Process
-	cursor int64 // the agent's output offset after the last byte logged
-}
-
-func (c *command) closeLog() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.log != nil {
-		c.log.Close()
-	}
-}
 
 func (s *Service) commandLogPath(sbx, id string) string {
 	return filepath.Join(s.sandboxDir(sbx), "commands", id+".log")
@@ -201,55 +169,6 @@ type AttachAuth struct {
 	Token     string
 }
 
-// Event is one event of a command's stream, ready for SSE: Data is JSON.
-type Event struct {
-	ID   int64
-	Name string
-	Data []byte
-}
-
-// Stream follows a command's events.
-type Stream struct {
-	r      *eventlog.Reader
-	onExit func()
-}
-
-// Next returns the next event, waiting for it; io.EOF after the exit.
-func (st *Stream) Next(ctx context.Context) (Event, error) {
-	e, err := st.r.Next(ctx)
-	if err != nil {
-		return Event{}, err
-	}
-	ev := Event{ID: e.Seq}
-	switch e.Type {
-	case eventlog.Gap:
-		ev.ID = e.Seq + e.Cursor - 1
-		ev.Name = apiv1.EventGap
-		ev.Data, _ = json.Marshal(apiv1.GapEvent{DroppedEvents: e.Cursor})
-	case evStart:
-		ev.Name, ev.Data = apiv1.EventStart, e.Data
-	case evStdout, evStderr:
-		ev.Name = apiv1.EventStdout
-		if e.Type == evStderr {
-			ev.Name = apiv1.EventStderr
-		}
-		ev.Data, _ = json.Marshal(apiv1.DataEvent{Data: e.Data})
-	case evLost:
-		ev.Name, ev.Data = apiv1.EventGap, e.Data
-	case evExit:
-		ev.Name, ev.Data = apiv1.EventExit, e.Data
-		if st.onExit != nil {
-			st.onExit()
-		}
-	default:
-		return Event{}, fmt.Errorf("unknown event type %d in command log", e.Type)
-	}
-	return ev, nil
-}
-
-// Close releases the stream.
-func (st *Stream) Close() error { return st.r.Close() }
-
 // checkToken verifies an attach token for command c.
 func checkToken(c store.Command, token string, now time.Time) error {
 	bad := fmt.Errorf("the attach token is not valid for command %s: use the token from the session or an API key: %w", c.ID, errdefs.ErrUnauthenticated)
@@ -280,7 +199,7 @@ func CommandIDFromToken(token string) (string, bool) {
 
 // Attach starts the command if this is its first attachment, and returns
 // its events after the one numbered after.
-func (s *Service) Attach(ctx context.Context, auth AttachAuth, id string, after int64) (*Stream, error) {
+func (s *Service) Attach(ctx context.Context, auth AttachAuth, id string, after int64) (*command.Stream, error) {
 	if auth.Principal == nil {
 		// A token answers the same for a command that does not exist as
 		// for one it is not valid for, so it cannot probe IDs.
@@ -327,22 +246,19 @@ func (s *Service) Attach(ctx context.Context, auth AttachAuth, id string, after 
 		return nil, err
 	}
 	if rec.State == apiv1.CommandCreated {
-		if err := lv.start(c, rec); err != nil {
+		if err := c.StartOnce(func() error { return lv.start(c, rec) }); err != nil {
 			return nil, err
 		}
 	}
-	c.mu.Lock()
-	log := c.log
-	c.mu.Unlock()
-	if last := log.Last().Seq; after > last {
+	if last := c.LastSeq(); after > last {
 		return nil, fmt.Errorf("Last-Event-ID %d is past the last event (%d): %w", after, last, errdefs.ErrInvalid)
 	}
-	st := &Stream{r: log.NewReader(after)}
+	var onExit func()
 	if auth.Principal == nil {
-		st.onExit = func() { s.spendToken(id) }
+		onExit = func() { s.spendToken(id) }
 	}
 	s.m.attached()
-	return st, nil
+	return c.Stream(after, onExit), nil
 }
 
 func (s *Service) spendToken(id string) {
@@ -351,8 +267,8 @@ func (s *Service) spendToken(id string) {
 	}
 }
 
-// command returns the open command, opening its log if needed.
-func (lv *live) command(rec store.Command) (*command, error) {
+// command returns the command's open session, opening its log if needed.
+func (lv *live) command(rec store.Command) (*command.Session, error) {
 	lv.mu.Lock()
 	defer lv.mu.Unlock()
 	if c, ok := lv.cmds[rec.ID]; ok {
@@ -361,56 +277,16 @@ func (lv *live) command(rec store.Command) (*command, error) {
 	if lv.ctx.Err() != nil {
 		return nil, fmt.Errorf("sandbox %s is going away: %w", lv.id, errdefs.ErrConflict)
 	}
-	path := lv.s.commandLogPath(lv.id, rec.ID)
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("open command log: %w", err)
-	}
-	log, err := eventlog.Open(path, 0)
+	c, err := command.Open(rec.ID, lv.s.commandLogPath(lv.id, rec.ID), rec.State == apiv1.CommandExited, lv.s.m.streamed)
 	if err != nil {
-		return nil, fmt.Errorf("open command log: %w", err)
+		return nil, err
 	}
-	if rec.State == apiv1.CommandExited {
-		log.Finish()
-	}
-	c := &command{id: rec.ID, lv: lv, log: log, cursor: log.Last().Cursor}
 	lv.cmds[rec.ID] = c
 	return c, nil
 }
 
-// outWriter logs one of a process's output streams.
-type outWriter struct {
-	c     *command
-	typ   byte
-	ready <-chan struct{} // closed once the start event is logged
-}
-
-func (w *outWriter) Write(b []byte) (int, error) {
-	<-w.ready
-	c := w.c
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for rest := b; len(rest) > 0; {
-		n := min(len(rest), eventlog.MaxData)
-		c.cursor += int64(n)
-		if _, err := c.log.Append(w.typ, c.cursor, rest[:n]); err != nil {
-			return 0, err
-		}
-		rest = rest[n:]
-	}
-	c.lv.s.m.streamed(len(b))
-	return len(b), nil
-}
-
 // start runs the command: its first attach.
-func (lv *live) start(c *command, rec store.Command) error {
-	c.startMu.Lock()
-	defer c.startMu.Unlock()
-	c.mu.Lock()
-	started := c.proc != nil || c.log.Last().Seq > 0
-	c.mu.Unlock()
-	if started {
-		return nil
-	}
+func (lv *live) start(c *command.Session, rec store.Command) error {
 	var req apiv1.CommandRequest
 	if err := json.Unmarshal(rec.Request, &req); err != nil {
 		return fmt.Errorf("command %s has an unreadable request: %w", rec.ID, err)
@@ -420,10 +296,7 @@ func (lv *live) start(c *command, rec store.Command) error {
 		return err
 	}
 	ready := make(chan struct{})
-	stdio := agentclient.Stdio{
-		Stdout: &outWriter{c: c, typ: evStdout, ready: ready},
-		Stderr: &outWriter{c: c, typ: evStderr, ready: ready},
-	}
+	stdio := c.Stdio(ready)
 	now := lv.s.now()
 	box, vmCtx, err := lv.vm()
 	if err != nil {
@@ -438,24 +311,17 @@ func (lv *live) start(c *command, rec store.Command) error {
 			code = 127
 		}
 		close(ready)
-		msg := agentMessage(err) + "\n"
-		c.mu.Lock()
-		c.log.Append(evStderr, c.cursor, []byte(msg))
-		exit := apiv1.ExitEvent{ExitCode: code}
-		data, _ := json.Marshal(exit)
-		c.log.Append(evExit, c.cursor, data)
-		c.log.Finish()
-		c.mu.Unlock()
+		if err := c.NotStarted(agentMessage(err)+"\n", code); err != nil {
+			lv.s.log.Error("log command's end", "command", rec.ID, "err", err)
+		}
 		rec.State, rec.ExitCode, rec.StartedAt, rec.FinishedAt = apiv1.CommandExited, &code, &now, &now
-		lv.s.st.UpdateCommand(context.Background(), rec)
+		if err := lv.s.st.UpdateCommand(context.Background(), rec); err != nil {
+			lv.s.log.Error("record command exit", "command", rec.ID, "err", err)
+		}
 		lv.s.m.commandEnded("exited")
 		return nil
 	}
-	c.mu.Lock()
-	c.proc = proc
-	data, _ := json.Marshal(apiv1.StartEvent{PID: proc.PID})
-	_, err = c.log.Append(evStart, c.cursor, data)
-	c.mu.Unlock()
+	err = c.Started(proc)
 	close(ready)
 	if err != nil {
 		return err
@@ -482,20 +348,16 @@ func agentMessage(err error) string {
 // waitCommand waits for the process and logs its exit. It ends with the
 // process, or when its VM's context ends: the sandbox was suspended (the
 // wake re-attaches) or let go (the next server re-attaches).
-func (lv *live) waitCommand(c *command, proc *agentclient.Process, rec store.Command, box *sandbox.Sandbox, vmCtx context.Context) {
+func (lv *live) waitCommand(c *command.Session, proc *agentclient.Process, rec store.Command, box *sandbox.Sandbox, vmCtx context.Context) {
 	defer lv.pumps.Done()
 	defer lv.s.m.following(-1)
 	exit, err := box.Wait(proc)
 	if vmCtx.Err() != nil {
-		c.mu.Lock()
-		if c.proc == proc {
-			c.proc = nil
-		}
-		c.mu.Unlock()
+		c.Detach(proc)
 		return
 	}
 	if err != nil {
-		lv.s.log.Warn("lost a command's output", "command", c.id, "err", err)
+		lv.s.log.Warn("lost a command's output", "command", c.ID(), "err", err)
 		select {
 		case <-box.Machine().Done():
 			return // the VM went away: watch ends every command
@@ -509,41 +371,26 @@ func (lv *live) waitCommand(c *command, proc *agentclient.Process, rec store.Com
 		sig := exit.Signal
 		ev.Signal = &sig
 	}
-	data, _ := json.Marshal(ev)
-	c.mu.Lock()
-	c.log.Append(evExit, c.cursor, data)
-	c.log.Finish()
-	c.proc = nil
-	c.mu.Unlock()
+	if err := c.Exited(ev); err != nil {
+		lv.s.log.Error("log command exit", "command", c.ID(), "err", err)
+	}
 	now := lv.s.now()
-	if cur, err := lv.s.st.GetCommand(context.Background(), c.id); err == nil {
+	if cur, err := lv.s.st.GetCommand(context.Background(), c.ID()); err == nil {
 		rec = cur
 	}
 	rec.State, rec.ExitCode, rec.Signal, rec.TimedOut, rec.FinishedAt = apiv1.CommandExited, &ev.ExitCode, ev.Signal, ev.TimedOut, &now
 	if err := lv.s.st.UpdateCommand(context.Background(), rec); err != nil {
-		lv.s.log.Error("record command exit", "command", c.id, "err", err)
+		lv.s.log.Error("record command exit", "command", c.ID(), "err", err)
 	}
 	lv.s.m.commandEnded("exited")
 }
 
 // endCommand ends a command whose process can no longer be followed.
-func (lv *live) endCommand(c *command, rec store.Command, reason string) {
-	c.end(reason)
-	lv.s.markEnded(rec.ID)
-}
-
-// end closes the stream of a started command that has no exit yet with a
-// note on stderr and an exit with code -1.
-func (c *command) end(reason string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if last := c.log.Last(); last.Seq > 0 && last.Type != evExit {
-		c.log.Append(evStderr, c.cursor, []byte("airlock: "+reason+"\n"))
-		data, _ := json.Marshal(apiv1.ExitEvent{ExitCode: -1})
-		c.log.Append(evExit, c.cursor, data)
+func (lv *live) endCommand(c *command.Session, rec store.Command, reason string) {
+	if err := c.End(reason); err != nil {
+		lv.s.log.Error("log command's end", "command", rec.ID, "err", err)
 	}
-	c.log.Finish()
-	c.proc = nil
+	lv.s.markEnded(rec.ID)
 }
 
 // markEnded records a command that ended without an exit status.
@@ -558,7 +405,9 @@ func (s *Service) markEnded(id string) {
 	if rec.StartedAt == nil {
 		rec.StartedAt = &now
 	}
-	s.st.UpdateCommand(context.Background(), rec)
+	if err := s.st.UpdateCommand(context.Background(), rec); err != nil {
+		s.log.Error("record lost command", "command", id, "err", err)
+	}
 	s.m.commandEnded("lost")
 }
 
@@ -575,31 +424,14 @@ func (s *Service) endCommands(sbxID, reason string) {
 				continue
 			}
 			if state == apiv1.CommandRunning {
-				s.appendEnd(rec, reason)
+				// Readers of the log, if it is still there, end.
+				if err := command.EndLog(s.commandLogPath(rec.SandboxID, rec.ID), reason); err != nil {
+					s.log.Error("log command's end", "command", rec.ID, "err", err)
+				}
 			}
 			s.markEnded(rec.ID)
 		}
 	}
-}
-
-// appendEnd closes the log of a command whose sandbox is gone, so that
-// readers of it end, when the log file still exists.
-func (s *Service) appendEnd(rec store.Command, reason string) {
-	log, err := eventlog.Open(s.commandLogPath(rec.SandboxID, rec.ID), 0)
-	if err != nil {
-		return
-	}
-	defer log.Close()
-	if log.Last().Type == evExit {
-		return
-	}
-	if log.Last().Seq == 0 {
-		return
-	}
-	cur := log.Last().Cursor
-	log.Append(evStderr, cur, []byte("airlock: "+reason+"\n"))
-	data, _ := json.Marshal(apiv1.ExitEvent{ExitCode: -1})
-	log.Append(evExit, cur, data)
 }
 
 // resume re-attaches to a command that was running when the server
@@ -614,16 +446,11 @@ func (lv *live) resume(rec store.Command) {
 	}
 	ready := make(chan struct{})
 	close(ready)
-	c.mu.Lock()
-	cursor, attached := c.cursor, c.proc != nil
-	c.mu.Unlock()
+	cursor, attached := c.Position()
 	if attached {
 		return
 	}
-	stdio := agentclient.Stdio{
-		Stdout: &outWriter{c: c, typ: evStdout, ready: ready},
-		Stderr: &outWriter{c: c, typ: evStderr, ready: ready},
-	}
+	stdio := c.Stdio(ready)
 	box, vmCtx, err := lv.vm()
 	if err != nil {
 		return
@@ -634,16 +461,9 @@ func (lv *live) resume(rec store.Command) {
 		lv.endCommand(c, rec, "the command's process was lost while the server was down")
 		return
 	}
-	if proc.Offset > cursor {
-		data, _ := json.Marshal(map[string]int64{"dropped_bytes": proc.Offset - cursor})
-		c.mu.Lock()
-		c.cursor = proc.Offset
-		c.log.Append(evLost, c.cursor, data)
-		c.mu.Unlock()
+	if err := c.Reattach(proc); err != nil {
+		lv.s.log.Error("log command's lost output", "command", rec.ID, "err", err)
 	}
-	c.mu.Lock()
-	c.proc = proc
-	c.mu.Unlock()
 	lv.s.m.following(1)
 	lv.pumps.Add(1)
 	go lv.waitCommand(c, proc, rec, box, vmCtx)
@@ -674,9 +494,7 @@ func (s *Service) runningProcess(ctx context.Context, p Principal, id string) (*
 	if err != nil {
 		return nil, rec, err
 	}
-	c.mu.Lock()
-	proc := c.proc
-	c.mu.Unlock()
+	proc := c.Process()
 	if proc == nil {
 		return nil, rec, fmt.Errorf("command %s has exited: %w", id, errdefs.ErrConflict)
 	}
@@ -690,7 +508,9 @@ func (s *Service) Stdin(ctx context.Context, p Principal, id string, r io.Reader
 		return err
 	}
 	var req apiv1.CommandRequest
-	json.Unmarshal(rec.Request, &req)
+	if err := json.Unmarshal(rec.Request, &req); err != nil {
+		return fmt.Errorf("read the request of command %s: %w", id, err)
+	}
 	if !req.Stdin {
 		return fmt.Errorf("command %s was created without stdin: create it with \"stdin\": true: %w", id, errdefs.ErrConflict)
 	}
@@ -740,7 +560,9 @@ func (s *Service) Resize(ctx context.Context, p Principal, id string, rows, cols
 		return err
 	}
 	var req apiv1.CommandRequest
-	json.Unmarshal(rec.Request, &req)
+	if err := json.Unmarshal(rec.Request, &req); err != nil {
+		return fmt.Errorf("read the request of command %s: %w", id, err)
+	}
 	if req.PTY == nil {
 		return fmt.Errorf("command %s has no pty to resize: %w", id, errdefs.ErrInvalid)
 	}
@@ -771,8 +593,7 @@ func (s *Service) Exec(ctx context.Context, p Principal, sbxID string, req apiv1
 		return nil, err
 	}
 	if out.stderr, err = newSpool(s.execTmp(), execOutputCap); err != nil {
-		out.Close()
-		return nil, err
+		return nil, errors.Join(err, out.Close())
 	}
 	proc, err := box.Exec(vmCtx, x, agentclient.Stdio{Stdout: out.stdout, Stderr: out.stderr})
 	if err != nil {
@@ -781,22 +602,22 @@ func (s *Service) Exec(ctx context.Context, p Principal, sbxID string, req apiv1
 			out.Result.ExitCode, out.note = 127, agentMessage(err)+"\n"
 			return out, nil
 		}
-		out.Close()
-		return nil, err
+		return nil, errors.Join(err, out.Close())
 	}
 	s.m.following(1)
 	select {
 	case <-proc.Done():
 	case <-ctx.Done():
-		proc.Signal(context.Background(), "KILL")
+		if err := proc.Signal(context.Background(), "KILL"); err != nil {
+			s.log.Warn("kill an exec whose caller left", "sandbox", sbxID, "err", err)
+		}
 		<-proc.Done()
 	}
 	exit, err := box.Wait(proc)
 	s.m.following(-1)
 	if err != nil {
 		s.m.commandEnded("lost")
-		out.Close()
-		return nil, err
+		return nil, errors.Join(err, out.Close())
 	}
 	s.m.commandEnded("exited")
 	s.m.streamed(int(out.stdout.n + out.stderr.n))

@@ -52,7 +52,7 @@ func TestCheckFreeDisk(t *testing.T) {
 				}
 				return
 			}
-			if !errors.Is(err, errdefs.ErrExhausted) || Code(err) != "resource_exhausted" {
+			if !errors.Is(err, errdefs.ErrExhausted) || errdefs.ClassOf(err).Code != "resource_exhausted" {
 				t.Fatalf("keeping %d bytes free: %v, want resource exhausted", tc.keep, err)
 			}
 			for _, want := range []string{"free", "--min-free-disk", "retry"} {

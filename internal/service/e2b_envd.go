@@ -2,8 +2,8 @@ package service
 
 // What E2B's envd layer (internal/e2b/envd) needs beyond the native API:
 // a sandbox's default environment, stats that keep a symlink's target,
-// the running commands of a sandbox with their requests, a note the layer
-// keeps beside a command it started (E2B's process tag and config), and an
+// the running commands of a sandbox with their requests, a start that
+// keeps a note beside the command (E2B's process tag and config), and an
 // attach that starts at the present rather than at the first event.
 
 import (
@@ -19,6 +19,7 @@ import (
 	"github.com/airlockhq/airlock/internal/agentproto"
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/atomicfile"
+	"github.com/airlockhq/airlock/internal/command"
 	"github.com/airlockhq/airlock/internal/errdefs"
 )
 
@@ -107,15 +108,41 @@ func (s *Service) SetCommandNote(ctx context.Context, p Principal, id string, no
 	if err != nil {
 		return err
 	}
-	path := s.commandNotePath(rec.SandboxID, rec.ID)
+	return s.writeNote(rec.SandboxID, rec.ID, note)
+}
+
+func (s *Service) writeNote(sbx, id string, note []byte) error {
+	path := s.commandNotePath(sbx, id)
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return fmt.Errorf("keep note of command %s: %w", id, err)
 	}
-	_, err = atomicfile.Write(path, 0o600, func(w io.Writer) error {
+	_, err := atomicfile.Write(path, 0o600, func(w io.Writer) error {
 		_, err := w.Write(note)
 		return err
 	})
 	return err
+}
+
+// StartCommand creates a command in sandbox sbx, keeps note beside it and
+// starts it: CreateCommand, SetCommandNote and the first Attach in one
+// step, so that the note is there before the process runs. It returns the
+// command's ID and its stream from the first event.
+func (s *Service) StartCommand(ctx context.Context, p Principal, sbx string, req apiv1.CommandRequest, note []byte) (string, *command.Stream, error) {
+	if len(note) > MaxCommandNote {
+		return "", nil, fmt.Errorf("a command note is %d bytes, over %d: %w", len(note), MaxCommandNote, errdefs.ErrInvalid)
+	}
+	sess, err := s.CreateCommand(ctx, p, sbx, req)
+	if err != nil {
+		return "", nil, err
+	}
+	if err := s.writeNote(sbx, sess.ID, note); err != nil {
+		return "", nil, err
+	}
+	st, err := s.Attach(ctx, AttachAuth{Principal: &p}, sess.ID, 0)
+	if err != nil {
+		return "", nil, err
+	}
+	return sess.ID, st, nil
 }
 
 // RunningCommands lists the commands of sandbox sbx that p owns and that
@@ -152,7 +179,7 @@ func (s *Service) RunningCommands(ctx context.Context, p Principal, sbx string) 
 // AttachNow attaches to a started command from the present on: its stream
 // gives the events logged after this call, or only the exit event if the
 // command has exited already. Unlike Attach it never starts a command.
-func (s *Service) AttachNow(ctx context.Context, p Principal, id string) (*Stream, error) {
+func (s *Service) AttachNow(ctx context.Context, p Principal, id string) (*command.Stream, error) {
 	rec, err := s.getCommand(ctx, p, id)
 	if err != nil {
 		return nil, err
@@ -168,12 +195,5 @@ func (s *Service) AttachNow(ctx context.Context, p Principal, id string) (*Strea
 	if err != nil {
 		return nil, err
 	}
-	c.mu.Lock()
-	last := c.log.Last()
-	c.mu.Unlock()
-	after := last.Seq
-	if last.Type == evExit && after > 0 {
-		after--
-	}
-	return s.Attach(ctx, AttachAuth{Principal: &p}, id, after)
+	return s.Attach(ctx, AttachAuth{Principal: &p}, id, c.Present())
 }

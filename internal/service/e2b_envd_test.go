@@ -75,3 +75,42 @@ func TestEnvdAccessors(t *testing.T) {
 		t.Fatalf("attach to a command of a sandbox without VM: %v", err)
 	}
 }
+
+// StartCommand refuses before it records anything: a note over the bound,
+// a sandbox without a running VM on this server.
+func TestStartCommandRefusals(t *testing.T) {
+	ctx := context.Background()
+	dir := datadir.Dir{Root: t.TempDir()}
+	st, err := store.Open(filepath.Join(dir.Root, "airlock.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	s := &Service{st: st, cfg: Config{Dir: dir}}
+	owner := Principal{KeyID: "keyowner", Role: apiv1.RoleUser}
+	sb := store.Sandbox{ID: ids.New("sbx"), Owner: owner.KeyID, State: apiv1.StateRunning, TemplateRef: "tiny:latest",
+		VCPUs: 1, MemoryMiB: 256, DiskMiB: 512, OnTimeout: "delete", Metadata: map[string]string{}}
+	if err := st.InsertSandbox(ctx, sb, store.Operation{ID: ids.New("op"), Kind: apiv1.OpCreate, TargetID: sb.ID, Owner: owner.KeyID, Status: apiv1.OpSucceeded}); err != nil {
+		t.Fatal(err)
+	}
+	req := apiv1.CommandRequest{Argv: []string{"true"}}
+	tests := []struct {
+		name string
+		note []byte
+		want error
+	}{
+		{"note over the bound", make([]byte, MaxCommandNote+1), errdefs.ErrInvalid},
+		{"no VM on this server", []byte(`{}`), errdefs.ErrConflict},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, _, err := s.StartCommand(ctx, owner, sb.ID, req, tt.note); !errors.Is(err, tt.want) {
+				t.Fatalf("got %v, want %v", err, tt.want)
+			}
+			rows, err := st.ListCommands(ctx, sb.ID, "", 10)
+			if err != nil || len(rows) != 0 {
+				t.Fatalf("commands recorded: %v %v", rows, err)
+			}
+		})
+	}
+}

@@ -89,7 +89,10 @@ func newSpool(dir string, max int64) (*spool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("exec output: %w", err)
 	}
-	os.Remove(f.Name()) // the descriptor keeps it; nothing is left behind by a crash
+	// The descriptor keeps it; nothing is left behind by a crash.
+	if err := os.Remove(f.Name()); err != nil {
+		return nil, errors.Join(fmt.Errorf("exec output: %w", err), f.Close())
+	}
 	return &spool{f: f, max: max}, nil
 }
 

@@ -41,7 +41,7 @@ var e2bKeyPattern = regexp.MustCompile(`^e2b_[0-9a-f]{40}$`)
 
 func newE2BKey() string {
 	b := make([]byte, e2bKeyBytes)
-	rand.Read(b)
+	rand.Read(b) // crypto/rand.Read never fails: it crashes the program instead
 	return e2bKeyPrefix + hex.EncodeToString(b)
 }
 
@@ -268,8 +268,11 @@ func (s *Service) EnsureAdminKey(ctx context.Context, path string) (string, erro
 		return "", err
 	}
 	if err := atomicfile.WriteBytes(path, []byte(k.Key+"\n"), 0o600); err != nil {
-		s.st.DeleteKey(ctx, k.ID)
-		return "", fmt.Errorf("write admin key: %w", err)
+		err = fmt.Errorf("write admin key: %w", err)
+		if derr := s.st.DeleteKey(ctx, k.ID); derr != nil {
+			err = errors.Join(err, fmt.Errorf("delete the admin key not written: %w", derr))
+		}
+		return "", err
 	}
 	if err := os.Chmod(path, 0o600); err != nil {
 		return "", err

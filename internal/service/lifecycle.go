@@ -169,8 +169,7 @@ func (s *Service) Pause(ctx context.Context, p Principal, id string) (apiv1.Sand
 	}
 	go func() {
 		start := time.Now()
-		op.Status = apiv1.OpRunning
-		s.st.UpdateOperation(context.Background(), op)
+		s.markRunning(&op)
 		err := s.pauseVM(sb.ID)
 		if err == nil {
 			sb.State = apiv1.StatePaused
@@ -221,8 +220,7 @@ func (s *Service) Suspend(ctx context.Context, p Principal, id string) (apiv1.Sa
 
 func (s *Service) runSuspend(sb store.Sandbox, op store.Operation, f *inflight, from string) {
 	start := time.Now()
-	op.Status = apiv1.OpRunning
-	s.st.UpdateOperation(context.Background(), op)
+	s.markRunning(&op)
 	err := s.suspendVM(sb.ID)
 	switch {
 	case err == nil:
@@ -305,8 +303,7 @@ func (s *Service) Wake(ctx context.Context, p Principal, id string) (apiv1.Sandb
 		start := time.Now()
 		clock := timings.StartAt(op.CreatedAt)
 		clock.Lap("admit and record")
-		op.Status = apiv1.OpRunning
-		s.st.UpdateOperation(context.Background(), op)
+		s.markRunning(&op)
 		clock.Lap("record running")
 		from := sb.State
 		var err error

@@ -180,6 +180,7 @@ func hostMemoryMiB() int64 {
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		if v, ok := strings.CutPrefix(sc.Text(), "MemTotal:"); ok {
+			// A value that does not parse is 0: unknown, as documented.
 			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
 			return kb >> 10
 		}

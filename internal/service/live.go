@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/command"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/sandbox"
 	"github.com/airlockhq/airlock/internal/store"
@@ -25,18 +26,18 @@ type live struct {
 	cancel context.CancelFunc
 	pumps  sync.WaitGroup // command pumps; each ends with its process or its VM's context
 
-	mu       sync.Mutex          // guards the fields below
-	box      *sandbox.Sandbox    // the VM; nil while suspended
-	vmCtx    context.Context     // the current VM's lifetime: ends on suspend, VM loss or the sandbox's end
-	vmCancel context.CancelFunc  // ends vmCtx
-	cmds     map[string]*command // commands with an open log, by ID
+	mu       sync.Mutex                  // guards the fields below
+	box      *sandbox.Sandbox            // the VM; nil while suspended
+	vmCtx    context.Context             // the current VM's lifetime: ends on suspend, VM loss or the sandbox's end
+	vmCancel context.CancelFunc          // ends vmCtx
+	cmds     map[string]*command.Session // commands with an open log, by ID
 }
 
 // adoptLive wraps a sandbox the runtime created, adopted or woke (box), or
 // a suspended one (box nil).
 func (s *Service) adoptLive(box *sandbox.Sandbox, sb store.Sandbox) *live {
 	ctx, cancel := context.WithCancel(context.Background())
-	lv := &live{s: s, id: sb.ID, ctx: ctx, cancel: cancel, cmds: map[string]*command{}}
+	lv := &live{s: s, id: sb.ID, ctx: ctx, cancel: cancel, cmds: map[string]*command.Session{}}
 	if box != nil {
 		lv.setBox(box)
 	}
@@ -170,13 +171,15 @@ func (lv *live) waitPumps(d time.Duration) {
 // followed, so that its readers get an exit.
 func (lv *live) endAll(reason string) {
 	lv.mu.Lock()
-	cmds := make([]*command, 0, len(lv.cmds))
+	cmds := make([]*command.Session, 0, len(lv.cmds))
 	for _, c := range lv.cmds {
 		cmds = append(cmds, c)
 	}
 	lv.mu.Unlock()
 	for _, c := range cmds {
-		c.end(reason)
+		if err := c.End(reason); err != nil {
+			lv.s.log.Error("log command's end", "command", c.ID(), "err", err)
+		}
 	}
 }
 
@@ -184,7 +187,7 @@ func (lv *live) closeLogs() {
 	lv.mu.Lock()
 	defer lv.mu.Unlock()
 	for _, c := range lv.cmds {
-		c.closeLog()
+		c.Close()
 	}
 }
 

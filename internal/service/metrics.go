@@ -158,6 +158,8 @@ func (s *Service) GuestStats(ctx context.Context, p Principal, id string) (agent
 // the memory charged to it at the second.
 func (s *Service) SandboxMetrics(ctx context.Context, p Principal, id string) (apiv1.SandboxMetrics, error) {
 	var box *sandbox.Sandbox
+	// Without a VM the host side is left out (vmmErr); GuestStats
+	// below answers the error of a sandbox that is not running.
 	if lv, _, err := s.runningSandbox(ctx, p, id); err == nil {
 		box, _, _ = lv.vm()
 	}

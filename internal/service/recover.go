@@ -104,7 +104,9 @@ func (s *Service) recoverOp(ctx context.Context, op store.Operation) error {
 				// The restore did not finish: what it started goes, the
 				// saved state stays for another wake.
 				if pid, err := vm.RunningPID(s.sandboxDir(sb.ID)); err == nil {
-					syscall.Kill(pid, syscall.SIGKILL)
+					if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+						s.log.Warn("kill the QEMU of a restore cut short", "sandbox", sb.ID, "pid", pid, "err", err)
+					}
 				}
 				sb.State = apiv1.StateSuspended
 				restarted("the sandbox is suspended: wake it again")
@@ -120,7 +122,9 @@ func (s *Service) recoverOp(ctx context.Context, op store.Operation) error {
 	case apiv1.OpSuspend:
 		// A save cut short leaves its temporary state file, as big as
 		// the VM's memory; whatever happens next, it is never used.
-		removeStateTemps(s.sandboxDir(sb.ID))
+		if err := removeStateTemps(s.sandboxDir(sb.ID)); err != nil {
+			s.log.Warn("remove the temporary state of a save cut short", "sandbox", sb.ID, "err", err)
+		}
 		switch {
 		case !vmAlive && sandbox.SuspendedState(s.sandboxDir(sb.ID)):
 			sb.State, op.Status = apiv1.StateSuspended, apiv1.OpSucceeded
@@ -170,7 +174,9 @@ func (s *Service) recoverRunning(ctx context.Context, sb store.Sandbox) {
 		msg := "the sandbox VM stopped while the server was down: " + err.Error()
 		if !errors.Is(err, sandbox.ErrVMExited) {
 			msg = "the sandbox VM could not be adopted after a server restart: " + err.Error()
-			s.rt.Remove(ctx, sb.ID)
+			if err := s.rt.Remove(ctx, sb.ID); err != nil {
+				s.log.Warn("remove a sandbox that could not be adopted", "sandbox", sb.ID, "err", err)
+			}
 		}
 		s.log.Warn("sandbox lost while the server was down", "sandbox", sb.ID, "err", err)
 		s.endCommands(sb.ID, "the sandbox VM stopped while the server was down")
@@ -194,7 +200,11 @@ func (s *Service) recoverRunning(ctx context.Context, sb store.Sandbox) {
 		if state != sb.State {
 			s.states[sb.State]--
 			sb.State, sb.UpdatedAt = state, s.now()
-			s.st.UpdateSandbox(ctx, sb)
+			if err := s.st.UpdateSandbox(ctx, sb); err != nil {
+				// The VM is adopted all the same; its next change of
+				// state is recorded over the stale one.
+				s.log.Error("record adopted sandbox state", "sandbox", sb.ID, "state", state, "err", err)
+			}
 			s.states[sb.State]++
 		}
 	}
@@ -212,9 +222,12 @@ func (s *Service) recoverRunning(ctx context.Context, sb store.Sandbox) {
 // removeStateTemps removes the temporary files of saves of the sandbox's
 // state (vm.Machine.SaveState writes one beside sandbox.StateName and
 // renames it once whole) from the sandbox directory dir.
-func removeStateTemps(dir string) {
+func removeStateTemps(dir string) error {
+	// Glob fails only on a malformed pattern, and this one is fixed.
 	tmps, _ := filepath.Glob(filepath.Join(dir, "."+sandbox.StateName+".tmp-*"))
+	var errs []error
 	for _, p := range tmps {
-		os.Remove(p)
+		errs = append(errs, os.Remove(p))
 	}
+	return errors.Join(errs...)
 }

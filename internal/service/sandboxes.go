@@ -295,7 +295,9 @@ func (s *Service) runCreate(ctx context.Context, c *creation, sb store.Sandbox, 
 		log.Warn("create failed", "err", err)
 		status := errorStatus(err)
 		op.Status, op.Error = apiv1.OpFailed, &status
-		s.rt.Remove(context.Background(), sb.ID)
+		if err := s.rt.Remove(context.Background(), sb.ID); err != nil {
+			log.Warn("remove what the failed create left", "err", err)
+		}
 		cur, gerr := s.st.GetSandbox(s.ctx, sb.ID)
 		if gerr == nil && cur.State == apiv1.StateCreating {
 			cur.State, cur.LastError = apiv1.StateFailed, &status
@@ -334,33 +336,10 @@ func (s *Service) makeRoom(ctx context.Context) {
 	}
 }
 
-// errorStatus turns an internal error into what an operation reports.
+// errorStatus turns an internal error into what an operation reports: the
+// API code of its class and its full text.
 func errorStatus(err error) store.Error {
-	return store.Error{Code: Code(err), Message: err.Error()}
-}
-
-// Code is the API error code of err's class.
-func Code(err error) string {
-	switch {
-	case errors.Is(err, errdefs.ErrInvalid):
-		return apiv1.CodeInvalidArgument
-	case errors.Is(err, errdefs.ErrNotFound):
-		return apiv1.CodeNotFound
-	case errors.Is(err, errdefs.ErrConflict):
-		return apiv1.CodeConflict
-	case errors.Is(err, errdefs.ErrExhausted):
-		return apiv1.CodeResourceExhausted
-	case errors.Is(err, errdefs.ErrUnauthenticated):
-		return apiv1.CodeUnauthenticated
-	case errors.Is(err, errdefs.ErrPermission):
-		return apiv1.CodePermissionDenied
-	case errors.Is(err, errdefs.ErrTooLarge):
-		return apiv1.CodePayloadTooLarge
-	case errors.Is(err, errdefs.ErrUnavailable), errors.Is(err, errdefs.ErrPrecondition):
-		return apiv1.CodeUnavailable
-	default:
-		return apiv1.CodeInternal
-	}
+	return store.Error{Code: errdefs.ClassOf(err).Code, Message: err.Error()}
 }
 
 // transition moves a sandbox to sb's state (and last error), finishing or
@@ -395,6 +374,15 @@ func (s *Service) transition(sb store.Sandbox, op *store.Operation, from string)
 		s.opFinished(op.ID)
 	}
 	s.publish(cur)
+}
+
+// markRunning records that op has begun. A failed write is logged and
+// the operation goes on: its end is recorded over it.
+func (s *Service) markRunning(op *store.Operation) {
+	op.Status = apiv1.OpRunning
+	if err := s.st.UpdateOperation(context.Background(), *op); err != nil {
+		s.log.Warn("record operation running", "operation", op.ID, "err", err)
+	}
 }
 
 // finishOp records a finished operation on its own.
@@ -624,8 +612,7 @@ func (s *Service) DeleteSandbox(ctx context.Context, p Principal, id string) (ap
 func (s *Service) runDelete(sb store.Sandbox, op store.Operation) {
 	defer s.work.Done()
 	start := time.Now()
-	op.Status = apiv1.OpRunning
-	s.st.UpdateOperation(context.Background(), op)
+	s.markRunning(&op)
 
 	s.mu.Lock()
 	c := s.creating[sb.ID]

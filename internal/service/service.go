@@ -203,7 +203,9 @@ func (c *Config) Validate() error {
 	}
 	switch n := len(c.TokenKey); {
 	case n == 0:
-		c.TokenKey = make([]byte, tokenKeySize) // tokens change on restart
+		// Tokens change on restart. crypto/rand.Read never fails: it
+		// crashes the program instead.
+		c.TokenKey = make([]byte, tokenKeySize)
 		rand.Read(c.TokenKey)
 	case n < tokenKeySize:
 		return fmt.Errorf("the token key is %d bytes, under %d: %w", n, tokenKeySize, errdefs.ErrInvalid)

@@ -311,7 +311,9 @@ func (s *Service) Reclaim(ctx context.Context) (int64, error) {
 	if entries, err := ts.CacheEntries(); err == nil {
 		for k, d := range entries {
 			if _, ok := byDigest[d]; !ok {
-				ts.Uncache(k)
+				if err := ts.Uncache(k); err != nil {
+					s.log.Warn("forget a cached build step of a removed image", "key", k, "err", err)
+				}
 			}
 		}
 	}
@@ -395,9 +397,13 @@ func (s *Service) recoverBuilds(ctx context.Context) error {
 		if err := s.st.FinishBuild(ctx, b, op); err != nil {
 			return err
 		}
+		// A build whose log is gone has nowhere to say it; the operation
+		// says it all the same.
 		if f, err := os.OpenFile(s.buildLogPath(b.ID), os.O_APPEND|os.O_WRONLY, 0); err == nil {
-			fmt.Fprintf(f, "{\"step\":0,\"stream\":\"info\",\"text\":%q}\n", "build failed: "+st.Message)
-			f.Close()
+			_, werr := fmt.Fprintf(f, "{\"step\":0,\"stream\":\"info\",\"text\":%q}\n", "build failed: "+st.Message)
+			if err := errors.Join(werr, f.Close()); err != nil {
+				s.log.Warn("note a build's failure in its log", "build", b.ID, "err", err)
+			}
 		}
 	}
 	s.removeBuildSandboxes(ctx)
@@ -493,7 +499,7 @@ func (s *Service) saveSandbox(ctx context.Context, run *running, pl plan) (templ
 	if err != nil {
 		return template.Template{}, err
 	}
-	defer os.RemoveAll(dir)
+	defer s.removeWorkDir(dir)
 	img := filepath.Join(dir, "disk.ext4")
 	start := time.Now()
 	run.log.infof(0, "copying the disk of %s (%s)", id, sb.State)

@@ -52,7 +52,8 @@ const (
 )
 
 // httpStatus is the HTTP status of a unary error with each code, as the
-// protocol maps them.
+// Connect protocol maps them (so a class's status here follows its Connect
+// code, not the native API's status).
 var httpStatus = map[string]int{
 	codeCanceled:           499,
 	codeUnknown:            http.StatusInternalServerError,
@@ -81,47 +82,24 @@ func errorf(code, format string, args ...any) *rpcError {
 	return &rpcError{Code: code, Message: fmt.Sprintf(format, args...)}
 }
 
-// toRPCError maps an error from the service (an errdefs class) or from
-// this package to a Connect error.
+// toRPCError maps an error from the service (an errdefs class, whose
+// Connect code is errdefs' table's) or from this package to a Connect error.
 func toRPCError(err error) *rpcError {
 	var re *rpcError
 	if errors.As(err, &re) {
 		return re
 	}
-	code := codeInternal
-	switch {
-	case errors.Is(err, errdefs.ErrInvalid):
-		code = codeInvalidArgument
-	case errors.Is(err, errdefs.ErrNotFound):
-		code = codeNotFound
-	case errors.Is(err, errdefs.ErrConflict), errors.Is(err, errdefs.ErrPrecondition):
-		code = codeFailedPrecondition
-	case errors.Is(err, errdefs.ErrExhausted), errors.Is(err, errdefs.ErrTooLarge):
-		code = codeResourceExhausted
-	case errors.Is(err, errdefs.ErrUnauthenticated):
-		code = codeUnauthenticated
-	case errors.Is(err, errdefs.ErrPermission):
-		code = codePermissionDenied
-	case errors.Is(err, errdefs.ErrUnavailable):
-		code = codeUnavailable
-	case errors.Is(err, context.DeadlineExceeded):
-		code = codeDeadlineExceeded
-	case errors.Is(err, context.Canceled):
-		code = codeCanceled
-	}
-	return &rpcError{Code: code, Message: errText(err)}
-}
-
-// errText is err's text without the trailing error class.
-func errText(err error) string {
-	msg := err.Error()
-	for _, class := range []error{errdefs.ErrInvalid, errdefs.ErrNotFound, errdefs.ErrConflict, errdefs.ErrExhausted,
-		errdefs.ErrPrecondition, errdefs.ErrUnavailable, errdefs.ErrUnauthenticated, errdefs.ErrPermission, errdefs.ErrTooLarge} {
-		if errors.Is(err, class) {
-			msg = strings.TrimSuffix(msg, ": "+class.Error())
+	class := errdefs.ClassOf(err)
+	code := class.ConnectCode
+	if class.Err == nil {
+		switch {
+		case errors.Is(err, context.DeadlineExceeded):
+			code = codeDeadlineExceeded
+		case errors.Is(err, context.Canceled):
+			code = codeCanceled
 		}
 	}
-	return msg
+	return &rpcError{Code: code, Message: errdefs.Message(err)}
 }
 
 // writeUnaryError answers a unary call (or a call refused before its

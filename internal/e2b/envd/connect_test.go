@@ -3,14 +3,18 @@ package envd
 import (
 	"bytes"
 	"compress/gzip"
+	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/airlockhq/airlock/internal/errdefs"
 )
 
 func envelope(flags byte, payload string) []byte {
@@ -213,5 +217,40 @@ func TestUnaryErrorStatus(t *testing.T) {
 		if rec.Code != status || rec.Body.String() != `{"code":"`+code+`","message":"m"}` {
 			t.Errorf("%s: %d %s, want %d", code, rec.Code, rec.Body, status)
 		}
+	}
+}
+
+// TestUnaryErrorOfClass pins what a unary call answers for an error of each
+// class from the service, and for a context's end: the class's name is cut
+// from the message, other text is kept.
+func TestUnaryErrorOfClass(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		err    error
+		code   string
+		status int
+		msg    string
+	}{
+		{"invalid", errdefs.ErrInvalid, codeInvalidArgument, 400, "start process"},
+		{"not found", errdefs.ErrNotFound, codeNotFound, 404, "start process"},
+		{"conflict", errdefs.ErrConflict, codeFailedPrecondition, 400, "start process"},
+		{"exhausted", errdefs.ErrExhausted, codeResourceExhausted, 429, "start process"},
+		{"precondition", errdefs.ErrPrecondition, codeFailedPrecondition, 400, "start process"},
+		{"unavailable", errdefs.ErrUnavailable, codeUnavailable, 503, "start process"},
+		{"unauthenticated", errdefs.ErrUnauthenticated, codeUnauthenticated, 401, "start process"},
+		{"permission", errdefs.ErrPermission, codePermissionDenied, 403, "start process"},
+		{"too large", errdefs.ErrTooLarge, codeResourceExhausted, 429, "start process"},
+		{"deadline", context.DeadlineExceeded, codeDeadlineExceeded, 504, "start process: context deadline exceeded"},
+		{"canceled", context.Canceled, codeCanceled, 499, "start process: context canceled"},
+		{"no class", errors.New("boom"), codeInternal, 500, "start process: boom"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := httptest.NewRecorder()
+			writeUnaryError(rec, fmt.Errorf("start process: %w", tc.err))
+			want := `{"code":"` + tc.code + `","message":"` + tc.msg + `"}`
+			if rec.Code != tc.status || rec.Body.String() != want {
+				t.Errorf("%d %s, want %d %s", rec.Code, rec.Body, tc.status, want)
+			}
+		})
 	}
 }

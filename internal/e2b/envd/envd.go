@@ -13,7 +13,9 @@
 //     or tag reads the sandbox's running commands from the service, so a
 //     restarted server finds them again; a process's tag and its
 //     ProcessConfig as given are kept in the command's note
-//     (service.SetCommandNote), on disk with the sandbox.
+//     (service.StartCommand), on disk with the sandbox.
+//   - A process's events are the command's typed events
+//     (internal/command), each translated into one Connect message.
 //   - Connect re-attaches from the present, as envd does: output from
 //     before is not replayed. A process that exited in the last 30 s while
 //     this server streamed it answers Connect with its start and end.

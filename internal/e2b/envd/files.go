@@ -107,7 +107,7 @@ func fileError(w http.ResponseWriter, err error) {
 		restError(w, status, re.Message)
 		return
 	}
-	restError(w, fileStatus(err), errText(err))
+	restError(w, fileStatus(err), errdefs.Message(err))
 }
 
 // fileUser is the user a /files request names (query username), "" for

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/command"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/service"
 )
@@ -100,20 +101,13 @@ func (s *Server) start(ctx context.Context, req Request, r *http.Request, m mess
 	if err != nil {
 		return err
 	}
-	sess, err := s.svc.CreateCommand(ctx, req.Principal, req.SandboxID, cr)
-	if err != nil {
-		return err
-	}
 	b, _ := json.Marshal(note{Tag: sr.Tag, Config: sr.Process})
-	if err := s.svc.SetCommandNote(ctx, req.Principal, sess.ID, b); err != nil {
-		return fmt.Errorf("keep the process's tag: %w", err)
-	}
-	st, err := s.svc.Attach(ctx, service.AttachAuth{Principal: &req.Principal}, sess.ID, 0)
+	id, st, err := s.svc.StartCommand(ctx, req.Principal, req.SandboxID, cr, b)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
-	return s.follow(ctx, r, out, st, follow{sandbox: req.SandboxID, command: sess.ID, principal: req.Principal, pty: cr.PTY != nil, tag: sr.Tag})
+	return s.follow(ctx, r, out, st, follow{sandbox: req.SandboxID, command: id, principal: req.Principal, pty: cr.PTY != nil, tag: sr.Tag})
 }
 
 // connect is Process.Connect: it re-attaches to a running process from
@@ -175,33 +169,8 @@ func (s *Server) startedPID(ctx context.Context, f follow) uint32 {
 
 // follow sends a command's events as process events, with keepalives
 // while it is quiet, to the end event; the first write error ends it.
-func (s *Server) follow(ctx context.Context, r *http.Request, out *streamWriter, st *service.Stream, f follow) error {
-	ctx, cancel := context.WithCancel(ctx)
-	type next struct {
-		ev  service.Event
-		err error
-	}
-	events := make(chan next)
-	// The reader ends with ctx; it is waited for before the stream closes.
-	defer func() {
-		cancel()
-		for range events {
-		}
-	}()
-	go func() {
-		defer close(events)
-		for {
-			ev, err := st.Next(ctx)
-			select {
-			case events <- next{ev, err}:
-			case <-ctx.Done():
-				return
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
+func (s *Server) follow(ctx context.Context, r *http.Request, out *streamWriter, st *command.Stream, f follow) error {
+	events := st.Events(ctx) // the caller's Close ends the pump
 	interval := keepaliveInterval(r)
 	keepalive := time.NewTicker(interval)
 	defer keepalive.Stop()
@@ -231,49 +200,44 @@ func (s *Server) follow(ctx context.Context, r *http.Request, out *streamWriter,
 					return err
 				}
 			}
-		case n := <-events:
-			if n.err != nil {
-				if errors.Is(n.err, io.EOF) {
-					return errorf(codeUnknown, "the process's output ended without its exit")
+		case ev, ok := <-events:
+			if !ok {
+				if err := st.Err(); !errors.Is(err, io.EOF) {
+					return err
 				}
-				return n.err
+				return errorf(codeUnknown, "the process's output ended without its exit")
 			}
-			ev := n.ev
-			if !checked && !started && ev.Name != apiv1.EventStart {
+			if !checked && !started && ev.Kind != command.Start {
 				checked = true
 				if err := startLost(); err != nil {
 					return err
 				}
 			}
 			var pe processEvent
-			switch ev.Name {
-			case apiv1.EventStart:
+			switch ev.Kind {
+			case command.Start:
 				if f.pid != 0 {
 					continue
 				}
-				var x apiv1.StartEvent
-				json.Unmarshal(ev.Data, &x)
-				f.pid, started = uint32(x.PID), true
+				f.pid, started = uint32(ev.Start.PID), true
 				pe.Start = &startEvent{PID: f.pid}
-			case apiv1.EventStdout, apiv1.EventStderr:
-				var x apiv1.DataEvent
-				json.Unmarshal(ev.Data, &x)
+			case command.Stdout, command.Stderr:
 				if !started {
 					// The process never ran: the service wrote why on stderr.
 					if len(failed) < 4096 {
-						failed = append(failed, x.Data...)
+						failed = append(failed, ev.Data...)
 					}
 					continue
 				}
 				switch {
 				case f.pty:
-					pe.Data = &dataEvent{PTY: x.Data}
-				case ev.Name == apiv1.EventStdout:
-					pe.Data = &dataEvent{Stdout: x.Data}
+					pe.Data = &dataEvent{PTY: ev.Data}
+				case ev.Kind == command.Stdout:
+					pe.Data = &dataEvent{Stdout: ev.Data}
 				default:
-					pe.Data = &dataEvent{Stderr: x.Data}
+					pe.Data = &dataEvent{Stderr: ev.Data}
 				}
-			case apiv1.EventExit:
+			case command.Exit:
 				if !started {
 					msg := strings.TrimSpace(string(bytes.ToValidUTF8(failed, nil)))
 					if msg == "" {
@@ -281,9 +245,7 @@ func (s *Server) follow(ctx context.Context, r *http.Request, out *streamWriter,
 					}
 					return errorf(codeInvalidArgument, "%s", truncate(msg, 1000))
 				}
-				var x apiv1.ExitEvent
-				json.Unmarshal(ev.Data, &x)
-				end := toEnd(x)
+				end := toEnd(*ev.Exit)
 				s.retain(f.sandbox, f.pid, f.tag, end)
 				return out.send(eventResponse{Event: processEvent{End: &end}})
 			default: // gap: output the server no longer keeps

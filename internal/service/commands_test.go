@@ -1,0 +1,160 @@
+package service
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/airlockhq/airlock/internal/agentclient"
+	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/command"
+	"github.com/airlockhq/airlock/internal/datadir"
+	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/ids"
+	"github.com/airlockhq/airlock/internal/store"
+)
+
+// Attaching to a command that ran: the replay after each Last-Event-ID a
+// client can send, who may attach, and the attach token spent by the
+// stream that delivered the exit. The sandbox is a suspended one, which
+// this server looks after without a VM.
+func TestAttachReplay(t *testing.T) {
+	ctx := context.Background()
+	dir := datadir.Dir{Root: t.TempDir()}
+	st, err := store.Open(filepath.Join(dir.Root, "airlock.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	s := &Service{st: st, cfg: Config{Dir: dir}, log: slog.New(slog.NewTextHandler(testWriter{t}, nil)), live: map[string]*live{}}
+	owner := Principal{KeyID: "keyowner", Role: apiv1.RoleUser}
+	other := Principal{KeyID: "keyother", Role: apiv1.RoleUser}
+
+	sb := store.Sandbox{ID: ids.New("sbx"), Owner: owner.KeyID, State: apiv1.StateSuspended, TemplateRef: "tiny:latest",
+		VCPUs: 1, MemoryMiB: 256, DiskMiB: 512, OnTimeout: "delete", Metadata: map[string]string{}}
+	if err := st.InsertSandbox(ctx, sb, store.Operation{ID: ids.New("op"), Kind: apiv1.OpCreate, TargetID: sb.ID, Owner: owner.KeyID, Status: apiv1.OpSucceeded}); err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := json.Marshal(apiv1.CommandRequest{Cmd: "echo out; echo err >&2; exit 3"})
+	id, secret := ids.New("cmd"), ids.Secret()
+	token := "act_" + id[3:] + "_" + secret
+	code, pid := 3, 42
+	rec := store.Command{ID: id, SandboxID: sb.ID, Owner: owner.KeyID, Request: raw, State: apiv1.CommandExited, PID: pid, ExitCode: &code,
+		TokenHash: hashSecret(secret), TokenExpiresAt: time.Now().Add(AttachTTL), CreatedAt: time.Now()}
+	if err := st.InsertCommand(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+
+	// The command's log, as its process wrote it.
+	c, err := command.Open(id, s.commandLogPath(sb.ID, id), false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ready := make(chan struct{})
+	close(ready)
+	stdio := c.Stdio(ready)
+	if err := c.Started(&agentclient.Process{PID: pid}); err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(stdio.Stdout, "out\n")
+	io.WriteString(stdio.Stderr, "err\n")
+	exit := apiv1.ExitEvent{ExitCode: code, DurationMS: 5}
+	c.Exited(exit)
+	c.Close()
+
+	lv := s.adoptLive(nil, sb)
+	t.Cleanup(func() { lv.cancel(); lv.closeLogs() })
+	s.live[sb.ID] = lv
+
+	type event struct {
+		ID   int64
+		Kind command.Kind
+		Data string
+		PID  int
+		Exit *apiv1.ExitEvent
+	}
+	all := []event{
+		{ID: 1, Kind: command.Start, PID: pid},
+		{ID: 2, Kind: command.Stdout, Data: "out\n"},
+		{ID: 3, Kind: command.Stderr, Data: "err\n"},
+		{ID: 4, Kind: command.Exit, Exit: &exit},
+	}
+	read := func(t *testing.T, st *command.Stream) []event {
+		t.Helper()
+		defer st.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		out := []event{}
+		for ev := range st.Events(ctx) {
+			e := event{ID: ev.ID, Kind: ev.Kind, Data: string(ev.Data), Exit: ev.Exit}
+			if ev.Start != nil {
+				e.PID = ev.Start.PID
+			}
+			out = append(out, e)
+		}
+		if !errors.Is(st.Err(), io.EOF) {
+			t.Fatalf("the stream ended with %v, want io.EOF", st.Err())
+		}
+		return out
+	}
+
+	tests := []struct {
+		name  string
+		auth  AttachAuth
+		after int64
+		want  []event
+		err   error
+	}{
+		{"from the start", AttachAuth{Principal: &owner}, 0, all, nil},
+		{"after a reconnect", AttachAuth{Principal: &owner}, 2, all[2:], nil},
+		{"after the exit", AttachAuth{Principal: &owner}, 4, all[4:], nil},
+		{"past the last event", AttachAuth{Principal: &owner}, 5, nil, errdefs.ErrInvalid},
+		{"negative", AttachAuth{Principal: &owner}, -1, nil, errdefs.ErrInvalid},
+		{"another key", AttachAuth{Principal: &other}, 0, nil, errdefs.ErrNotFound},
+		{"a token of another command", AttachAuth{Token: "act_" + ids.New("cmd")[3:] + "_" + secret}, 0, nil, errdefs.ErrUnauthenticated},
+		{"the token", AttachAuth{Token: token}, 3, all[3:], nil},
+		{"the token once spent", AttachAuth{Token: token}, 0, nil, errdefs.ErrUnauthenticated},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			stream, err := s.Attach(ctx, tt.auth, id, tt.after)
+			if tt.err != nil {
+				if !errors.Is(err, tt.err) {
+					t.Fatalf("got %v, want %v", err, tt.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := read(t, stream); !reflect.DeepEqual(got, tt.want) {
+				t.Fatalf("events\n%+v\nwant\n%+v", got, tt.want)
+			}
+		})
+	}
+
+	// envd's Connect attaches from the present: an exited command gives
+	// its exit alone.
+	stream, err := s.AttachNow(ctx, owner, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := read(t, stream); !reflect.DeepEqual(got, all[3:]) {
+		t.Fatalf("attach from the present: %+v", got)
+	}
+}
+
+// testWriter sends a logger's lines to the test's log.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(b []byte) (int, error) {
+	w.t.Helper()
+	w.t.Logf("%s", b)
+	return len(b), nil
+}
