@@ -18,7 +18,7 @@ import (
 
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/datadir"
-	"github.com/airlockhq/airlock/internal/sandbox"
+	"github.com/airlockhq/airlock/internal/sandbox/sandboxtest"
 	"github.com/airlockhq/airlock/internal/secrets"
 	"github.com/airlockhq/airlock/internal/service"
 	"github.com/airlockhq/airlock/internal/store"
@@ -73,7 +73,7 @@ func newSecretServer(t *testing.T) *secretServer {
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	// The runtime is never called: the store holds no sandbox, and these
 	// tests make none.
-	svc, err := service.New(ctx, service.Config{Dir: dir, Runtime: &sandbox.Runtime{}, Store: st, Log: log, Secrets: box})
+	svc, err := service.New(ctx, service.Config{Dir: dir, Runtime: service.RuntimeOf(sandboxtest.New(t, dir)), Store: st, Log: log, Secrets: box})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -474,7 +474,7 @@ func TestSecretsWithoutBox(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	svc, err := service.New(ctx, service.Config{Dir: dir, Runtime: &sandbox.Runtime{}, Store: st})
+	svc, err := service.New(ctx, service.Config{Dir: dir, Runtime: service.RuntimeOf(sandboxtest.New(t, dir)), Store: st})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -115,7 +115,7 @@ func startAPIServer(ctx context.Context, cfg Config, templates []string, storeAd
 	if err != nil {
 		return nil, err
 	}
-	if s.svc, err = service.New(ctx, service.Config{Dir: dir, Runtime: s.rt, Store: s.st, Log: cfg.Log, NoReclaim: templates == nil}); err != nil {
+	if s.svc, err = service.New(ctx, service.Config{Dir: dir, Runtime: service.RuntimeOf(s.rt), Store: s.st, Log: cfg.Log, NoReclaim: templates == nil}); err != nil {
 		return nil, err
 	}
 	key, err := s.svc.EnsureAdminKey(ctx, filepath.Join(s.home, "admin.key"))

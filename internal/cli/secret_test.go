@@ -17,7 +17,7 @@ import (
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/errdefs"
-	"github.com/airlockhq/airlock/internal/sandbox"
+	"github.com/airlockhq/airlock/internal/sandbox/sandboxtest"
 	"github.com/airlockhq/airlock/internal/secrets"
 	"github.com/airlockhq/airlock/internal/service"
 	"github.com/airlockhq/airlock/internal/store"
@@ -45,8 +45,7 @@ func newSecretServer(t *testing.T) *secretServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The runtime is never called: the store holds no sandbox.
-	svc, err := service.New(ctx, service.Config{Dir: dir, Runtime: &sandbox.Runtime{}, Store: st, Secrets: box})
+	svc, err := service.New(ctx, service.Config{Dir: dir, Runtime: service.RuntimeOf(sandboxtest.New(t, dir)), Store: st, Secrets: box})
 	if err != nil {
 		t.Fatal(err)
 	}

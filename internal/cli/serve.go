@@ -401,7 +401,7 @@ func startService(ctx context.Context, rc sandbox.Config, sc service.Config, reg
 	if err != nil {
 		return nil, nil, err
 	}
-	sc.Runtime, sc.Metrics = rt, service.NewMetrics(reg)
+	sc.Runtime, sc.Metrics = service.RuntimeOf(rt), service.NewMetrics(reg)
 	svc, err = service.New(ctx, sc)
 	if err != nil {
 		return nil, nil, err

@@ -182,7 +182,7 @@ func (s *Service) Pause(ctx context.Context, p Principal, id string) (apiv1.Sand
 
 // liveVM returns the sandbox this server looks after and its VM, or a
 // conflict when it has none.
-func (s *Service) liveVM(id string) (*live, *sandbox.Sandbox, error) {
+func (s *Service) liveVM(id string) (*live, VM, error) {
 	lv := s.getLive(id)
 	if lv == nil {
 		return nil, nil, fmt.Errorf("sandbox %s has no VM: %w", id, errdefs.ErrConflict)
@@ -257,7 +257,7 @@ func (s *Service) suspendVM(id string) error {
 	ctx, cancel := context.WithTimeout(s.ctx, 5*time.Minute)
 	defer cancel()
 	if err := box.Suspend(ctx); err != nil {
-		if !box.Machine().Exited() {
+		if !box.Exited() {
 			lv.setBox(box) // still running: keep it
 			lv.resumeCommands()
 		} else {
@@ -436,7 +436,7 @@ func (s *Service) wakeSuspended(sb store.Sandbox, clock *timings.Clock) error {
 	if err != nil {
 		return err
 	}
-	clock.LapSteps("wake: other", box.Timings)
+	clock.LapSteps("wake: other", box.StepTimings())
 	lv.setBox(box)
 	lv.resumeCommands()
 	clock.Lap("reattach commands")
@@ -523,7 +523,7 @@ func (s *Service) applyLeases() {
 	// A creating sandbox's lease starts when it runs.
 	states := []string{apiv1.StateRunning, apiv1.StatePaused, apiv1.StateSuspending,
 		apiv1.StateSuspended, apiv1.StateWaking, apiv1.StateFailed}
-	expired, err := s.st.ListExpired(s.ctx, time.Now(), states, s.cfg.Node, 100)
+	expired, err := s.st.ListExpired(s.ctx, s.clockNow(), states, s.cfg.Node, 100)
 	if err != nil {
 		if s.ctx.Err() == nil {
 			s.log.Warn("list expired leases", "err", err)
@@ -554,7 +554,7 @@ func (s *Service) applyLeases() {
 		// again, and a suspend that fails is not retried every second.
 		s.mu.Lock()
 		cur, err := s.st.GetSandbox(s.ctx, sb.ID)
-		if err == nil && cur.ExpiresAt != nil && !cur.ExpiresAt.After(time.Now()) {
+		if err == nil && cur.ExpiresAt != nil && !cur.ExpiresAt.After(s.clockNow()) {
 			cur.ExpiresAt = nil
 			err = s.st.UpdateSandbox(s.ctx, cur)
 		}
