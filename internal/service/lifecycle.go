@@ -167,7 +167,7 @@ func (s *Service) Pause(ctx context.Context, p Principal, id string) (apiv1.Sand
 	if err != nil {
 		return apiv1.SandboxOperation{}, err
 	}
-	go func() {
+	go func(sb store.Sandbox, op store.Operation) { // copies: the answer below reads the originals
 		start := time.Now()
 		op.Status = apiv1.OpRunning
 		s.st.UpdateOperation(context.Background(), op)
@@ -176,7 +176,7 @@ func (s *Service) Pause(ctx context.Context, p Principal, id string) (apiv1.Sand
 			sb.State = apiv1.StatePaused
 		}
 		s.endOp(f, sb, apiv1.StateRunning, op, err, time.Since(start))
-	}()
+	}(sb, op)
 	return apiv1.SandboxOperation{Sandbox: s.sandboxView(sb), Operation: opView(op)}, nil
 }
 
@@ -300,7 +300,7 @@ func (s *Service) Wake(ctx context.Context, p Principal, id string) (apiv1.Sandb
 		s.endWake(id)
 		return apiv1.SandboxOperation{}, err
 	}
-	go func() {
+	go func(sb store.Sandbox, op store.Operation) { // copies: the answer below reads the originals
 		defer s.endWake(id)
 		start := time.Now()
 		clock := timings.StartAt(op.CreatedAt)
@@ -329,7 +329,7 @@ func (s *Service) Wake(ctx context.Context, p Principal, id string) (apiv1.Sandb
 			sb.State, sb.LastError = apiv1.StateFailed, &st
 		}
 		s.endOp(f, sb, from, op, err, time.Since(start))
-	}()
+	}(sb, op)
 	return apiv1.SandboxOperation{Sandbox: s.sandboxView(sb), Operation: opView(op)}, nil
 }
 
