@@ -204,6 +204,12 @@ func TestLifecycle(t *testing.T) {
 			{do: "pause", fail: sandboxtest.StepPause, wantOp: refused, wantState: running, wantGuest: sandboxtest.Running},
 			{do: "exec"},
 		}},
+		{"resume fails", []action{
+			created,
+			{do: "pause", wantOp: ok, wantState: paused, wantGuest: sandboxtest.Running},
+			{do: "wake", fail: sandboxtest.StepResume, wantOp: refused, wantState: paused, wantGuest: sandboxtest.Running},
+			{do: "wake", wantOp: ok, wantState: running, wantGuest: sandboxtest.Running},
+		}},
 		{"suspend and wake", []action{
 			created,
 			{do: "suspend", wantOp: ok, wantState: suspended, wantGuest: sandboxtest.Suspended},
@@ -231,6 +237,12 @@ func TestLifecycle(t *testing.T) {
 		{"delete a suspended sandbox", []action{
 			created,
 			{do: "suspend", wantOp: ok, wantState: suspended, wantGuest: sandboxtest.Suspended},
+			{do: "delete", wantOp: ok, wantState: deleted, wantGuest: sandboxtest.Gone},
+		}},
+		{"removing a suspended sandbox fails", []action{
+			created,
+			{do: "suspend", wantOp: ok, wantState: suspended, wantGuest: sandboxtest.Suspended},
+			{do: "delete", fail: sandboxtest.StepRemove, wantOp: refused, wantState: failed, wantGuest: sandboxtest.Suspended, wantCode: apiv1.CodeInternal},
 			{do: "delete", wantOp: ok, wantState: deleted, wantGuest: sandboxtest.Gone},
 		}},
 		{"destroy fails", []action{
