@@ -18,7 +18,7 @@ import (
 
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/datadir"
-	"github.com/airlockhq/airlock/internal/sandbox"
+	"github.com/airlockhq/airlock/internal/sandbox/sandboxtest"
 	"github.com/airlockhq/airlock/internal/secrets"
 	"github.com/airlockhq/airlock/internal/service"
 	"github.com/airlockhq/airlock/internal/store"
@@ -36,6 +36,7 @@ type secretServer struct {
 	userID      string
 	log         *syncBuffer // what the server and the service logged
 	st          *store.Store
+	rt          *sandboxtest.Runtime // the service's runtime
 }
 
 // syncBuffer is a bytes.Buffer safe for the server's goroutines.
@@ -71,9 +72,8 @@ func newSecretServer(t *testing.T) *secretServer {
 	}
 	logs := &syncBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	// The runtime is never called: the store holds no sandbox, and these
-	// tests make none.
-	svc, err := service.New(ctx, service.Config{Dir: dir, Runtime: &sandbox.Runtime{}, Store: st, Log: log, Secrets: box})
+	rt := sandboxtest.New(t, dir)
+	svc, err := service.New(ctx, service.Config{Dir: dir, Runtime: service.RuntimeOf(rt), Store: st, Log: log, Secrets: box})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +94,7 @@ func newSecretServer(t *testing.T) *secretServer {
 	t.Cleanup(srv.Close)
 	srv2 := httptest.NewServer(New(Config{Service: svc, Store: st, Log: log, Secrets: box}))
 	t.Cleanup(srv2.Close)
-	return &secretServer{url: srv.URL, url2: srv2.URL, box: box, svc: svc, admin: admin, user: user.Key, adminID: ap.KeyID, userID: user.ID, log: logs, st: st}
+	return &secretServer{url: srv.URL, url2: srv2.URL, box: box, svc: svc, admin: admin, user: user.Key, adminID: ap.KeyID, userID: user.ID, log: logs, st: st, rt: rt}
 }
 
 // answer is what a request got back.
@@ -474,7 +474,7 @@ func TestSecretsWithoutBox(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	svc, err := service.New(ctx, service.Config{Dir: dir, Runtime: &sandbox.Runtime{}, Store: st})
+	svc, err := service.New(ctx, service.Config{Dir: dir, Runtime: service.RuntimeOf(sandboxtest.New(t, dir)), Store: st})
 	if err != nil {
 		t.Fatal(err)
 	}

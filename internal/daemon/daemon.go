@@ -359,7 +359,7 @@ func (d *Daemon) startService(ctx context.Context, sc service.Config, reg *prome
 	if err != nil {
 		return err
 	}
-	sc.Runtime, sc.Metrics = rt, service.NewMetrics(reg)
+	sc.Runtime, sc.Metrics = service.RuntimeOf(rt), service.NewMetrics(reg)
 	if svc, err = service.New(ctx, sc); err != nil {
 		return err
 	}

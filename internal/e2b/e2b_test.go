@@ -121,7 +121,7 @@ func newTestServer(t *testing.T, opts ...func(*Config)) *testServer {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	svc, err := service.New(ctx, service.Config{Dir: dir, Runtime: rt, Store: st, Log: log})
+	svc, err := service.New(ctx, service.Config{Dir: dir, Runtime: service.RuntimeOf(rt), Store: st, Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -268,7 +268,7 @@ func stepFromAPI(st apiv1.BuildStep) imagebuild.Step {
 // cannot replace a template others start from (a built-in above all).
 func (s *Service) mayWrite(ctx context.Context, p Principal, name, tag string) error {
 	if s.clustered() {
-		if t, err := s.rt.Templates().Resolve(name + ":" + tag); err == nil {
+		if t, err := s.templates.Resolve(name + ":" + tag); err == nil {
 			return fmt.Errorf("template %s is provisioned in the data directories, which a build in a cluster does not change: pick another name or tag: %w", t.Ref(), errdefs.ErrConflict)
 		}
 	}
@@ -278,7 +278,7 @@ func (s *Service) mayWrite(ctx context.Context, p Principal, name, tag string) e
 	b, err := s.st.LatestBuild(ctx, name, tag)
 	switch {
 	case errors.Is(err, errdefs.ErrNotFound):
-		if _, rerr := s.rt.Templates().Resolve(name + ":" + tag); rerr != nil {
+		if _, rerr := s.templates.Resolve(name + ":" + tag); rerr != nil {
 			return nil // a new name:tag
 		}
 	case err != nil:
@@ -471,7 +471,7 @@ func (s *Service) storeImage(run *running, put func() (template.Template, error)
 func (s *Service) cached(run *running, key string) (template.Template, bool) {
 	s.reclaimMu.RLock()
 	defer s.reclaimMu.RUnlock()
-	t, ok := s.rt.Templates().Cached(key)
+	t, ok := s.templates.Cached(key)
 	if ok {
 		s.pin(run, t.Digest)
 	}
@@ -514,7 +514,7 @@ func cacheKey(parts ...any) string {
 // stored but not yet tagged.
 func (s *Service) build(ctx context.Context, run *running, pl plan) (template.Template, error) {
 	rlog := run.log
-	store := s.rt.Templates()
+	store := s.templates
 	rlog.infof(0, "build %s:%s from %s, %d steps", pl.name, pl.tag, pl.from, len(pl.steps))
 	for _, w := range pl.warnings {
 		rlog.infof(0, "warning: %s", w)

@@ -27,7 +27,7 @@ import (
 // the next image after each.
 type builder struct {
 	s      *Service
-	box    *sandbox.Sandbox
+	box    VM
 	digest string // the image its disk equals
 }
 
@@ -61,7 +61,7 @@ func (b *builder) close() {
 		return
 	}
 	if err := b.box.Destroy(context.Background()); err != nil {
-		b.s.log.Warn("destroy a build sandbox", "sandbox", b.box.ID, "err", err)
+		b.s.log.Warn("destroy a build sandbox", "sandbox", b.box.SandboxID(), "err", err)
 	}
 	b.box = nil
 }
@@ -163,7 +163,7 @@ func (s *Service) removeWorkDir(dir string) {
 
 // save writes the build sandbox's disk as a new image.
 func (b *builder) save(ctx context.Context, run *running, st template.Settings) (template.Template, error) {
-	store := b.s.rt.Templates()
+	store := b.s.templates
 	dir, err := store.TempDir("save")
 	if err != nil {
 		return template.Template{}, err
@@ -180,7 +180,7 @@ func (b *builder) save(ctx context.Context, run *running, st template.Settings) 
 // an OCI image pulled or uploaded and flattened into a new one (cached by
 // its manifest or archive digest).
 func (s *Service) buildBase(ctx context.Context, run *running, pl plan) (template.Template, error) {
-	store := s.rt.Templates()
+	store := s.templates
 	var img oci.Image
 	var key string
 	switch {
@@ -338,7 +338,7 @@ func (s *Service) finalImage(ctx context.Context, run *running, cur template.Tem
 			return template.Template{}, err
 		}
 	}
-	store := s.rt.Templates()
+	store := s.templates
 	conf := imageConfigJSON(st)
 	key := cacheKey("final", cur.Digest, string(conf))
 	if t, ok := s.cached(run, key); ok {

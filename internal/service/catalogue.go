@@ -30,7 +30,7 @@ func (s *Service) clustered() bool { return s.cfg.Node != "" || s.cfg.Front }
 // no image here (its Image is ""). A ref neither knows is the template
 // store's errdefs.ErrNotFound error.
 func (s *Service) findTemplate(ctx context.Context, ref string) (template.Template, bool, error) {
-	t, err := s.rt.Templates().Resolve(ref)
+	t, err := s.templates.Resolve(ref)
 	if err == nil || !errors.Is(err, errdefs.ErrNotFound) || !s.clustered() {
 		return t, false, err
 	}
@@ -75,7 +75,7 @@ func (s *Service) resolveTemplate(ctx context.Context, ref string) (template.Tem
 	if err != nil || !catalogued || s.cfg.Node == "" {
 		return t, err
 	}
-	local, err := s.rt.Templates().Resolve(t.Digest)
+	local, err := s.templates.Resolve(t.Digest)
 	if errors.Is(err, errdefs.ErrNotFound) && s.cfg.FetchTemplate != nil {
 		local, err = s.cfg.FetchTemplate(ctx, t.Digest)
 	}
@@ -104,9 +104,9 @@ func (s *Service) resolveSpec(ctx context.Context, want sandbox.Spec) (sandbox.S
 // template store on a single host; on a node, in the catalogue.
 func (s *Service) tagBuilt(ctx context.Context, name, tag, dgst, owner string) (template.Template, error) {
 	if s.cfg.Node == "" {
-		return s.rt.Templates().Tag(name, tag, dgst)
+		return s.templates.Tag(name, tag, dgst)
 	}
-	t, err := s.rt.Templates().Resolve(dgst)
+	t, err := s.templates.Resolve(dgst)
 	if err != nil {
 		return t, err
 	}

@@ -20,7 +20,6 @@ import (
 	"github.com/airlockhq/airlock/internal/command"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/ids"
-	"github.com/airlockhq/airlock/internal/sandbox"
 	"github.com/airlockhq/airlock/internal/store"
 )
 
@@ -348,7 +347,7 @@ func agentMessage(err error) string {
 // waitCommand waits for the process and logs its exit. It ends with the
 // process, or when its VM's context ends: the sandbox was suspended (the
 // wake re-attaches) or let go (the next server re-attaches).
-func (lv *live) waitCommand(c *command.Session, proc *agentclient.Process, rec store.Command, box *sandbox.Sandbox, vmCtx context.Context) {
+func (lv *live) waitCommand(c *command.Session, proc *agentclient.Process, rec store.Command, box VM, vmCtx context.Context) {
 	defer lv.pumps.Done()
 	defer lv.s.m.following(-1)
 	exit, err := box.Wait(proc)
@@ -359,7 +358,7 @@ func (lv *live) waitCommand(c *command.Session, proc *agentclient.Process, rec s
 	if err != nil {
 		lv.s.log.Warn("lost a command's output", "command", c.ID(), "err", err)
 		select {
-		case <-box.Machine().Done():
+		case <-box.Done():
 			return // the VM went away: watch ends every command
 		case <-time.After(3 * time.Second):
 		}

@@ -149,12 +149,3 @@ func TestAttachReplay(t *testing.T) {
 		t.Fatalf("attach from the present: %+v", got)
 	}
 }
-
-// testWriter sends a logger's lines to the test's log.
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(b []byte) (int, error) {
-	w.t.Helper()
-	w.t.Logf("%s", b)
-	return len(b), nil
-}

@@ -11,8 +11,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/errdefs"
-	"github.com/airlockhq/airlock/internal/sandbox"
+	"github.com/airlockhq/airlock/internal/sandbox/sandboxtest"
 	"github.com/airlockhq/airlock/internal/store"
 )
 
@@ -84,7 +85,7 @@ func TestTokenKeyConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	base := Config{Runtime: &sandbox.Runtime{}, Store: st}
+	base := Config{Runtime: RuntimeOf(sandboxtest.New(t, datadir.Dir{Root: t.TempDir()})), Store: st}
 
 	// None given: a random key per service, so tokens differ between them.
 	c1, c2 := base, base

@@ -167,7 +167,7 @@ func (s *Service) Pause(ctx context.Context, p Principal, id string) (apiv1.Sand
 	if err != nil {
 		return apiv1.SandboxOperation{}, err
 	}
-	go func() {
+	go func(sb store.Sandbox, op store.Operation) { // copies: the answer below reads the originals
 		start := time.Now()
 		s.markRunning(&op)
 		err := s.pauseVM(sb.ID)
@@ -175,13 +175,13 @@ func (s *Service) Pause(ctx context.Context, p Principal, id string) (apiv1.Sand
 			sb.State = apiv1.StatePaused
 		}
 		s.endOp(f, sb, apiv1.StateRunning, op, err, time.Since(start))
-	}()
+	}(sb, op)
 	return apiv1.SandboxOperation{Sandbox: s.sandboxView(sb), Operation: opView(op)}, nil
 }
 
 // liveVM returns the sandbox this server looks after and its VM, or a
 // conflict when it has none.
-func (s *Service) liveVM(id string) (*live, *sandbox.Sandbox, error) {
+func (s *Service) liveVM(id string) (*live, VM, error) {
 	lv := s.getLive(id)
 	if lv == nil {
 		return nil, nil, fmt.Errorf("sandbox %s has no VM: %w", id, errdefs.ErrConflict)
@@ -255,7 +255,7 @@ func (s *Service) suspendVM(id string) error {
 	ctx, cancel := context.WithTimeout(s.ctx, 5*time.Minute)
 	defer cancel()
 	if err := box.Suspend(ctx); err != nil {
-		if !box.Machine().Exited() {
+		if !box.Exited() {
 			lv.setBox(box) // still running: keep it
 			lv.resumeCommands()
 		} else {
@@ -298,7 +298,7 @@ func (s *Service) Wake(ctx context.Context, p Principal, id string) (apiv1.Sandb
 		s.endWake(id)
 		return apiv1.SandboxOperation{}, err
 	}
-	go func() {
+	go func(sb store.Sandbox, op store.Operation) { // copies: the answer below reads the originals
 		defer s.endWake(id)
 		start := time.Now()
 		clock := timings.StartAt(op.CreatedAt)
@@ -326,7 +326,7 @@ func (s *Service) Wake(ctx context.Context, p Principal, id string) (apiv1.Sandb
 			sb.State, sb.LastError = apiv1.StateFailed, &st
 		}
 		s.endOp(f, sb, from, op, err, time.Since(start))
-	}()
+	}(sb, op)
 	return apiv1.SandboxOperation{Sandbox: s.sandboxView(sb), Operation: opView(op)}, nil
 }
 
@@ -433,7 +433,7 @@ func (s *Service) wakeSuspended(sb store.Sandbox, clock *timings.Clock) error {
 	if err != nil {
 		return err
 	}
-	clock.LapSteps("wake: other", box.Timings)
+	clock.LapSteps("wake: other", box.StepTimings())
 	lv.setBox(box)
 	lv.resumeCommands()
 	clock.Lap("reattach commands")
@@ -520,7 +520,7 @@ func (s *Service) applyLeases() {
 	// A creating sandbox's lease starts when it runs.
 	states := []string{apiv1.StateRunning, apiv1.StatePaused, apiv1.StateSuspending,
 		apiv1.StateSuspended, apiv1.StateWaking, apiv1.StateFailed}
-	expired, err := s.st.ListExpired(s.ctx, time.Now(), states, s.cfg.Node, 100)
+	expired, err := s.st.ListExpired(s.ctx, s.clockNow(), states, s.cfg.Node, 100)
 	if err != nil {
 		if s.ctx.Err() == nil {
 			s.log.Warn("list expired leases", "err", err)
@@ -551,7 +551,7 @@ func (s *Service) applyLeases() {
 		// again, and a suspend that fails is not retried every second.
 		s.mu.Lock()
 		cur, err := s.st.GetSandbox(s.ctx, sb.ID)
-		if err == nil && cur.ExpiresAt != nil && !cur.ExpiresAt.After(time.Now()) {
+		if err == nil && cur.ExpiresAt != nil && !cur.ExpiresAt.After(s.clockNow()) {
 			cur.ExpiresAt = nil
 			err = s.st.UpdateSandbox(s.ctx, cur)
 		}

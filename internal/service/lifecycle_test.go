@@ -10,7 +10,7 @@ import (
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/errdefs"
-	"github.com/airlockhq/airlock/internal/sandbox"
+	"github.com/airlockhq/airlock/internal/sandbox/sandboxtest"
 	"github.com/airlockhq/airlock/internal/store"
 )
 
@@ -25,7 +25,7 @@ func TestNextOpWaitsForTheEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	s, err := New(ctx, Config{Dir: dir, Runtime: &sandbox.Runtime{}, Store: st})
+	s, err := New(ctx, Config{Dir: dir, Runtime: RuntimeOf(sandboxtest.New(t, dir)), Store: st})
 	if err != nil {
 		t.Fatal(err)
 	}

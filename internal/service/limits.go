@@ -197,7 +197,7 @@ func (s *Service) memoryHeld() int64 {
 	}
 	for _, lv := range s.live {
 		if box := lv.vmBox(); box != nil {
-			n += int64(box.Spec.MemoryMiB)
+			n += int64(box.MemoryMiB())
 		}
 	}
 	for _, m := range s.waking {

@@ -9,7 +9,6 @@ import (
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/command"
 	"github.com/airlockhq/airlock/internal/errdefs"
-	"github.com/airlockhq/airlock/internal/sandbox"
 	"github.com/airlockhq/airlock/internal/store"
 )
 
@@ -27,7 +26,7 @@ type live struct {
 	pumps  sync.WaitGroup // command pumps; each ends with its process or its VM's context
 
 	mu       sync.Mutex                  // guards the fields below
-	box      *sandbox.Sandbox            // the VM; nil while suspended
+	box      VM                          // the VM; nil while suspended
 	vmCtx    context.Context             // the current VM's lifetime: ends on suspend, VM loss or the sandbox's end
 	vmCancel context.CancelFunc          // ends vmCtx
 	cmds     map[string]*command.Session // commands with an open log, by ID
@@ -35,7 +34,7 @@ type live struct {
 
 // adoptLive wraps a sandbox the runtime created, adopted or woke (box), or
 // a suspended one (box nil).
-func (s *Service) adoptLive(box *sandbox.Sandbox, sb store.Sandbox) *live {
+func (s *Service) adoptLive(box VM, sb store.Sandbox) *live {
 	ctx, cancel := context.WithCancel(context.Background())
 	lv := &live{s: s, id: sb.ID, ctx: ctx, cancel: cancel, cmds: map[string]*command.Session{}}
 	if box != nil {
@@ -46,7 +45,7 @@ func (s *Service) adoptLive(box *sandbox.Sandbox, sb store.Sandbox) *live {
 
 // setBox makes box the sandbox's VM and watches it: a VM that exits on its
 // own fails the sandbox.
-func (lv *live) setBox(box *sandbox.Sandbox) {
+func (lv *live) setBox(box VM) {
 	vmCtx, vmCancel := context.WithCancel(lv.ctx)
 	lv.mu.Lock()
 	lv.box, lv.vmCtx, lv.vmCancel = box, vmCtx, vmCancel
@@ -55,7 +54,7 @@ func (lv *live) setBox(box *sandbox.Sandbox) {
 }
 
 // dropBox ends the current VM's context and forgets the VM; its pumps end.
-func (lv *live) dropBox() *sandbox.Sandbox {
+func (lv *live) dropBox() VM {
 	lv.mu.Lock()
 	box, cancel := lv.box, lv.vmCancel
 	lv.box, lv.vmCtx, lv.vmCancel = nil, nil, nil
@@ -68,7 +67,7 @@ func (lv *live) dropBox() *sandbox.Sandbox {
 
 // vm returns the sandbox's VM and its context, or a conflict while it has
 // none.
-func (lv *live) vm() (*sandbox.Sandbox, context.Context, error) {
+func (lv *live) vm() (VM, context.Context, error) {
 	lv.mu.Lock()
 	defer lv.mu.Unlock()
 	if lv.box == nil {
@@ -78,7 +77,7 @@ func (lv *live) vm() (*sandbox.Sandbox, context.Context, error) {
 }
 
 // vmBox returns the sandbox's VM, nil while it has none.
-func (lv *live) vmBox() *sandbox.Sandbox {
+func (lv *live) vmBox() VM {
 	lv.mu.Lock()
 	defer lv.mu.Unlock()
 	return lv.box
@@ -93,11 +92,11 @@ func (lv *live) hasVM() bool {
 
 // watch waits for box's VM to end or for vmCtx to end; an unexpected VM
 // exit fails the sandbox with the reason.
-func (lv *live) watch(box *sandbox.Sandbox, vmCtx context.Context) {
+func (lv *live) watch(box VM, vmCtx context.Context) {
 	select {
 	case <-vmCtx.Done():
 		return
-	case <-box.Machine().Done():
+	case <-box.Done():
 	}
 	if vmCtx.Err() != nil {
 		return // suspended, deleted or released meanwhile

@@ -13,7 +13,6 @@ import (
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/cgroup"
 	"github.com/airlockhq/airlock/internal/errdefs"
-	"github.com/airlockhq/airlock/internal/sandbox"
 	"github.com/airlockhq/airlock/internal/store"
 )
 
@@ -157,7 +156,7 @@ func (s *Service) GuestStats(ctx context.Context, p Principal, id string) (agent
 // around the guest's measurement), as a percentage of one host CPU, and
 // the memory charged to it at the second.
 func (s *Service) SandboxMetrics(ctx context.Context, p Principal, id string) (apiv1.SandboxMetrics, error) {
-	var box *sandbox.Sandbox
+	var box VM
 	// Without a VM the host side is left out (vmmErr); GuestStats
 	// below answers the error of a sandbox that is not running.
 	if lv, _, err := s.runningSandbox(ctx, p, id); err == nil {

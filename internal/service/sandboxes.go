@@ -263,7 +263,7 @@ func (s *Service) runCreate(ctx context.Context, c *creation, sb store.Sandbox, 
 		if err != nil {
 			return err
 		}
-		clock.LapSteps("create: other", box.Timings)
+		clock.LapSteps("create: other", box.StepTimings())
 		lv := s.adoptLive(box, sb)
 		s.mu.Lock()
 		s.live[sb.ID] = lv

@@ -38,8 +38,14 @@ import (
 type Config struct {
 	// Dir is the data directory.
 	Dir datadir.Dir
-	// Runtime boots and adopts sandboxes.
-	Runtime *sandbox.Runtime
+	// Runtime boots and adopts sandboxes: RuntimeOf(rt) of the host's
+	// *sandbox.Runtime, or of a sandboxtest.Runtime in tests.
+	Runtime Runtime
+	// Templates is the template store. Default Runtime.Templates().
+	Templates *template.Store
+	// Clock tells the time, of records and of leases. Default the
+	// system's.
+	Clock Clock
 	// Store keeps the desired state.
 	Store *store.Store
 	// Log receives the service's diagnostics.
@@ -155,6 +161,12 @@ func (c *Config) Validate() error {
 	if c.Runtime == nil || c.Store == nil {
 		return errors.New("service needs a runtime and a store")
 	}
+	if c.Templates == nil {
+		c.Templates = c.Runtime.Templates()
+	}
+	if c.Clock == nil {
+		c.Clock = systemClock{}
+	}
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
 	}
@@ -227,8 +239,11 @@ type Service struct {
 	cfg Config
 	log *slog.Logger
 	st  *store.Store
-	rt  *sandbox.Runtime
+	rt  Runtime
 	m   *Metrics
+
+	templates *template.Store
+	clock     Clock
 
 	ctx     context.Context // lifecycle work; cancelled by Close
 	cancel  context.CancelFunc
@@ -271,6 +286,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	sctx, cancel := context.WithCancel(context.Background())
 	s := &Service{
 		cfg: cfg, log: cfg.Log, st: cfg.Store, rt: cfg.Runtime, m: cfg.Metrics,
+		templates: cfg.Templates, clock: cfg.Clock,
 		ctx: sctx, cancel: cancel,
 		slots:      make(chan struct{}, cfg.MaxStarts),
 		contexts:   imagebuild.OpenContexts(filepath.Join(cfg.Dir.Root, "build-contexts")),
@@ -372,7 +388,16 @@ func (p Principal) Admin() bool { return p.Role == apiv1.RoleAdmin }
 // owns reports whether p may see a resource owned by owner.
 func (p Principal) owns(owner string) bool { return p.Admin() || p.KeyID == owner }
 
-func (s *Service) now() time.Time { return time.Now().UTC().Truncate(time.Millisecond) }
+func (s *Service) now() time.Time { return s.clockNow().UTC().Truncate(time.Millisecond) }
+
+// clockNow is the time by the service's clock; the system's for a Service
+// made without New (in tests).
+func (s *Service) clockNow() time.Time {
+	if s.clock == nil {
+		return time.Now()
+	}
+	return s.clock.Now()
+}
 
 // dataFile is a path under the sandbox's directory.
 func (s *Service) sandboxDir(id string) string { return s.cfg.Dir.Sandbox(id) }

@@ -76,7 +76,7 @@ func (s *Service) withBuild(ctx context.Context, t *template.Template, name, tag
 // ListTemplates lists the templates sandboxes can start from and those
 // being built, a page at a time.
 func (s *Service) ListTemplates(ctx context.Context, limit int, pageToken string) (apiv1.List[apiv1.Template], error) {
-	ts, err := s.rt.Templates().List()
+	ts, err := s.templates.List()
 	if err != nil {
 		return apiv1.List[apiv1.Template]{}, err
 	}
@@ -224,7 +224,7 @@ func (s *Service) DeleteTemplate(ctx context.Context, p Principal, ref string) e
 			return fmt.Errorf("template %s is in use by build %s: wait for it to end and retry: %w", t.Ref(), run.rec.ID, errdefs.ErrConflict)
 		}
 	}
-	err = s.rt.Templates().Untag(name, tag)
+	err = s.templates.Untag(name, tag)
 	s.mu.Unlock()
 	if err != nil {
 		return err
@@ -245,7 +245,7 @@ func (s *Service) DeleteTemplate(ctx context.Context, p Principal, ref string) e
 func (s *Service) Reclaim(ctx context.Context) (int64, error) {
 	s.reclaimMu.Lock()
 	defer s.reclaimMu.Unlock()
-	ts := s.rt.Templates()
+	ts := s.templates
 	if ts == nil || s.cfg.NoReclaim {
 		return 0, nil
 	}
@@ -408,7 +408,7 @@ func (s *Service) recoverBuilds(ctx context.Context) error {
 	}
 	s.removeBuildSandboxes(ctx)
 	s.pruneContexts()
-	if ts := s.rt.Templates(); ts != nil {
+	if ts := s.templates; ts != nil {
 		return ts.RemoveLeftovers()
 	}
 	return nil
@@ -494,7 +494,7 @@ func (s *Service) saveSandbox(ctx context.Context, run *running, pl plan) (templ
 	if lv == nil {
 		return template.Template{}, fmt.Errorf("sandbox %s is no longer here: %w", id, errdefs.ErrConflict)
 	}
-	ts := s.rt.Templates()
+	ts := s.templates
 	dir, err := ts.TempDir("save")
 	if err != nil {
 		return template.Template{}, err

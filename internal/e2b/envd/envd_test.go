@@ -19,7 +19,7 @@ import (
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/ids"
-	"github.com/airlockhq/airlock/internal/sandbox"
+	"github.com/airlockhq/airlock/internal/sandbox/sandboxtest"
 	"github.com/airlockhq/airlock/internal/service"
 	"github.com/airlockhq/airlock/internal/store"
 )
@@ -56,7 +56,7 @@ func newFixture(t *testing.T) *fixture {
 	log := slog.New(slog.NewTextHandler(testLog{t}, nil))
 	// The runtime is never called: the one sandbox is added after the
 	// service recovered, and nothing boots.
-	svc, err := service.New(ctx, service.Config{Dir: dir, Runtime: &sandbox.Runtime{}, Store: st, Log: log})
+	svc, err := service.New(ctx, service.Config{Dir: dir, Runtime: service.RuntimeOf(sandboxtest.New(t, dir)), Store: st, Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}
