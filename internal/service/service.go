@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -376,10 +375,3 @@ func (s *Service) now() time.Time { return time.Now().UTC().Truncate(time.Millis
 
 // dataFile is a path under the sandbox's directory.
 func (s *Service) sandboxDir(id string) string { return s.cfg.Dir.Sandbox(id) }
-
-func removeAll(path string) error {
-	if err := os.RemoveAll(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	return nil
-}
