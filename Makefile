@@ -20,6 +20,7 @@ all: build
 REVISION := $(shell r=$$(git rev-parse HEAD 2>/dev/null) && { [ -z "$$(git status --porcelain 2>/dev/null)" ] || r=$$r-modified; echo $$r; })
 build:
 	$(GO) build -trimpath -o $(BIN)/airlock-agent ./cmd/airlock-agent
+	$(GO) build -trimpath -o $(BIN)/airlock-probe ./cmd/airlock-probe
 	$(GO) build -trimpath -ldflags "-X github.com/airlockhq/airlock/internal/cli.revision=$(REVISION)" -o $(BIN)/airlock ./cmd/airlock
 
 setup: build
