@@ -20,6 +20,7 @@ all: build
 REVISION := $(shell r=$$(git rev-parse HEAD 2>/dev/null) && { [ -z "$$(git status --porcelain 2>/dev/null)" ] || r=$$r-modified; echo $$r; })
 build:
 	$(GO) build -trimpath -o $(BIN)/airlock-agent ./cmd/airlock-agent
+	$(GO) build -trimpath -o $(BIN)/airlock-probe ./cmd/airlock-probe
 	$(GO) build -trimpath -ldflags "-X github.com/airlockhq/airlock/internal/cli.revision=$(REVISION)" -o $(BIN)/airlock ./cmd/airlock
 
 setup: build
@@ -49,8 +50,18 @@ cluster-down: build
 # vet, build and the e2e tests compile with the same flags (-trimpath),
 # so that they share one build cache: on a fresh machine the second and
 # third compile of the dependencies would take minutes each.
-vet:
+# vet also runs staticcheck (settings: staticcheck.conf) and errcheck
+# (scripts/errcheck.sh), at the versions tools/lint/go.mod pins, built from
+# the Go module proxy into $(TOOLS) the first time (docs/testing.md).
+TOOLS := .tools
+$(TOOLS)/staticcheck $(TOOLS)/errcheck &: tools/lint/go.mod tools/lint/go.sum
+	GOBIN=$(CURDIR)/$(TOOLS) scripts/timed.sh "vet's tools" $(GO) -C tools/lint install tool
+	@touch $(TOOLS)/staticcheck $(TOOLS)/errcheck
+
+vet: $(TOOLS)/staticcheck $(TOOLS)/errcheck
 	scripts/timed.sh vet $(GO) vet -trimpath ./...
+	scripts/timed.sh staticcheck $(TOOLS)/staticcheck ./...
+	scripts/timed.sh errcheck scripts/errcheck.sh $(TOOLS)/errcheck
 	@test -z "$$(gofmt -l cmd internal e2e)" || { gofmt -l cmd internal e2e; exit 1; }
 
 # Host packages under the race detector (it needs cgo), then the end-to-end
@@ -114,4 +125,4 @@ bench: setup
 	$(BIN)/airlock bench --kube-bin $$(tools/kube/build.sh)
 
 clean:
-	rm -rf $(BIN)
+	rm -rf $(BIN) $(TOOLS)

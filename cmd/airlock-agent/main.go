@@ -1,7 +1,6 @@
 // Command airlock-agent is PID 1 inside every sandbox VM. It is built
-// static and placed in the initramfs by `airlock setup`. Run by a process
-// in the guest as `/proc/1/exe probe ...`, it measures the guest's floors
-// for the bench (agent.Probe) instead; it refuses to run otherwise.
+// static and placed in the initramfs by `airlock setup`; it refuses to run
+// as any other process.
 package main
 
 import (
@@ -12,7 +11,6 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/internal/agent"
-	"github.com/airlockhq/airlock/internal/agentproto"
 )
 
 func main() {
@@ -27,11 +25,6 @@ func main() {
 
 func run(log *slog.Logger) error {
 	if os.Getpid() != 1 {
-		// A process in the guest runs this binary again (as
-		// agentproto.ProbeExe) to measure the guest's own floors.
-		if len(os.Args) > 1 && os.Args[1] == agentproto.ProbeCommand {
-			return agent.Probe(os.Args[2:], os.Stdout)
-		}
 		return fmt.Errorf("must run as PID 1 inside a sandbox VM")
 	}
 	if err := agent.Boot(); err != nil {

@@ -58,9 +58,6 @@ func (s *sse) ping() error {
 	return err
 }
 
-// streamErr ends a stream whose headers are out: it is logged, not sent.
-var errStreamClosed = errors.New("event stream closed")
-
 func (s *Server) sandboxEvents(w http.ResponseWriter, r *http.Request, p service.Principal) error {
 	ctx, cancel := s.streamContext(r.Context())
 	defer cancel()

@@ -19,7 +19,8 @@
 // trip) against the same with the jail off. Exec round trips, stdout
 // throughput and a create to first output are also measured against
 // floors in the same VM: the same work inside the guest, timed there by
-// the agent's probe mode, or on a virtio-serial port without airlock.
+// airlock-probe copied into the guest, or on a virtio-serial port without
+// airlock.
 // A baseline does the same work as its airlock side in the same run, with
 // the same jail (bare VMs get the runtime's: Runtime.Confine), template
 // and number of samples. Absolute timings vary from host to host (and
@@ -34,6 +35,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
@@ -191,6 +193,10 @@ type Config struct {
 	// Airlock is the airlock binary the local cluster's nodes and
 	// replicas run. Default: this process's executable.
 	Airlock string
+	// Probe is the airlock-probe binary (cmd/airlock-probe) copied into
+	// a guest to time its floors there. Default: airlock-probe beside
+	// this process's executable.
+	Probe string
 	// Scenarios selects the scenarios to run by name; empty means every
 	// one this host can run (the others are the report's Skipped, each
 	// with what it lacks). They run in the order of Scenarios() whatever
@@ -299,6 +305,11 @@ func (c Config) withDefaults() Config {
 	}
 	if c.BootTimeout == 0 {
 		c.BootTimeout = DefaultBootTimeout
+	}
+	if c.Probe == "" {
+		if self, err := os.Executable(); err == nil {
+			c.Probe = filepath.Join(filepath.Dir(self), "airlock-probe")
+		}
 	}
 	if c.Progress == nil {
 		c.Progress = io.Discard

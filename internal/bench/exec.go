@@ -14,6 +14,7 @@ import (
 
 	"github.com/airlockhq/airlock/internal/agentclient"
 	"github.com/airlockhq/airlock/internal/agentproto"
+	"github.com/airlockhq/airlock/internal/probe"
 	"github.com/airlockhq/airlock/internal/sandbox"
 	"github.com/airlockhq/airlock/internal/vm"
 )
@@ -60,7 +61,7 @@ func (r *runner) execRTT(ctx context.Context) (Result, error) {
 		if err != nil {
 			return Result{}, err
 		}
-		f, err := guestSpawns(ctx, sb, guestTrue, k)
+		f, err := guestSpawns(ctx, sb, r.cfg.Probe, guestTrue, k)
 		if err != nil {
 			return Result{}, fmt.Errorf("in-guest floor: %w", err)
 		}
@@ -78,13 +79,13 @@ func (r *runner) execRTT(ctx context.Context) (Result, error) {
 		Notes: fmt.Sprintf("airlock: exec of argv [true] in one running %s sandbox until its exit status arrived; "+
 			"baseline: fork/exec and wait of /bin/true on the host via os/exec; %d runs each after %d untimed, "+
 			"alternating; ratio of p50s; variant guest_spawn: the same execs against the floor in the same VM, "+
-			"%s run inside the guest by the agent's binary in its probe mode (%s spawn), started as the "+
+			"%s run inside the guest by airlock-probe, copied in (%s spawn), started as the "+
 			"agent's exec starts a command (os.StartProcess, stdin /dev/null, pipes for stdout and stderr read "+
 			"to their end, a process group of its own) and waited for, timed inside the guest: %d runs in "+
 			"blocks of %d between the blocks of airlock and host runs, one probe process a block, each after "+
 			"%d untimed runs; ratio of p50s, target at most 1.5 (the difference, %.3f ms, is the host's exec "+
 			"request, the agent's work and the link)",
-			r.tpl.Ref(), n, execWarmup, guestTrue, agentproto.ProbeExe, n, block, execWarmup, a.P50-f.P50),
+			r.tpl.Ref(), n, execWarmup, guestTrue, probe.Exe, n, block, execWarmup, a.P50-f.P50),
 	}, nil
 }
 
@@ -201,7 +202,7 @@ func (r *runner) stdoutFloors(ctx context.Context, size int64, timeout time.Dura
 			return err
 		},
 		func(ctx context.Context) error {
-			m, err := guestPipe(ctx, sb, size, timeout)
+			m, err := guestPipe(ctx, sb, r.cfg.Probe, size, timeout)
 			pipe = append(pipe, m)
 			return err
 		},
@@ -225,9 +226,9 @@ func (r *runner) stdoutFloors(ctx context.Context, size int64, timeout time.Dura
 		"the transport's ceiling, the same dd writing to the port's device (of=%s) and its bytes counted on "+
 		"the host from the port's socket, timed as the stdout side is, from the exec request to the exit "+
 		"status and the last byte (target: stdout at least 0.7 of it, and at least 100 MiB/s if it allows), "+
-		"and against dd through a pipe inside the guest, read by the agent's binary in its probe mode (%s "+
+		"and against dd through a pipe inside the guest, read by airlock-probe, copied in (%s "+
 		"pipe) and timed there; %d runs of each, alternating, the median by time counting; byte counts "+
-		"verified; ratios of MiB/s", r.tpl.Ref(), vm.AuxPortName, dev, agentproto.ProbeExe, floorRuns)
+		"verified; ratios of MiB/s", r.tpl.Ref(), vm.AuxPortName, dev, probe.Exe, floorRuns)
 	return vs, notes, nil
 }
 

@@ -9,18 +9,20 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/airlockhq/airlock/internal/agentproto"
+	"github.com/airlockhq/airlock/internal/probe"
 	"github.com/airlockhq/airlock/internal/sandbox"
 	"github.com/airlockhq/airlock/internal/vm"
 )
 
 // The floors are measurements of the least that airlock's side of a
 // scenario could cost in the same VM: the work itself inside the guest,
-// timed there by the agent's probe mode (agentproto.ProbeExe), or the
+// timed there by airlock-probe (copied in as probe.Exe), or the
 // transport without airlock on it. They are variants of their scenario's
 // result, each with the floor as its own baseline.
 
@@ -34,13 +36,13 @@ func probeTimeout(runs int) time.Duration {
 	return execTimeout + time.Duration(runs)*time.Second
 }
 
-// guestSpawns runs the agent's spawn probe of path in sb: one process in
+// guestSpawns runs the spawn probe of path in sb (bin is airlock-probe): one process in
 // the guest that forks, executes and waits for path execWarmup+runs times
 // as the agent's exec does, timing each run inside the guest. It returns
 // the durations of the last runs.
-func guestSpawns(ctx context.Context, sb *sandbox.Sandbox, path string, runs int) ([]time.Duration, error) {
-	var res agentproto.SpawnProbe
-	if err := runProbe(ctx, sb, agentproto.ProbeSpawnArgv(execWarmup+runs, path), probeTimeout(execWarmup+runs), &res); err != nil {
+func guestSpawns(ctx context.Context, sb *sandbox.Sandbox, bin, path string, runs int) ([]time.Duration, error) {
+	var res probe.Spawn
+	if err := runProbe(ctx, sb, bin, probe.SpawnArgv(execWarmup+runs, path), probeTimeout(execWarmup+runs), &res); err != nil {
 		return nil, err
 	}
 	if len(res.RunsNS) != execWarmup+runs {
@@ -53,11 +55,11 @@ func guestSpawns(ctx context.Context, sb *sandbox.Sandbox, path string, runs int
 	return ds, nil
 }
 
-// guestPipe runs the agent's pipe probe in sb: size bytes of zeros from dd
+// guestPipe runs the pipe probe in sb (bin is airlock-probe): size bytes of zeros from dd
 // through a pipe into the probe, timed inside the guest.
-func guestPipe(ctx context.Context, sb *sandbox.Sandbox, size int64, timeout time.Duration) (Measurement, error) {
-	var res agentproto.PipeProbe
-	if err := runProbe(ctx, sb, agentproto.ProbePipeArgv(size), timeout, &res); err != nil {
+func guestPipe(ctx context.Context, sb *sandbox.Sandbox, bin string, size int64, timeout time.Duration) (Measurement, error) {
+	var res probe.Pipe
+	if err := runProbe(ctx, sb, bin, probe.PipeArgv(size), timeout, &res); err != nil {
 		return Measurement{}, err
 	}
 	if res.Bytes != size || res.NS <= 0 {
@@ -69,18 +71,41 @@ func guestPipe(ctx context.Context, sb *sandbox.Sandbox, size int64, timeout tim
 }
 
 // runProbe runs argv, a probe, in sb and decodes what it prints into res.
-func runProbe(ctx context.Context, sb *sandbox.Sandbox, argv []string, timeout time.Duration, res any) error {
+// It first copies bin, the airlock-probe binary, to probe.Exe in the
+// guest, unless a file is there already.
+func runProbe(ctx context.Context, sb *sandbox.Sandbox, bin string, argv []string, timeout time.Duration, res any) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	if err := installProbe(ctx, sb, bin); err != nil {
+		return err
+	}
 	var out bytes.Buffer
 	if err := runInSandbox(ctx, sb, argv, &out); err != nil {
-		if strings.Contains(err.Error(), "must run as PID 1") {
-			err = fmt.Errorf("%w (the guest's agent has no probe mode: run `airlock setup` again)", err)
-		}
-		return fmt.Errorf("%s probe: %w", argv[2], err)
+		return fmt.Errorf("%s probe: %w", argv[1], err)
 	}
 	if err := json.Unmarshal(out.Bytes(), res); err != nil {
-		return fmt.Errorf("%s probe printed %q: %w", argv[2], clip(out.String()), err)
+		return fmt.Errorf("%s probe printed %q: %w", argv[1], clip(out.String()), err)
+	}
+	return nil
+}
+
+// installProbe copies bin to probe.Exe in sb's guest, unless a file is
+// there already (a clone of a sandbox that had it, or an earlier probe).
+func installProbe(ctx context.Context, sb *sandbox.Sandbox, bin string) error {
+	c := sb.Agent()
+	if c == nil {
+		return errors.New("copy airlock-probe into the sandbox: no agent connection")
+	}
+	if _, err := c.Stat(ctx, probe.Exe); err == nil {
+		return nil
+	}
+	f, err := os.Open(bin)
+	if err != nil {
+		return fmt.Errorf("airlock-probe for the guest's floors (make build puts it beside airlock): %w", err)
+	}
+	defer f.Close()
+	if err := c.WriteFile(ctx, probe.Exe, 0o755, f); err != nil {
+		return fmt.Errorf("copy airlock-probe into the sandbox: %w", err)
 	}
 	return nil
 }

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/airlockhq/airlock/internal/agentproto"
+	"github.com/airlockhq/airlock/internal/probe"
 	"github.com/airlockhq/airlock/internal/sandbox"
 	"github.com/airlockhq/airlock/internal/timings"
 )
@@ -27,7 +27,7 @@ func (r *runner) snapshotCreate(ctx context.Context) (Result, error) {
 	// sandbox it created.
 	var spawns []time.Duration
 	spawnFloor := func(ctx context.Context, sb *sandbox.Sandbox) error {
-		ds, err := guestSpawns(ctx, sb, guestTrue, snapshotSpawnRuns)
+		ds, err := guestSpawns(ctx, sb, r.cfg.Probe, guestTrue, snapshotSpawnRuns)
 		if err != nil {
 			return fmt.Errorf("in-guest floor: %w", err)
 		}
@@ -70,10 +70,10 @@ func (r *runner) snapshotCreate(ctx context.Context) (Result, error) {
 	floor := addStats(b, s)
 	notes += fmt.Sprintf("; variant restore_plus_exec: the same samples against the bare restore plus one exec "+
 		"inside the guest, each statistic the sum of the two's (p50 %.3f + %.3f ms): %s forked, executed and "+
-		"waited for by the agent's binary in its probe mode (%s spawn) as the agent's exec does, timed inside "+
+		"waited for by airlock-probe, copied in (%s spawn) as the agent's exec does, timed inside "+
 		"the guest, %d runs after %d untimed in each sandbox the airlock side created, after its sample, "+
 		"untimed; ratio of p50s, target at most 3",
-		b.P50, s.P50, guestTrue, agentproto.ProbeExe, snapshotSpawnRuns, execWarmup)
+		b.P50, s.P50, guestTrue, probe.Exe, snapshotSpawnRuns, execWarmup)
 	notes += "; timings: p50 per step of the airlock side's Create (sandbox.Sandbox.Timings), and first exec: " +
 		"from Create's return to the first output byte"
 	return Result{

@@ -55,6 +55,7 @@ func TestMain(m *testing.M) {
 		_, _ = io.Copy(io.Discard, os.Stdin)
 	case "spin":
 		_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
+		//lint:ignore SA5002 the program burns a CPU on purpose
 		for {
 		}
 	case "alloc":

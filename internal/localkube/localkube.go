@@ -61,6 +61,8 @@ type proc struct {
 
 // ErrNoBinaries says that bin lacks a component (tools/kube/build.sh
 // builds them).
+//
+//lint:ignore ST1005 Kubernetes is a name
 var ErrNoBinaries = errors.New("Kubernetes binaries missing")
 
 // Check reports whether bin holds the components named (etcd,

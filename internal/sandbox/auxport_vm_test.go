@@ -7,12 +7,15 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/airlockhq/airlock/internal/agentproto"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/probe"
 	"github.com/airlockhq/airlock/internal/vm"
 )
 
@@ -26,8 +29,8 @@ done`
 // with the agent of this tree, jailed and not: the auxiliary port of a
 // sandbox booted with Spec.AuxPort carries bytes from the guest to the
 // host, also after a suspend and wake (the record keeps the device), and
-// a command in the sandbox's root runs the agent's binary as the probe
-// (agentproto.ProbeExe). A clone cannot have the port: Resolve says so.
+// a command in the sandbox's root runs airlock-probe copied in (probe.Exe).
+// A clone cannot have the port: Resolve says so.
 func TestAuxPortVM(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 6*time.Minute)
 	defer cancel()
@@ -67,13 +70,14 @@ func TestAuxPortVM(t *testing.T) {
 			auxCarries(ctx, t, sb, dev)
 
 			// The probe, from inside the sandbox's root.
-			out := expectOutput(ctx, t, sb, agentproto.ExecRequest{Argv: agentproto.ProbeSpawnArgv(3, "/bin/true")}, `^\{.*\}\n$`)
-			var spawn agentproto.SpawnProbe
+			copyProbe(ctx, t, sb)
+			out := expectOutput(ctx, t, sb, agentproto.ExecRequest{Argv: probe.SpawnArgv(3, "/bin/true")}, `^\{.*\}\n$`)
+			var spawn probe.Spawn
 			if err := json.Unmarshal([]byte(out), &spawn); err != nil || len(spawn.RunsNS) != 3 || spawn.RunsNS[0] <= 0 {
 				t.Errorf("spawn probe printed %q (%v), want 3 runs", out, err)
 			}
-			out = expectOutput(ctx, t, sb, agentproto.ExecRequest{Argv: agentproto.ProbePipeArgv(1 << 20)}, `^\{.*\}\n$`)
-			var pipe agentproto.PipeProbe
+			out = expectOutput(ctx, t, sb, agentproto.ExecRequest{Argv: probe.PipeArgv(1 << 20)}, `^\{.*\}\n$`)
+			var pipe probe.Pipe
 			if err := json.Unmarshal([]byte(out), &pipe); err != nil || pipe.Bytes != 1<<20 || pipe.NS <= 0 {
 				t.Errorf("pipe probe printed %q (%v), want 1 MiB", out, err)
 			}
@@ -113,5 +117,21 @@ func auxCarries(ctx context.Context, t *testing.T, sb *Sandbox, dev string) {
 	want := append([]byte(line), make([]byte, 1<<20)...)
 	if !bytes.Equal(b, want) {
 		t.Errorf("the host read %d bytes from the aux port (starting %q), want %d (starting %q)", len(b), b[:min(len(b), 20)], len(want), line)
+	}
+}
+
+// copyProbe builds cmd/airlock-probe and copies it into sb as probe.Exe,
+// as the bench does before it runs a probe.
+func copyProbe(ctx context.Context, t *testing.T, sb *Sandbox) {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "airlock-probe")
+	goBuild(t, bin, "", "github.com/airlockhq/airlock/cmd/airlock-probe")
+	f, err := os.Open(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := sb.Agent().WriteFile(ctx, probe.Exe, 0o755, f); err != nil {
+		t.Fatalf("copy airlock-probe in: %v", err)
 	}
 }

@@ -9,10 +9,11 @@ import (
 
 	"github.com/airlockhq/airlock/internal/agentclient"
 	"github.com/airlockhq/airlock/internal/agentproto"
+	"github.com/airlockhq/airlock/internal/probe"
 )
 
 // patternChecker is a writer that checks it is given the probe's pattern
-// (agentproto.ProbePatternArgv) from its start, in order, nothing lost or
+// (probe.PatternArgv, airlock-probe copied in) from its start, in order, nothing lost or
 // repeated; delay, when set, sleeps that long every 256 KiB, a reader
 // slower than the guest writes.
 type patternChecker struct {
@@ -62,6 +63,7 @@ func TestOutputOrderVM(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sb.Destroy(context.Background())
+	copyProbe(ctx, t, sb)
 	const size = 50 << 20
 	for _, tc := range []struct {
 		name  string
@@ -70,7 +72,7 @@ func TestOutputOrderVM(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := &patternChecker{delay: tc.delay}
 			began := time.Now()
-			p, err := sb.Exec(ctx, agentproto.ExecRequest{Argv: agentproto.ProbePatternArgv(size)}, agentclient.Stdio{Stdout: c})
+			p, err := sb.Exec(ctx, agentproto.ExecRequest{Argv: probe.PatternArgv(size)}, agentclient.Stdio{Stdout: c})
 			if err != nil {
 				t.Fatal(err)
 			}

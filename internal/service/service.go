@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -401,10 +400,3 @@ func (s *Service) clockNow() time.Time {
 
 // dataFile is a path under the sandbox's directory.
 func (s *Service) sandboxDir(id string) string { return s.cfg.Dir.Sandbox(id) }
-
-func removeAll(path string) error {
-	if err := os.RemoveAll(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	return nil
-}

@@ -335,7 +335,3 @@ func TestRegistryGuardCheck(t *testing.T) {
 		}
 	}
 }
-
-type roundTripFunc func(*http.Request) (*http.Response, error)
-
-func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

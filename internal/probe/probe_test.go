@@ -1,4 +1,4 @@
-package agent
+package probe
 
 import (
 	"bytes"
@@ -9,7 +9,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/airlockhq/airlock/internal/agentproto"
 	"github.com/airlockhq/airlock/internal/testenv"
 )
 
@@ -34,9 +33,9 @@ func TestProbeArgs(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			var out bytes.Buffer
-			err := Probe(tc.args, &out)
+			err := Run(tc.args, &out)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("Probe(%q) = %v, want an error mentioning %q", tc.args, err, tc.want)
+				t.Fatalf("Run(%q) = %v, want an error mentioning %q", tc.args, err, tc.want)
 			}
 			if out.Len() > 0 {
 				t.Errorf("a failed probe wrote %q", out.String())
@@ -48,10 +47,10 @@ func TestProbeArgs(t *testing.T) {
 func TestProbeSpawn(t *testing.T) {
 	truePath := lookTool(t, "true")
 	var out bytes.Buffer
-	if err := Probe([]string{"spawn", "5", truePath}, &out); err != nil {
+	if err := Run([]string{"spawn", "5", truePath}, &out); err != nil {
 		t.Fatal(err)
 	}
-	var res agentproto.SpawnProbe
+	var res Spawn
 	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
 		t.Fatalf("output %q: %v", out.String(), err)
 	}
@@ -72,7 +71,7 @@ func TestProbeSpawn(t *testing.T) {
 // quoting what the program wrote to stderr.
 func TestProbeSpawnFails(t *testing.T) {
 	var out bytes.Buffer
-	err := Probe([]string{"spawn", "2", lookTool(t, "false")}, &out)
+	err := Run([]string{"spawn", "2", lookTool(t, "false")}, &out)
 	if err == nil || !strings.Contains(err.Error(), "exit status 1") {
 		t.Errorf("spawn of false: %v", err)
 	}
@@ -117,10 +116,10 @@ func TestProbePipe(t *testing.T) {
 	lookTool(t, "dd")
 	const size = 4 << 20
 	var out bytes.Buffer
-	if err := Probe([]string{"pipe", strconv.Itoa(size)}, &out); err != nil {
+	if err := Run([]string{"pipe", strconv.Itoa(size)}, &out); err != nil {
 		t.Fatal(err)
 	}
-	var res agentproto.PipeProbe
+	var res Pipe
 	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
 		t.Fatalf("output %q: %v", out.String(), err)
 	}
@@ -132,15 +131,15 @@ func TestProbePipe(t *testing.T) {
 // TestProbeArgv checks that the argv the host runs is what the probe
 // parses.
 func TestProbeArgv(t *testing.T) {
-	spawn := agentproto.ProbeSpawnArgv(7, "/bin/true")
-	pipe := agentproto.ProbePipeArgv(3 * agentproto.ProbeBlock)
-	if spawn[0] != agentproto.ProbeExe || spawn[1] != agentproto.ProbeCommand || pipe[1] != agentproto.ProbeCommand {
+	spawn := SpawnArgv(7, "/bin/true")
+	pipe := PipeArgv(3 * Block)
+	if spawn[0] != Exe || pipe[0] != Exe {
 		t.Fatalf("argv %q and %q do not run the probe", spawn, pipe)
 	}
-	if _, err := probe(spawn[2:]); err != nil {
+	if _, err := probe(spawn[1:]); err != nil {
 		t.Errorf("%q: %v", spawn, err)
 	}
-	if _, err := probe(pipe[2:]); err != nil {
+	if _, err := probe(pipe[1:]); err != nil {
 		t.Errorf("%q: %v", pipe, err)
 	}
 }
@@ -157,7 +156,7 @@ func lookTool(t *testing.T, name string) string {
 
 func TestProbePattern(t *testing.T) {
 	var out bytes.Buffer
-	if err := Probe([]string{"pattern", "200000"}, &out); err != nil {
+	if err := Run([]string{"pattern", "200000"}, &out); err != nil {
 		t.Fatal(err)
 	}
 	b := out.Bytes()
@@ -170,7 +169,7 @@ func TestProbePattern(t *testing.T) {
 		}
 	}
 	for _, bad := range [][]string{{"pattern"}, {"pattern", "7"}, {"pattern", "-8"}, {"pattern", "x"}, {"pattern", "8", "8"}} {
-		if err := Probe(bad, &out); err == nil {
+		if err := Run(bad, &out); err == nil {
 			t.Errorf("%q: no error", bad)
 		}
 	}

@@ -1,4 +1,10 @@
-package agent
+// Package probe measures a guest's own floors for the bench: how long the
+// guest takes to spawn a program, and how fast a pipe moves bytes, timed
+// inside the guest by a process that a command in the sandbox starts. It
+// runs as cmd/airlock-probe, a static binary that the bench copies into a
+// sandbox (to Exe) before it runs a probe there, so that the guest agent
+// carries no bench code.
+package probe
 
 import (
 	"bytes"
@@ -8,14 +14,13 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
-
-	"github.com/airlockhq/airlock/internal/agentproto"
 )
 
 // Bounds of the probe's arguments, so that a typo cannot keep a guest busy
@@ -25,15 +30,14 @@ const (
 	maxProbeBytes = 1 << 40
 )
 
-// Probe is the probe mode of the agent's binary (agentproto.ProbeCommand):
-// args are the arguments after that word, and the result goes to out as
-// one line of JSON.
+// Run is airlock-probe's command line: args are its arguments, and the
+// result goes to out as one line of JSON.
 //
-//	spawn N PATH  agentproto.SpawnProbe of N runs of the program at PATH
-//	pipe BYTES    agentproto.PipeProbe of BYTES through a pipe from dd
-//	pattern BYTES BYTES of agentproto.ProbePatternArgv's pattern, itself
+//	spawn N PATH  Spawn of N runs of the program at PATH
+//	pipe BYTES    Pipe of BYTES through a pipe from dd
+//	pattern BYTES BYTES of PatternArgv's pattern, itself
 //	              the output rather than a result
-func Probe(args []string, out io.Writer) error {
+func Run(args []string, out io.Writer) error {
 	if len(args) > 0 && args[0] == "pattern" {
 		return probePattern(args[1:], out)
 	}
@@ -72,8 +76,8 @@ func probe(args []string) (any, error) {
 			return nil, usage
 		}
 		n, err := strconv.ParseInt(args[1], 10, 64)
-		if err != nil || n < agentproto.ProbeBlock || n > maxProbeBytes || n%agentproto.ProbeBlock != 0 {
-			return nil, fmt.Errorf("pipe: bytes %q is not a multiple of %d up to %d", args[1], agentproto.ProbeBlock, int64(maxProbeBytes))
+		if err != nil || n < Block || n > maxProbeBytes || n%Block != 0 {
+			return nil, fmt.Errorf("pipe: bytes %q is not a multiple of %d up to %d", args[1], Block, int64(maxProbeBytes))
 		}
 		return probePipe(n)
 	}
@@ -82,8 +86,8 @@ func probe(args []string) (any, error) {
 
 // probeSpawn runs the program at path n times, one after another, and
 // times each run from before its pipes are made to after it was reaped.
-func probeSpawn(n int, path string) (agentproto.SpawnProbe, error) {
-	res := agentproto.SpawnProbe{RunsNS: make([]int64, 0, n)}
+func probeSpawn(n int, path string) (Spawn, error) {
+	res := Spawn{RunsNS: make([]int64, 0, n)}
 	for i := 0; i < n; i++ {
 		start := time.Now()
 		c, err := startPiped(path, []string{path})
@@ -101,24 +105,23 @@ func probeSpawn(n int, path string) (agentproto.SpawnProbe, error) {
 // probePipe starts dd writing size bytes of zeros to its stdout, a pipe,
 // reads them all, and times that from before the pipes are made to after
 // dd was reaped.
-func probePipe(size int64) (agentproto.PipeProbe, error) {
-	dir, _ := os.Getwd()
-	path, err := lookPath("dd", os.Getenv("PATH"), dir)
+func probePipe(size int64) (Pipe, error) {
+	path, err := exec.LookPath("dd")
 	if err != nil {
-		return agentproto.PipeProbe{}, err
+		return Pipe{}, err
 	}
-	argv := []string{"dd", "if=/dev/zero", "bs=" + strconv.Itoa(agentproto.ProbeBlock),
-		"count=" + strconv.FormatInt(size/agentproto.ProbeBlock, 10), "status=none"}
+	argv := []string{"dd", "if=/dev/zero", "bs=" + strconv.Itoa(Block),
+		"count=" + strconv.FormatInt(size/Block, 10), "status=none"}
 	var cw countWriter
 	start := time.Now()
 	c, err := startPiped(path, argv)
 	if err != nil {
-		return agentproto.PipeProbe{}, err
+		return Pipe{}, err
 	}
 	if err := c.finish(&cw); err != nil {
-		return agentproto.PipeProbe{}, err
+		return Pipe{}, err
 	}
-	res := agentproto.PipeProbe{Bytes: cw.n, NS: time.Since(start).Nanoseconds()}
+	res := Pipe{Bytes: cw.n, NS: time.Since(start).Nanoseconds()}
 	if cw.n != size {
 		return res, fmt.Errorf("pipe: read %d bytes from dd, want %d", cw.n, size)
 	}
@@ -200,7 +203,7 @@ func (c *piped) finish(w io.Writer) error {
 // copyOut copies r to w until r ends, reading up to ProbeBlock at a time
 // (io.Copy would leave the size of the reads to the file's WriteTo).
 func copyOut(w io.Writer, r io.Reader) error {
-	buf := make([]byte, agentproto.ProbeBlock)
+	buf := make([]byte, Block)
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
@@ -225,7 +228,7 @@ func (c *countWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// probePattern writes the pattern of agentproto.ProbePatternArgv: args is
+// probePattern writes the pattern of PatternArgv: args is
 // its size in bytes, a multiple of 8.
 func probePattern(args []string, out io.Writer) error {
 	if len(args) != 1 {
