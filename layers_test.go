@@ -28,6 +28,12 @@ var layerRules = []struct {
 		why:    "the edges call the service, never the other way round",
 	},
 	{
+		pkg:    "internal/cli",
+		forbid: []string{"internal/store", "internal/service", "internal/api", "internal/e2b", "internal/cluster", "internal/node", "internal/secrets"},
+		direct: true,
+		why:    "the command line reads flags and talks to a server; internal/daemon alone puts a server together",
+	},
+	{
 		pkg:    "cmd/airlock-agent",
 		forbid: []string{"internal/probe", "internal/bench"},
 		why:    "the guest agent carries no bench code: the bench copies cmd/airlock-probe into a guest instead",
