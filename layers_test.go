@@ -28,6 +28,11 @@ var layerRules = []struct {
 		why:    "the edges call the service, never the other way round",
 	},
 	{
+		pkg:    "internal/builds",
+		forbid: []string{"net/http", "internal/api", "internal/e2b", "internal/cluster", "internal/service"},
+		why:    "template builds speak Go to the service that runs them; the edges call the service, and the service calls builds",
+	},
+	{
 		pkg:    "internal/cli",
 		forbid: []string{"internal/store", "internal/service", "internal/api", "internal/e2b", "internal/cluster", "internal/node", "internal/secrets"},
 		direct: true,

@@ -2,19 +2,17 @@ package service
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
-	"maps"
 	"os"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/builds"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/gateway/policy"
 	"github.com/airlockhq/airlock/internal/ids"
@@ -43,7 +41,7 @@ const (
 type running struct {
 	rec    store.Build
 	op     store.Operation
-	log    *buildLog
+	log    *builds.Log
 	cancel context.CancelFunc
 	done   chan struct{} // closed once the build's end is stored
 
@@ -131,16 +129,8 @@ func (s *Service) CreateTemplate(ctx context.Context, p Principal, req apiv1.Cre
 	if err := within(p.KeyID, l, u, want{builds: 1}); err != nil {
 		return apiv1.TemplateOperation{}, err
 	}
-	body, _ := json.Marshal(redactAuth(req))
+	body, _ := json.Marshal(builds.RedactAuth(req))
 	return s.startBuild(p, pl, body)
-}
-
-// redactAuth drops the registry password from what is recorded.
-func redactAuth(req apiv1.CreateTemplate) apiv1.CreateTemplate {
-	if req.RegistryAuth != nil {
-		req.RegistryAuth = &apiv1.RegistryAuth{Username: req.RegistryAuth.Username, Password: "(redacted)"}
-	}
-	return req
 }
 
 func (s *Service) planBuild(ctx context.Context, req apiv1.CreateTemplate) (plan, error) {
@@ -178,7 +168,7 @@ func (s *Service) planBuild(ctx context.Context, req apiv1.CreateTemplate) (plan
 		}
 		pl.from = req.From
 		for _, st := range req.Steps {
-			pl.steps = append(pl.steps, stepFromAPI(st))
+			pl.steps = append(pl.steps, builds.StepFromAPI(st))
 		}
 	}
 	if len(pl.steps) > maxBuildSteps {
@@ -255,14 +245,6 @@ func (s *Service) checkBase(ctx context.Context, pl *plan) error {
 	}
 }
 
-func stepFromAPI(st apiv1.BuildStep) imagebuild.Step {
-	out := imagebuild.Step{Run: st.Run, Env: st.Env, Workdir: st.Workdir, User: st.User}
-	if st.Copy != nil {
-		out.Copy = &imagebuild.Copy{Src: st.Copy.Src, Dest: st.Copy.Dest, Chown: st.Copy.Chown}
-	}
-	return out
-}
-
 // mayWrite checks that p may point name:tag at a new build: an admin key
 // any tag, a user key a new one or one it built itself, so that a tenant
 // cannot replace a template others start from (a built-in above all).
@@ -314,7 +296,7 @@ func (s *Service) startBuild(p Principal, pl plan, body []byte) (apiv1.TemplateO
 		run.contexts = append(run.contexts, id)
 	}
 	var err error
-	if run.log, err = newBuildLog(s.buildLogPath(rec.ID)); err != nil {
+	if run.log, err = builds.NewLog(s.buildLogPath(rec.ID)); err != nil {
 		cancel()
 		return apiv1.TemplateOperation{}, fmt.Errorf("start the build log: %w", err)
 	}
@@ -323,13 +305,13 @@ func (s *Service) startBuild(p Principal, pl plan, body []byte) (apiv1.TemplateO
 	if s.closed {
 		s.mu.Unlock()
 		cancel()
-		_ = run.log.close() // refused before it began: nothing was written
+		_ = run.log.Close() // refused before it began: nothing was written
 		return apiv1.TemplateOperation{}, fmt.Errorf("the server is shutting down: retry shortly: %w", errdefs.ErrUnavailable)
 	}
 	if n := len(s.builds); n >= maxQueuedBuilds {
 		s.mu.Unlock()
 		cancel()
-		_ = run.log.close() // refused before it began: nothing was written
+		_ = run.log.Close() // refused before it began: nothing was written
 		return apiv1.TemplateOperation{}, fmt.Errorf("%d builds are running or waiting, the limit: retry later: %w", n, errdefs.ErrExhausted)
 	}
 	s.builds[rec.ID] = run
@@ -341,7 +323,7 @@ func (s *Service) startBuild(p Principal, pl plan, body []byte) (apiv1.TemplateO
 		delete(s.builds, rec.ID)
 		s.mu.Unlock()
 		cancel()
-		_ = run.log.close() // removed next: nothing in it to lose
+		_ = run.log.Close() // removed next: nothing in it to lose
 		if err := os.Remove(s.buildLogPath(rec.ID)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			s.log.Warn("remove the log of a build not recorded", "build", rec.ID, "err", err)
 		}
@@ -350,7 +332,7 @@ func (s *Service) startBuild(p Principal, pl plan, body []byte) (apiv1.TemplateO
 	}
 	s.m.opStarted(op.Kind)
 	go s.runBuild(bctx, run, pl)
-	return apiv1.TemplateOperation{Template: buildView(rec, pl.from, len(pl.steps)), Operation: opView(op)}, nil
+	return apiv1.TemplateOperation{Template: builds.BuildView(rec, pl.from, len(pl.steps)), Operation: opView(op)}, nil
 }
 
 // maxQueuedBuilds bounds the builds running or waiting on one server.
@@ -394,8 +376,8 @@ func (s *Service) runBuild(ctx context.Context, run *running, pl plan) {
 	}()
 	if s.ctx.Err() != nil {
 		// Shutting down: the next start fails the build with a reason.
-		run.log.infof(0, "the server is shutting down; the build is cut short")
-		if err := run.log.close(); err != nil {
+		run.log.Infof(0, "the server is shutting down; the build is cut short")
+		if err := run.log.Close(); err != nil {
 			log.Warn("the build's log may have lost lines", "err", err)
 		}
 		s.mu.Lock()
@@ -413,15 +395,15 @@ func (s *Service) runBuild(ctx context.Context, run *running, pl plan) {
 		}
 		run.rec.Status, run.rec.Error = apiv1.TemplateFailed, &st
 		run.op.Status, run.op.Error = apiv1.OpFailed, &st
-		run.log.add(0, "info", "build failed: "+st.Message)
+		run.log.Add(0, "info", "build failed: "+st.Message)
 		log.Warn("template build failed", "err", err)
 	} else {
 		run.rec.Status, run.rec.Digest = apiv1.TemplateReady, tpl.Digest
 		run.op.Status = apiv1.OpSucceeded
-		run.log.infof(0, "built %s:%s as %s in %.1f s", pl.name, pl.tag, tpl.Digest, time.Since(start).Seconds())
+		run.log.Infof(0, "built %s:%s as %s in %.1f s", pl.name, pl.tag, tpl.Digest, time.Since(start).Seconds())
 		log.Info("template built", "digest", tpl.Digest, "ms", time.Since(start).Milliseconds())
 	}
-	if err := run.log.close(); err != nil {
+	if err := run.log.Close(); err != nil {
 		log.Warn("the build's log may have lost lines", "err", err)
 	}
 	if pl.ending != nil {
@@ -478,46 +460,14 @@ func (s *Service) cached(run *running, key string) (template.Template, bool) {
 	return t, ok
 }
 
-// imageConfig is the template configuration a build state ends in; the
-// environment in name order.
-func imageConfig(st imagebuild.State) *template.ImageConfig {
-	c := &template.ImageConfig{WorkingDir: st.Workdir, User: st.User}
-	for _, k := range slices.Sorted(maps.Keys(st.Env)) {
-		c.Env = append(c.Env, k+"="+st.Env[k])
-	}
-	return c
-}
-
-// buildStateOf is the state an image's configuration starts a build in.
-func buildStateOf(c *template.ImageConfig) imagebuild.State {
-	if c == nil {
-		return imagebuild.State{}
-	}
-	st := imagebuild.State{Env: map[string]string{}, Workdir: c.WorkingDir, User: c.User}
-	for _, kv := range c.Env {
-		if k, v, ok := strings.Cut(kv, "="); ok && k != "" {
-			st.Env[k] = v
-		}
-	}
-	return st
-}
-
-// cacheKey names the result of applying what to the image parent: the
-// same key means the same result, so a rebuild reuses it.
-func cacheKey(parts ...any) string {
-	b, _ := json.Marshal(parts)
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:])
-}
-
 // build runs a build's steps from its base and returns the final image,
 // stored but not yet tagged.
 func (s *Service) build(ctx context.Context, run *running, pl plan) (template.Template, error) {
 	rlog := run.log
 	store := s.templates
-	rlog.infof(0, "build %s:%s from %s, %d steps", pl.name, pl.tag, pl.from, len(pl.steps))
+	rlog.Infof(0, "build %s:%s from %s, %d steps", pl.name, pl.tag, pl.from, len(pl.steps))
 	for _, w := range pl.warnings {
-		rlog.infof(0, "warning: %s", w)
+		rlog.Infof(0, "warning: %s", w)
 	}
 	cur, err := s.buildBase(ctx, run, pl)
 	if err != nil {
@@ -526,7 +476,7 @@ func (s *Service) build(ctx context.Context, run *running, pl plan) (template.Te
 	s.pin(run, cur.Digest)
 	base := cur
 	parents := []string{cur.Digest}
-	state := buildStateOf(cur.Config)
+	state := builds.StateOf(cur.Config)
 	settings := template.Settings{VCPUs: cur.VCPUs, MemoryMiB: cur.MemoryMiB, DiskMiB: cur.DiskMiB}
 	if pl.vcpus > 0 {
 		settings.VCPUs = pl.vcpus
@@ -545,7 +495,7 @@ func (s *Service) build(ctx context.Context, run *running, pl plan) (template.Te
 	defer func() { vm.close() }()
 	for i, st := range pl.steps {
 		n := i + 1
-		rlog.infof(n, "step %d/%d: %s", n, len(pl.steps), st.String())
+		rlog.Infof(n, "step %d/%d: %s", n, len(pl.steps), st.String())
 		if st.Run == "" && st.Copy == nil { // env, workdir, user: only the state changes
 			state = state.Apply(st)
 			continue
@@ -561,14 +511,14 @@ func (s *Service) build(ctx context.Context, run *running, pl plan) (template.Te
 		}
 		key := strings.TrimPrefix(imagebuild.CacheKey(cur.Digest, st, state, copyDigest), "sha256:")
 		if t, ok := s.cached(run, key); ok {
-			rlog.infof(n, "step %d: cached (%s)", n, t.Digest)
+			rlog.Infof(n, "step %d: cached (%s)", n, t.Digest)
 			cur = t
 			parents = append(parents, cur.Digest)
 			continue
 		}
 		if vm == nil || vm.digest != cur.Digest {
 			vm.close()
-			rlog.infof(n, "starting a build sandbox from %s", cur.Digest)
+			rlog.Infof(n, "starting a build sandbox from %s", cur.Digest)
 			if vm, err = s.newBuilder(ctx, cur, settings, pl.network); err != nil {
 				return template.Template{}, fmt.Errorf("step %d: start a build sandbox: %w", n, err)
 			}
@@ -583,9 +533,9 @@ func (s *Service) build(ctx context.Context, run *running, pl plan) (template.Te
 		} else if err := vm.copyIn(ctx, n, st, sel, state); err != nil {
 			return template.Template{}, err
 		}
-		rlog.infof(n, "saving the result of step %d", n)
+		rlog.Infof(n, "saving the result of step %d", n)
 		t, err := vm.save(ctx, run, template.Settings{VCPUs: settings.VCPUs, MemoryMiB: settings.MemoryMiB, DiskMiB: settings.DiskMiB,
-			Config: imageConfig(state), Parents: slices.Clone(parents)})
+			Config: builds.ImageConfig(state), Parents: slices.Clone(parents)})
 		if err != nil {
 			return template.Template{}, fmt.Errorf("step %d: save the result: %w", n, err)
 		}
@@ -606,7 +556,7 @@ func (s *Service) build(ctx context.Context, run *running, pl plan) (template.Te
 		settings.StartCmd, settings.ReadyCmd = base.StartCmd, base.ReadyCmd
 		settings.ReadyPort, settings.ReadyPath = base.ReadyPort, base.ReadyPath
 	}
-	settings.Config = imageConfig(state)
+	settings.Config = builds.ImageConfig(state)
 	settings.Source = &template.Source{From: pl.from, Resolved: parents[0], Steps: len(pl.steps)}
 	settings.Parents = parents
 	return s.finalImage(ctx, run, cur, settings)

@@ -3,16 +3,15 @@ package service
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 
 	"github.com/airlockhq/airlock/internal/agentclient"
 	"github.com/airlockhq/airlock/internal/agentproto"
+	"github.com/airlockhq/airlock/internal/builds"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/gateway/policy"
 	"github.com/airlockhq/airlock/internal/ids"
@@ -77,37 +76,28 @@ func (b *builder) ensureDir(ctx context.Context, dir string) error {
 
 // run runs a RUN step with /bin/sh -c, its output going to the log. A
 // non-zero exit is the build's error, with the step's last lines.
-func (b *builder) run(ctx context.Context, n int, step imagebuild.Step, st imagebuild.State, rlog *buildLog) error {
+func (b *builder) run(ctx context.Context, n int, step imagebuild.Step, st imagebuild.State, rlog *builds.Log) error {
 	cmd := step.Run
 	ctx, cancel := context.WithTimeout(ctx, stepTimeout)
 	defer cancel()
-	stdout, flushOut := rlog.writer(n, "stdout")
-	stderr, flushErr := rlog.writer(n, "stderr")
+	stdout, flushOut := rlog.Writer(n, "stdout")
+	stderr, flushErr := rlog.Writer(n, "stderr")
 	p, err := b.box.Exec(ctx, agentproto.ExecRequest{Cmd: cmd, Env: st.RunEnv(step), Cwd: st.Resolve("."), User: st.User},
 		agentclient.Stdio{Stdout: stdout, Stderr: stderr})
 	if err != nil {
-		return fmt.Errorf("step %d (RUN %s): %w", n, short(cmd), err)
+		return fmt.Errorf("step %d (RUN %s): %w", n, builds.Short(cmd), err)
 	}
 	exit, err := b.box.Wait(p)
 	flushOut()
 	flushErr()
 	if err != nil {
-		return fmt.Errorf("step %d (RUN %s): %w", n, short(cmd), err)
+		return fmt.Errorf("step %d (RUN %s): %w", n, builds.Short(cmd), err)
 	}
 	if exit.ExitCode != 0 {
 		return fmt.Errorf("step %d (RUN %s) exited with code %d; its last lines:\n%s: %w",
-			n, short(cmd), exit.ExitCode, lastLinesText(rlog.lastLines(n)), errdefs.ErrInvalid)
+			n, builds.Short(cmd), exit.ExitCode, builds.LastLinesText(rlog.LastLines(n)), errdefs.ErrInvalid)
 	}
 	return nil
-}
-
-// short cuts a command for an error message.
-func short(s string) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if len(s) > 80 {
-		return s[:77] + "..."
-	}
-	return s
 }
 
 // copyIn extracts what a COPY step selected from the context at its
@@ -189,14 +179,14 @@ func (s *Service) buildBase(ctx context.Context, run *running, pl plan) (templat
 		if pl.auth != nil {
 			opts.Username, opts.Password = pl.auth.Username, pl.auth.Password
 		}
-		run.log.infof(0, "pulling %s", strings.TrimPrefix(pl.from, "docker://"))
+		run.log.Infof(0, "pulling %s", strings.TrimPrefix(pl.from, "docker://"))
 		var mdigest string
 		var err error
 		if img, mdigest, err = oci.Pull(ctx, strings.TrimPrefix(pl.from, "docker://"), opts); err != nil {
 			return template.Template{}, err
 		}
-		key = cacheKey("image", mdigest)
-		run.log.infof(0, "resolved to %s", mdigest)
+		key = builds.CacheKey("image", mdigest)
+		run.log.Infof(0, "resolved to %s", mdigest)
 	case strings.HasPrefix(pl.from, "oci-archive:"):
 		id := strings.TrimPrefix(pl.from, "oci-archive:")
 		p, dgst, err := s.contexts.Path(id)
@@ -206,17 +196,17 @@ func (s *Service) buildBase(ctx context.Context, run *running, pl plan) (templat
 		if img, err = oci.OpenArchive(p); err != nil {
 			return template.Template{}, err
 		}
-		key = cacheKey("archive", dgst)
+		key = builds.CacheKey("archive", dgst)
 	default:
 		t, err := store.Resolve(pl.base.Digest)
 		if err != nil {
 			return template.Template{}, err
 		}
-		run.log.infof(0, "base template %s is %s", pl.base.Ref(), t.Digest)
+		run.log.Infof(0, "base template %s is %s", pl.base.Ref(), t.Digest)
 		return t, nil
 	}
 	if t, ok := s.cached(run, key); ok {
-		run.log.infof(0, "image cached as %s", t.Digest)
+		run.log.Infof(0, "image cached as %s", t.Digest)
 		return t, nil
 	}
 	cfg, err := oci.ImageConfig(img)
@@ -236,7 +226,7 @@ func (s *Service) buildBase(ctx context.Context, run *running, pl plan) (templat
 	if err != nil {
 		return template.Template{}, err
 	}
-	run.log.infof(0, "unpacking the image's layers")
+	run.log.Infof(0, "unpacking the image's layers")
 	if err := oci.Flatten(ctx, img, root, limit); err != nil {
 		if errors.Is(err, errdefs.ErrTooLarge) && room {
 			return template.Template{}, fmt.Errorf("the image unpacks to more than the %s the data directory can take while keeping --min-free-disk free (its tree and then its filesystem image): free some space and retry: %w",
@@ -249,11 +239,11 @@ func (s *Service) buildBase(ctx context.Context, run *running, pl plan) (templat
 		return template.Template{}, err
 	}
 	settings := template.Settings{VCPUs: 1, MemoryMiB: 512, DiskMiB: defaultBuildDiskMiB, Config: conf,
-		StartCmd: entrypoint(cfg.Entrypoint, cfg.Cmd)}
-	if err := writeImageConfig(root, settings); err != nil {
+		StartCmd: builds.Entrypoint(cfg.Entrypoint, cfg.Cmd)}
+	if err := builds.WriteImageConfig(root, settings); err != nil {
 		return template.Template{}, err
 	}
-	run.log.infof(0, "making the root filesystem")
+	run.log.Infof(0, "making the root filesystem")
 	tools, release, err := s.rt.BuildTools(dir)
 	if err != nil {
 		return template.Template{}, err
@@ -271,64 +261,6 @@ func (s *Service) buildBase(ctx context.Context, run *running, pl plan) (templat
 	return t, nil
 }
 
-// entrypoint is the shell command an image's Entrypoint and Cmd make.
-func entrypoint(ep, cmd []string) string {
-	argv := append(append([]string(nil), ep...), cmd...)
-	if len(argv) == 0 {
-		return ""
-	}
-	return imagebuild.ShellJoin(argv)
-}
-
-// imageConfigFile is what template.ImageConfigPath holds: the defaults the
-// guest agent gives every command, and the settings that make the image
-// what it is (so that two templates differing only in them differ in
-// content, and so in digest).
-type imageConfigFile struct {
-	Env        []string `json:"env,omitempty"`
-	WorkingDir string   `json:"working_dir,omitempty"`
-	User       string   `json:"user,omitempty"`
-	StartCmd   string   `json:"start_cmd,omitempty"`
-	ReadyCmd   string   `json:"ready_cmd,omitempty"`
-	VCPUs      int      `json:"vcpus,omitempty"`
-	MemoryMiB  int      `json:"memory_mib,omitempty"`
-	DiskMiB    int      `json:"disk_mib,omitempty"`
-}
-
-func imageConfigJSON(st template.Settings) []byte {
-	f := imageConfigFile{StartCmd: st.StartCmd, ReadyCmd: st.ReadyCmd, VCPUs: st.VCPUs, MemoryMiB: st.MemoryMiB, DiskMiB: st.DiskMiB}
-	if st.Config != nil {
-		f.Env, f.WorkingDir, f.User = st.Config.Env, st.Config.WorkingDir, st.Config.User
-	}
-	b, _ := json.MarshalIndent(f, "", "  ")
-	return append(b, '\n')
-}
-
-// writeImageConfig writes template.ImageConfigPath into the tree at
-// root, a flattened image, through an os.Root: a symlink of the image's
-// on the way (etc, etc/airlock) is followed only while it stays inside
-// the tree, so no link can send this write, made as root, anywhere else
-// on the host; one that leaves fails the build. A symlink at the file
-// itself is replaced, never followed.
-func writeImageConfig(root string, st template.Settings) error {
-	r, err := os.OpenRoot(root)
-	if err != nil {
-		return fmt.Errorf("write the image configuration: %w", err)
-	}
-	defer r.Close()
-	rel := strings.TrimPrefix(template.ImageConfigPath, "/")
-	if err := r.MkdirAll(filepath.Dir(rel), 0o755); err != nil {
-		return fmt.Errorf("write the image configuration: %w", err)
-	}
-	if err := r.Remove(rel); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("write the image configuration: %w", err)
-	}
-	if err := r.WriteFile(rel, imageConfigJSON(st), 0o644); err != nil {
-		return fmt.Errorf("write the image configuration: %w", err)
-	}
-	return nil
-}
-
 // finalImage makes the template's image: the last step's image with the
 // template's configuration written into it (template.ImageConfigPath) and
 // its working directory made, cached by both.
@@ -339,10 +271,10 @@ func (s *Service) finalImage(ctx context.Context, run *running, cur template.Tem
 		}
 	}
 	store := s.templates
-	conf := imageConfigJSON(st)
-	key := cacheKey("final", cur.Digest, string(conf))
+	conf := builds.ImageConfigJSON(st)
+	key := builds.CacheKey("final", cur.Digest, string(conf))
 	if t, ok := s.cached(run, key); ok {
-		run.log.infof(0, "configuration cached (%s)", t.Digest)
+		run.log.Infof(0, "configuration cached (%s)", t.Digest)
 		return t, nil
 	}
 	dir, err := store.TempDir("final")
@@ -351,10 +283,10 @@ func (s *Service) finalImage(ctx context.Context, run *running, cur template.Tem
 	}
 	defer s.removeWorkDir(dir)
 	img := filepath.Join(dir, "disk.ext4")
-	if err := copySparse(ctx, cur.Image, img); err != nil {
+	if err := builds.CopySparse(ctx, cur.Image, img); err != nil {
 		return template.Template{}, err
 	}
-	run.log.infof(0, "writing the template's configuration")
+	run.log.Infof(0, "writing the template's configuration")
 	tools, release, err := s.rt.BuildTools(dir)
 	if err != nil {
 		return template.Template{}, err
@@ -378,13 +310,4 @@ func (s *Service) finalImage(ctx context.Context, run *running, cur template.Tem
 		return template.Template{}, err
 	}
 	return t, store.Cache(key, t.Digest)
-}
-
-// copySparse copies an image file, keeping it sparse.
-func copySparse(ctx context.Context, src, dst string) error {
-	out, err := exec.CommandContext(ctx, "cp", "--sparse=always", "--reflink=auto", src, dst).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("copy %s: %s: %w", filepath.Base(src), strings.TrimSpace(string(out)), err)
-	}
-	return os.Chmod(dst, 0o644)
 }

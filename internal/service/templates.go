@@ -9,41 +9,15 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/builds"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/store"
 	"github.com/airlockhq/airlock/internal/template"
 )
-
-func templateView(t template.Template) apiv1.Template {
-	v := apiv1.Template{Name: t.Name, Tag: t.Tag, Digest: t.Digest, VCPUs: t.VCPUs, MemoryMiB: t.MemoryMiB,
-		DiskMiB: t.DiskMiB, SizeBytes: t.SizeBytes, CreatedAt: t.CreatedAt.UTC(), Status: apiv1.TemplateReady,
-		StartCmd: t.StartCmd, ReadyCmd: t.ReadyCmd}
-	if t.Source != nil {
-		v.Source = &apiv1.TemplateSource{From: t.Source.From, Steps: t.Source.Steps}
-	}
-	if t.Config != nil {
-		v.Env, v.WorkingDir, v.User = t.Config.Env, t.Config.WorkingDir, t.Config.User
-	}
-	return v
-}
-
-// buildView is a template as its build in progress, or its failed build,
-// shows it.
-func buildView(b store.Build, from string, steps int) apiv1.Template {
-	v := apiv1.Template{Name: b.Name, Tag: b.Tag, Digest: b.Digest, CreatedAt: b.CreatedAt.UTC(), Status: b.Status, BuildID: b.ID}
-	if from != "" {
-		v.Source = &apiv1.TemplateSource{From: from, Steps: steps}
-	}
-	if b.Error != nil {
-		v.Error = &apiv1.Status{Code: b.Error.Code, Message: b.Error.Message}
-	}
-	return v
-}
 
 // withBuild shows a template by its last build when that build is newer
 // than the template (building, or failed since), else the template itself.
@@ -53,14 +27,14 @@ func (s *Service) withBuild(ctx context.Context, t *template.Template, name, tag
 		if t == nil {
 			return apiv1.Template{}, false
 		}
-		return templateView(*t), true
+		return builds.TemplateView(*t), true
 	}
 	if t != nil && (b.Status == apiv1.TemplateReady || b.CreatedAt.Before(t.CreatedAt.Add(-time.Second))) {
-		v := templateView(*t)
+		v := builds.TemplateView(*t)
 		v.BuildID = b.ID
 		return v, true
 	}
-	v := buildView(b, "", 0)
+	v := builds.BuildView(b, "", 0)
 	if t != nil { // the tag still names the last good build's result
 		v.Digest = t.Digest
 	}
@@ -107,11 +81,11 @@ func (s *Service) ListTemplates(ctx context.Context, limit int, pageToken string
 			all = append(all, v)
 		}
 	}
-	builds, err := s.st.ListBuilds(ctx, apiv1.TemplateBuilding, apiv1.TemplateFailed)
+	recs, err := s.st.ListBuilds(ctx, apiv1.TemplateBuilding, apiv1.TemplateFailed)
 	if err != nil {
 		return apiv1.List[apiv1.Template]{}, err
 	}
-	for _, b := range builds {
+	for _, b := range recs {
 		ref := b.Name + ":" + b.Tag
 		if seen[ref] {
 			continue
@@ -121,13 +95,9 @@ func (s *Service) ListTemplates(ctx context.Context, limit int, pageToken string
 			all = append(all, v)
 		}
 	}
-	sortTemplates(all)
+	builds.SortTemplates(all)
 	items, next, err := page(all, func(t apiv1.Template) string { return t.Name + ":" + t.Tag }, limit, pageToken)
 	return apiv1.List[apiv1.Template]{Items: items, NextPageToken: next}, err
-}
-
-func sortTemplates(ts []apiv1.Template) {
-	slices.SortFunc(ts, func(a, b apiv1.Template) int { return strings.Compare(a.Name+":"+a.Tag, b.Name+":"+b.Tag) })
 }
 
 // GetTemplate resolves a name[:tag] or digest; a template being built, or
@@ -142,7 +112,7 @@ func (s *Service) GetTemplate(ctx context.Context, ref string) (apiv1.Template, 
 		if err != nil {
 			return apiv1.Template{}, err
 		}
-		return templateView(t), nil
+		return builds.TemplateView(t), nil
 	}
 	var tp *template.Template
 	if err == nil {
@@ -173,13 +143,13 @@ func (s *Service) buildOf(ctx context.Context, ref string) (store.Build, error) 
 		}
 		return b, err
 	}
-	builds, err := s.st.ListBuilds(ctx, apiv1.TemplateReady)
+	recs, err := s.st.ListBuilds(ctx, apiv1.TemplateReady)
 	if err != nil {
 		return store.Build{}, err
 	}
-	for i := len(builds) - 1; i >= 0; i-- {
-		if builds[i].Digest == tag {
-			return builds[i], nil
+	for i := len(recs) - 1; i >= 0; i-- {
+		if recs[i].Digest == tag {
+			return recs[i], nil
 		}
 	}
 	return store.Build{}, fmt.Errorf("no build made %s: %w", tag, errdefs.ErrNotFound)
@@ -370,11 +340,11 @@ func (s *Service) noReplicaBuilds() error {
 // recoverBuilds fails the builds an earlier server, or this node, left
 // unfinished, and removes their sandboxes.
 func (s *Service) recoverBuilds(ctx context.Context) error {
-	builds, err := s.st.ListBuilds(ctx, apiv1.TemplateBuilding)
+	recs, err := s.st.ListBuilds(ctx, apiv1.TemplateBuilding)
 	if err != nil {
 		return err
 	}
-	for _, b := range builds {
+	for _, b := range recs {
 		if b.Node != s.cfg.Node {
 			continue // another node's
 		}
@@ -502,7 +472,7 @@ func (s *Service) saveSandbox(ctx context.Context, run *running, pl plan) (templ
 	defer s.removeWorkDir(dir)
 	img := filepath.Join(dir, "disk.ext4")
 	start := time.Now()
-	run.log.infof(0, "copying the disk of %s (%s)", id, sb.State)
+	run.log.Infof(0, "copying the disk of %s (%s)", id, sb.State)
 	if sb.State == apiv1.StateSuspended {
 		err = s.rt.SaveSuspendedDisk(ctx, id, img)
 	} else {
@@ -515,7 +485,7 @@ func (s *Service) saveSandbox(ctx context.Context, run *running, pl plan) (templ
 	if err != nil {
 		return template.Template{}, fmt.Errorf("copy the disk of %s: %w", id, err)
 	}
-	run.log.infof(0, "disk copied in %.1f s", time.Since(start).Seconds())
+	run.log.Infof(0, "disk copied in %.1f s", time.Since(start).Seconds())
 	settings := template.Settings{VCPUs: sb.VCPUs, MemoryMiB: sb.MemoryMiB, DiskMiB: sb.DiskMiB}
 	if t, err := ts.Resolve(sb.TemplateDigest); err == nil {
 		settings.StartCmd, settings.ReadyCmd, settings.ReadyPort, settings.ReadyPath = t.StartCmd, t.ReadyCmd, t.ReadyPort, t.ReadyPath

@@ -1,4 +1,4 @@
-package service
+package builds
 
 import (
 	"os"
@@ -45,9 +45,9 @@ func TestWriteImageConfigSymlinks(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			err := writeImageConfig(root, st)
+			err := WriteImageConfig(root, st)
 			if (err == nil) != tc.ok {
-				t.Fatalf("writeImageConfig: %v, want ok %v", err, tc.ok)
+				t.Fatalf("WriteImageConfig: %v, want ok %v", err, tc.ok)
 			}
 			if b, _ := os.ReadFile(victim); string(b) != "the host's own" {
 				t.Errorf("the host's file now holds %q", b)
