@@ -1,8 +1,10 @@
 // Package builds holds the parts of a template build that stand apart
 // from the sandboxes it runs in: a build's log, the image configuration
 // file a build writes into a template, step cache keys, and how templates
-// and builds show on the API. The build itself (its slots, its sandbox,
-// tagging the result) still runs in internal/service, which calls these.
+// and builds show on the API; and the set of builds in progress, with
+// their slots, the images they pin and its own lock (Set). The build
+// itself (its sandbox, its steps, tagging the result) still runs in
+// internal/service, which calls these.
 package builds
 
 import (

@@ -37,27 +37,6 @@ const (
 	stepTimeout = time.Hour
 )
 
-// running is a build in progress on this server.
-type running struct {
-	rec    store.Build
-	op     store.Operation
-	log    *builds.Log
-	cancel context.CancelFunc
-	done   chan struct{} // closed once the build's end is stored
-
-	// pins are the images the build reads or has made so far: Reclaim
-	// leaves them alone.
-	pins map[string]bool // guarded by Service.mu
-	// base is the template ref the build starts from, if it is one: a
-	// delete of that tag waits for the build or is refused.
-	base string
-	// contexts are the build contexts it reads, kept from pruning.
-	contexts []string
-	// storing is when the image store in progress began (storeImage);
-	// zero when none is. Guarded by Service.mu.
-	storing time.Time
-}
-
 // contextAge is how long an uploaded build context is kept for builds
 // that name it.
 const contextAge = 24 * time.Hour
@@ -65,15 +44,7 @@ const contextAge = 24 * time.Hour
 // pruneContexts removes build contexts older than contextAge that no
 // build in progress reads.
 func (s *Service) pruneContexts() {
-	s.mu.Lock()
-	inUse := map[string]bool{}
-	for _, run := range s.builds {
-		for _, id := range run.contexts {
-			inUse[id] = true
-		}
-	}
-	s.mu.Unlock()
-	if n, err := s.contexts.Prune(contextAge, inUse); err != nil {
+	if n, err := s.contexts.Prune(contextAge, s.builds.Contexts()); err != nil {
 		s.log.Warn("prune build contexts", "err", err)
 	} else if n > 0 {
 		s.log.Info("removed old build contexts", "count", n)
@@ -284,19 +255,19 @@ func (s *Service) startBuild(p Principal, pl plan, body []byte) (apiv1.TemplateO
 		Request: body, CreatedAt: now, Node: s.cfg.Node}
 	op := store.Operation{ID: ids.New("op"), Kind: apiv1.OpBuild, TargetID: rec.ID, Owner: p.KeyID, Status: apiv1.OpPending, CreatedAt: now}
 	bctx, cancel := context.WithCancel(s.ctx)
-	run := &running{rec: rec, op: op, cancel: cancel, done: make(chan struct{}), pins: map[string]bool{}}
+	run := &builds.Run{Rec: rec, Op: op, Cancel: cancel, Done: make(chan struct{})}
 	if pl.base.Digest != "" {
-		run.base = pl.base.Ref()
-		run.pins[pl.base.Digest] = true
+		run.Base = pl.base.Ref()
+		s.builds.Pin(run, pl.base.Digest)
 	}
 	if pl.context != "" {
-		run.contexts = append(run.contexts, pl.context)
+		run.Contexts = append(run.Contexts, pl.context)
 	}
 	if id, ok := strings.CutPrefix(pl.from, "oci-archive:"); ok {
-		run.contexts = append(run.contexts, id)
+		run.Contexts = append(run.Contexts, id)
 	}
 	var err error
-	if run.log, err = builds.NewLog(s.buildLogPath(rec.ID)); err != nil {
+	if run.Log, err = builds.NewLog(s.buildLogPath(rec.ID)); err != nil {
 		cancel()
 		return apiv1.TemplateOperation{}, fmt.Errorf("start the build log: %w", err)
 	}
@@ -305,25 +276,22 @@ func (s *Service) startBuild(p Principal, pl plan, body []byte) (apiv1.TemplateO
 	if s.closed {
 		s.mu.Unlock()
 		cancel()
-		_ = run.log.Close() // refused before it began: nothing was written
+		_ = run.Log.Close() // refused before it began: nothing was written
 		return apiv1.TemplateOperation{}, fmt.Errorf("the server is shutting down: retry shortly: %w", errdefs.ErrUnavailable)
 	}
-	if n := len(s.builds); n >= maxQueuedBuilds {
-		s.mu.Unlock()
-		cancel()
-		_ = run.log.Close() // refused before it began: nothing was written
-		return apiv1.TemplateOperation{}, fmt.Errorf("%d builds are running or waiting, the limit: retry later: %w", n, errdefs.ErrExhausted)
-	}
-	s.builds[rec.ID] = run
 	s.work.Add(1)
 	s.mu.Unlock()
+	if err := s.builds.Add(run); err != nil {
+		s.work.Done()
+		cancel()
+		_ = run.Log.Close() // refused before it began: nothing was written
+		return apiv1.TemplateOperation{}, err
+	}
 
 	if err := s.st.InsertBuild(s.ctx, rec, op); err != nil {
-		s.mu.Lock()
-		delete(s.builds, rec.ID)
-		s.mu.Unlock()
+		s.builds.Remove(rec.ID)
 		cancel()
-		_ = run.log.Close() // removed next: nothing in it to lose
+		_ = run.Log.Close() // removed next: nothing in it to lose
 		if err := os.Remove(s.buildLogPath(rec.ID)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			s.log.Warn("remove the log of a build not recorded", "build", rec.ID, "err", err)
 		}
@@ -340,26 +308,25 @@ const maxQueuedBuilds = 16
 
 // runBuild waits for the build slot, builds, tags the result and records
 // how it ended.
-func (s *Service) runBuild(ctx context.Context, run *running, pl plan) {
+func (s *Service) runBuild(ctx context.Context, run *builds.Run, pl plan) {
 	defer s.work.Done()
-	defer run.cancel()
+	defer run.Cancel()
 	if pl.release != nil {
 		defer pl.release()
 	}
 	start := time.Now()
-	log := s.log.With("build", run.rec.ID, "template", pl.name+":"+pl.tag)
+	log := s.log.With("build", run.Rec.ID, "template", pl.name+":"+pl.tag)
 	var tpl template.Template
 	err := func() error {
 		if pl.saveFrom == "" { // a save boots nothing and waits for no slot
-			select {
-			case s.buildSlots <- struct{}{}:
-			case <-ctx.Done():
-				return ctx.Err()
+			release, err := s.builds.Slot(ctx)
+			if err != nil {
+				return err
 			}
-			defer func() { <-s.buildSlots }()
+			defer release()
 		}
-		run.op.Status = apiv1.OpRunning
-		if err := s.st.UpdateOperation(s.ctx, run.op); err != nil {
+		run.Op.Status = apiv1.OpRunning
+		if err := s.st.UpdateOperation(s.ctx, run.Op); err != nil {
 			return err
 		}
 		var err error
@@ -371,99 +338,71 @@ func (s *Service) runBuild(ctx context.Context, run *running, pl plan) {
 		if err != nil {
 			return err
 		}
-		tpl, err = s.tagBuilt(s.ctx, pl.name, pl.tag, tpl.Digest, run.rec.Owner)
+		tpl, err = s.tagBuilt(s.ctx, pl.name, pl.tag, tpl.Digest, run.Rec.Owner)
 		return err
 	}()
 	if s.ctx.Err() != nil {
 		// Shutting down: the next start fails the build with a reason.
-		run.log.Infof(0, "the server is shutting down; the build is cut short")
-		if err := run.log.Close(); err != nil {
+		run.Log.Infof(0, "the server is shutting down; the build is cut short")
+		if err := run.Log.Close(); err != nil {
 			log.Warn("the build's log may have lost lines", "err", err)
 		}
-		s.mu.Lock()
-		delete(s.builds, run.rec.ID)
-		s.mu.Unlock()
-		close(run.done)
+		s.builds.Remove(run.Rec.ID)
+		close(run.Done)
 		return
 	}
 	now := s.now()
-	run.rec.FinishedAt, run.op.FinishedAt = &now, &now
+	run.Rec.FinishedAt, run.Op.FinishedAt = &now, &now
 	if err != nil {
 		st := errorStatus(err)
 		if errors.Is(err, context.Canceled) {
 			st = store.Error{Code: apiv1.CodeConflict, Message: "the build was cancelled"}
 		}
-		run.rec.Status, run.rec.Error = apiv1.TemplateFailed, &st
-		run.op.Status, run.op.Error = apiv1.OpFailed, &st
-		run.log.Add(0, "info", "build failed: "+st.Message)
+		run.Rec.Status, run.Rec.Error = apiv1.TemplateFailed, &st
+		run.Op.Status, run.Op.Error = apiv1.OpFailed, &st
+		run.Log.Add(0, "info", "build failed: "+st.Message)
 		log.Warn("template build failed", "err", err)
 	} else {
-		run.rec.Status, run.rec.Digest = apiv1.TemplateReady, tpl.Digest
-		run.op.Status = apiv1.OpSucceeded
-		run.log.Infof(0, "built %s:%s as %s in %.1f s", pl.name, pl.tag, tpl.Digest, time.Since(start).Seconds())
+		run.Rec.Status, run.Rec.Digest = apiv1.TemplateReady, tpl.Digest
+		run.Op.Status = apiv1.OpSucceeded
+		run.Log.Infof(0, "built %s:%s as %s in %.1f s", pl.name, pl.tag, tpl.Digest, time.Since(start).Seconds())
 		log.Info("template built", "digest", tpl.Digest, "ms", time.Since(start).Milliseconds())
 	}
-	if err := run.log.Close(); err != nil {
+	if err := run.Log.Close(); err != nil {
 		log.Warn("the build's log may have lost lines", "err", err)
 	}
 	if pl.ending != nil {
 		pl.ending()
 	}
-	if err := s.st.FinishBuild(s.ctx, run.rec, run.op); err != nil {
+	if err := s.st.FinishBuild(s.ctx, run.Rec, run.Op); err != nil {
 		log.Error("record the end of a build", "err", err)
 	}
-	s.mu.Lock()
-	delete(s.builds, run.rec.ID)
-	s.mu.Unlock()
-	close(run.done)
-	s.opFinished(run.op.ID)
-	s.m.opFinished(run.op.Kind, run.op.Status, time.Since(start))
+	s.builds.Remove(run.Rec.ID)
+	close(run.Done)
+	s.opFinished(run.Op.ID)
+	s.m.opFinished(run.Op.Kind, run.Op.Status, time.Since(start))
 	if _, err := s.Reclaim(s.ctx); err != nil {
 		log.Warn("reclaim template storage", "err", err)
 	}
 	s.pruneContexts()
 }
 
-// pin marks an image as used by a build in progress.
-func (s *Service) pin(run *running, dgst string) {
-	s.mu.Lock()
-	run.pins[dgst] = true
-	s.mu.Unlock()
-}
-
-// storeImage runs put, which stores a new image, and pins what it stored.
-// While it runs, Reclaim spares every image stored since it began: the new
-// one is in the store before it is pinned.
-func (s *Service) storeImage(run *running, put func() (template.Template, error)) (template.Template, error) {
-	s.mu.Lock()
-	run.storing = time.Now()
-	s.mu.Unlock()
-	t, err := put()
-	s.mu.Lock()
-	if err == nil {
-		run.pins[t.Digest] = true
-	}
-	run.storing = time.Time{}
-	s.mu.Unlock()
-	return t, err
-}
-
 // cached returns and pins the image a step with the given key made, if it
 // is stored: under reclaimMu, so that Reclaim cannot remove it in between.
-func (s *Service) cached(run *running, key string) (template.Template, bool) {
+func (s *Service) cached(run *builds.Run, key string) (template.Template, bool) {
 	s.reclaimMu.RLock()
 	defer s.reclaimMu.RUnlock()
 	t, ok := s.templates.Cached(key)
 	if ok {
-		s.pin(run, t.Digest)
+		s.builds.Pin(run, t.Digest)
 	}
 	return t, ok
 }
 
 // build runs a build's steps from its base and returns the final image,
 // stored but not yet tagged.
-func (s *Service) build(ctx context.Context, run *running, pl plan) (template.Template, error) {
-	rlog := run.log
+func (s *Service) build(ctx context.Context, run *builds.Run, pl plan) (template.Template, error) {
+	rlog := run.Log
 	store := s.templates
 	rlog.Infof(0, "build %s:%s from %s, %d steps", pl.name, pl.tag, pl.from, len(pl.steps))
 	for _, w := range pl.warnings {
@@ -473,7 +412,7 @@ func (s *Service) build(ctx context.Context, run *running, pl plan) (template.Te
 	if err != nil {
 		return template.Template{}, fmt.Errorf("base %s: %w", pl.from, err)
 	}
-	s.pin(run, cur.Digest)
+	s.builds.Pin(run, cur.Digest)
 	base := cur
 	parents := []string{cur.Digest}
 	state := builds.StateOf(cur.Config)

@@ -152,7 +152,7 @@ func (s *Service) removeWorkDir(dir string) {
 }
 
 // save writes the build sandbox's disk as a new image.
-func (b *builder) save(ctx context.Context, run *running, st template.Settings) (template.Template, error) {
+func (b *builder) save(ctx context.Context, run *builds.Run, st template.Settings) (template.Template, error) {
 	store := b.s.templates
 	dir, err := store.TempDir("save")
 	if err != nil {
@@ -163,13 +163,13 @@ func (b *builder) save(ctx context.Context, run *running, st template.Settings) 
 	if err := b.box.SaveDisk(ctx, img); err != nil {
 		return template.Template{}, err
 	}
-	return b.s.storeImage(run, func() (template.Template, error) { return store.PutImage(ctx, img, st) })
+	return b.s.builds.Store(run, func() (template.Template, error) { return store.PutImage(ctx, img, st) })
 }
 
 // buildBase returns the image a build starts from: a stored template, or
 // an OCI image pulled or uploaded and flattened into a new one (cached by
 // its manifest or archive digest).
-func (s *Service) buildBase(ctx context.Context, run *running, pl plan) (template.Template, error) {
+func (s *Service) buildBase(ctx context.Context, run *builds.Run, pl plan) (template.Template, error) {
 	store := s.templates
 	var img oci.Image
 	var key string
@@ -179,14 +179,14 @@ func (s *Service) buildBase(ctx context.Context, run *running, pl plan) (templat
 		if pl.auth != nil {
 			opts.Username, opts.Password = pl.auth.Username, pl.auth.Password
 		}
-		run.log.Infof(0, "pulling %s", strings.TrimPrefix(pl.from, "docker://"))
+		run.Log.Infof(0, "pulling %s", strings.TrimPrefix(pl.from, "docker://"))
 		var mdigest string
 		var err error
 		if img, mdigest, err = oci.Pull(ctx, strings.TrimPrefix(pl.from, "docker://"), opts); err != nil {
 			return template.Template{}, err
 		}
 		key = builds.CacheKey("image", mdigest)
-		run.log.Infof(0, "resolved to %s", mdigest)
+		run.Log.Infof(0, "resolved to %s", mdigest)
 	case strings.HasPrefix(pl.from, "oci-archive:"):
 		id := strings.TrimPrefix(pl.from, "oci-archive:")
 		p, dgst, err := s.contexts.Path(id)
@@ -202,11 +202,11 @@ func (s *Service) buildBase(ctx context.Context, run *running, pl plan) (templat
 		if err != nil {
 			return template.Template{}, err
 		}
-		run.log.Infof(0, "base template %s is %s", pl.base.Ref(), t.Digest)
+		run.Log.Infof(0, "base template %s is %s", pl.base.Ref(), t.Digest)
 		return t, nil
 	}
 	if t, ok := s.cached(run, key); ok {
-		run.log.Infof(0, "image cached as %s", t.Digest)
+		run.Log.Infof(0, "image cached as %s", t.Digest)
 		return t, nil
 	}
 	cfg, err := oci.ImageConfig(img)
@@ -226,7 +226,7 @@ func (s *Service) buildBase(ctx context.Context, run *running, pl plan) (templat
 	if err != nil {
 		return template.Template{}, err
 	}
-	run.log.Infof(0, "unpacking the image's layers")
+	run.Log.Infof(0, "unpacking the image's layers")
 	if err := oci.Flatten(ctx, img, root, limit); err != nil {
 		if errors.Is(err, errdefs.ErrTooLarge) && room {
 			return template.Template{}, fmt.Errorf("the image unpacks to more than the %s the data directory can take while keeping --min-free-disk free (its tree and then its filesystem image): free some space and retry: %w",
@@ -243,13 +243,13 @@ func (s *Service) buildBase(ctx context.Context, run *running, pl plan) (templat
 	if err := builds.WriteImageConfig(root, settings); err != nil {
 		return template.Template{}, err
 	}
-	run.log.Infof(0, "making the root filesystem")
+	run.Log.Infof(0, "making the root filesystem")
 	tools, release, err := s.rt.BuildTools(dir)
 	if err != nil {
 		return template.Template{}, err
 	}
 	defer release()
-	t, err := s.storeImage(run, func() (template.Template, error) {
+	t, err := s.builds.Store(run, func() (template.Template, error) {
 		return store.PutTreeWith(ctx, root, settings, tools.TreeRunner())
 	})
 	if err != nil {
@@ -264,7 +264,7 @@ func (s *Service) buildBase(ctx context.Context, run *running, pl plan) (templat
 // finalImage makes the template's image: the last step's image with the
 // template's configuration written into it (template.ImageConfigPath) and
 // its working directory made, cached by both.
-func (s *Service) finalImage(ctx context.Context, run *running, cur template.Template, st template.Settings) (template.Template, error) {
+func (s *Service) finalImage(ctx context.Context, run *builds.Run, cur template.Template, st template.Settings) (template.Template, error) {
 	if st.Config != nil {
 		if err := st.Config.Validate(); err != nil {
 			return template.Template{}, err
@@ -274,7 +274,7 @@ func (s *Service) finalImage(ctx context.Context, run *running, cur template.Tem
 	conf := builds.ImageConfigJSON(st)
 	key := builds.CacheKey("final", cur.Digest, string(conf))
 	if t, ok := s.cached(run, key); ok {
-		run.log.Infof(0, "configuration cached (%s)", t.Digest)
+		run.Log.Infof(0, "configuration cached (%s)", t.Digest)
 		return t, nil
 	}
 	dir, err := store.TempDir("final")
@@ -286,7 +286,7 @@ func (s *Service) finalImage(ctx context.Context, run *running, cur template.Tem
 	if err := builds.CopySparse(ctx, cur.Image, img); err != nil {
 		return template.Template{}, err
 	}
-	run.log.Infof(0, "writing the template's configuration")
+	run.Log.Infof(0, "writing the template's configuration")
 	tools, release, err := s.rt.BuildTools(dir)
 	if err != nil {
 		return template.Template{}, err
@@ -305,7 +305,7 @@ func (s *Service) finalImage(ctx context.Context, run *running, cur template.Tem
 	if err := tools.GiveBack(img); err != nil {
 		return template.Template{}, err
 	}
-	t, err := s.storeImage(run, func() (template.Template, error) { return store.PutImage(ctx, img, st) })
+	t, err := s.builds.Store(run, func() (template.Template, error) { return store.PutImage(ctx, img, st) })
 	if err != nil {
 		return template.Template{}, err
 	}

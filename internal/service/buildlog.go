@@ -29,9 +29,7 @@ func (s *Service) FollowBuildLog(ctx context.Context, ref string, idle time.Dura
 	if err != nil {
 		return apiv1.BuildEnd{}, err
 	}
-	s.mu.Lock()
-	run := s.builds[b.ID]
-	s.mu.Unlock()
+	run := s.builds.Get(b.ID)
 	f, err := os.Open(s.buildLogPath(b.ID))
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) && run == nil {
@@ -47,7 +45,7 @@ func (s *Service) FollowBuildLog(ctx context.Context, ref string, idle time.Dura
 		var changed <-chan struct{}
 		open := false
 		if run != nil {
-			changed, open = run.log.Wait()
+			changed, open = run.Log.Wait()
 		}
 		for {
 			chunk, err := r.ReadBytes('\n')
@@ -81,7 +79,7 @@ func (s *Service) FollowBuildLog(ctx context.Context, ref string, idle time.Dura
 		}
 	}
 	if run != nil {
-		<-run.done // the log is closed just before the build's end is stored
+		<-run.Done // the log is closed just before the build's end is stored
 	}
 	if b, err = s.st.GetBuild(ctx, b.ID); err != nil {
 		return apiv1.BuildEnd{}, err

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/builds"
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/imagebuild"
@@ -250,15 +251,14 @@ type Service struct {
 	slots   chan struct{}  // start slots, MaxStarts of them
 	closing chan struct{}  // closed by Close: the reconcile loop ends
 
-	contexts   *imagebuild.Contexts // uploaded build contexts
-	buildSlots chan struct{}        // MaxBuilds of them
+	contexts *imagebuild.Contexts // uploaded build contexts
+	builds   *builds.Set          // builds in progress, with their own slots and lock
 	// reclaimMu is held exclusively by Reclaim and shared by whatever is
 	// between choosing a template image and recording its use (a create
 	// before its row exists).
 	reclaimMu sync.RWMutex
 
 	mu       sync.Mutex           // guards the fields below
-	builds   map[string]*running  // builds in progress, by ID
 	live     map[string]*live     // sandboxes this server looks after (with a VM, or suspended)
 	creating map[string]*creation // creates in flight
 	waking   map[string]int64     // wakes of suspended sandboxes in flight: the memory they will hold
@@ -287,18 +287,17 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		cfg: cfg, log: cfg.Log, st: cfg.Store, rt: cfg.Runtime, m: cfg.Metrics,
 		templates: cfg.Templates, clock: cfg.Clock,
 		ctx: sctx, cancel: cancel,
-		slots:      make(chan struct{}, cfg.MaxStarts),
-		contexts:   imagebuild.OpenContexts(filepath.Join(cfg.Dir.Root, "build-contexts")),
-		buildSlots: make(chan struct{}, cfg.MaxBuilds),
-		builds:     map[string]*running{},
-		closing:    make(chan struct{}),
-		live:       map[string]*live{},
-		creating:   map[string]*creation{},
-		waking:     map[string]int64{},
-		busy:       map[string]*inflight{},
-		watchers:   map[string]map[chan apiv1.Sandbox]struct{}{},
-		opWait:     map[string]chan struct{}{},
-		states:     map[string]int{},
+		slots:    make(chan struct{}, cfg.MaxStarts),
+		contexts: imagebuild.OpenContexts(filepath.Join(cfg.Dir.Root, "build-contexts")),
+		builds:   builds.NewSet(cfg.MaxBuilds, maxQueuedBuilds),
+		closing:  make(chan struct{}),
+		live:     map[string]*live{},
+		creating: map[string]*creation{},
+		waking:   map[string]int64{},
+		busy:     map[string]*inflight{},
+		watchers: map[string]map[chan apiv1.Sandbox]struct{}{},
+		opWait:   map[string]chan struct{}{},
+		states:   map[string]int{},
 	}
 	if cfg.Front {
 		// The nodes hold the VMs, and each recovers and leases its own.

@@ -187,15 +187,12 @@ func (s *Service) DeleteTemplate(ctx context.Context, p Principal, ref string) e
 		// reads (Reclaim).
 		return s.st.DeleteTemplateTag(ctx, name, tag)
 	}
-	s.mu.Lock()
-	for _, run := range s.builds {
-		if run.base == t.Ref() || run.rec.Name == name && run.rec.Tag == tag {
-			s.mu.Unlock()
-			return fmt.Errorf("template %s is in use by build %s: wait for it to end and retry: %w", t.Ref(), run.rec.ID, errdefs.ErrConflict)
+	err = s.builds.Each(func(run *builds.Run) error {
+		if run.Base == t.Ref() || run.Rec.Name == name && run.Rec.Tag == tag {
+			return fmt.Errorf("template %s is in use by build %s: wait for it to end and retry: %w", t.Ref(), run.Rec.ID, errdefs.ErrConflict)
 		}
-	}
-	err = s.templates.Untag(name, tag)
-	s.mu.Unlock()
+		return nil
+	}, func() error { return s.templates.Untag(name, tag) })
 	if err != nil {
 		return err
 	}
@@ -211,7 +208,7 @@ func (s *Service) DeleteTemplate(ctx context.Context, p Principal, ref string) e
 // made from it, or while a build in progress uses it. A snapshot stays
 // while its image does and it is current, or while such a sandbox exists.
 // It returns the bytes freed. An image a build is storing right now stays
-// (Service.storeImage).
+// (builds.Set.Store).
 func (s *Service) Reclaim(ctx context.Context) (int64, error) {
 	s.reclaimMu.Lock()
 	defer s.reclaimMu.Unlock()
@@ -230,17 +227,7 @@ func (s *Service) Reclaim(ctx context.Context) (int64, error) {
 	for d := range inUse {
 		keep[d] = true
 	}
-	var storingSince time.Time // the earliest store in progress
-	s.mu.Lock()
-	for _, run := range s.builds {
-		for d := range run.pins {
-			keep[d] = true
-		}
-		if !run.storing.IsZero() && (storingSince.IsZero() || run.storing.Before(storingSince)) {
-			storingSince = run.storing
-		}
-	}
-	s.mu.Unlock()
+	storingSince := s.builds.Kept(keep) // the earliest store in progress
 	tagged, err := ts.Tagged()
 	if err != nil {
 		return 0, err
@@ -452,7 +439,7 @@ func (s *Service) SaveSandbox(ctx context.Context, p Principal, id string, req a
 
 // saveSandbox copies the sandbox's disk into a new image with its
 // template's settings and the sandbox's size.
-func (s *Service) saveSandbox(ctx context.Context, run *running, pl plan) (template.Template, error) {
+func (s *Service) saveSandbox(ctx context.Context, run *builds.Run, pl plan) (template.Template, error) {
 	id := pl.saveFrom
 	sb, err := s.st.GetSandbox(ctx, id)
 	if err != nil {
@@ -472,7 +459,7 @@ func (s *Service) saveSandbox(ctx context.Context, run *running, pl plan) (templ
 	defer s.removeWorkDir(dir)
 	img := filepath.Join(dir, "disk.ext4")
 	start := time.Now()
-	run.log.Infof(0, "copying the disk of %s (%s)", id, sb.State)
+	run.Log.Infof(0, "copying the disk of %s (%s)", id, sb.State)
 	if sb.State == apiv1.StateSuspended {
 		err = s.rt.SaveSuspendedDisk(ctx, id, img)
 	} else {
@@ -485,14 +472,14 @@ func (s *Service) saveSandbox(ctx context.Context, run *running, pl plan) (templ
 	if err != nil {
 		return template.Template{}, fmt.Errorf("copy the disk of %s: %w", id, err)
 	}
-	run.log.Infof(0, "disk copied in %.1f s", time.Since(start).Seconds())
+	run.Log.Infof(0, "disk copied in %.1f s", time.Since(start).Seconds())
 	settings := template.Settings{VCPUs: sb.VCPUs, MemoryMiB: sb.MemoryMiB, DiskMiB: sb.DiskMiB}
 	if t, err := ts.Resolve(sb.TemplateDigest); err == nil {
 		settings.StartCmd, settings.ReadyCmd, settings.ReadyPort, settings.ReadyPath = t.StartCmd, t.ReadyCmd, t.ReadyPort, t.ReadyPath
 		settings.Config = t.Config
 	}
 	settings.Source = &template.Source{From: pl.from, Resolved: sb.TemplateDigest}
-	return s.storeImage(run, func() (template.Template, error) { return ts.PutImage(ctx, img, settings) })
+	return s.builds.Store(run, func() (template.Template, error) { return ts.PutImage(ctx, img, settings) })
 }
 
 // removeBuildSandboxes removes the directories of the build sandboxes
