@@ -33,6 +33,17 @@ var layerRules = []struct {
 		why:    "template builds speak Go to the service that runs them; the edges call the service, and the service calls builds",
 	},
 	{
+		pkg:    "internal/sessions",
+		forbid: []string{"net/http"},
+		direct: true,
+		why:    "command sessions hand out typed events: the edges (api's SSE, E2B's envd) encode them for HTTP",
+	},
+	{
+		pkg:    "internal/sessions",
+		forbid: []string{"internal/api", "internal/e2b", "internal/cluster", "internal/service"},
+		why:    "the service and the edges call the command sessions, which ask the service about sandboxes only through their own Sandboxes interface",
+	},
+	{
 		pkg:    "internal/cli",
 		forbid: []string{"internal/store", "internal/service", "internal/api", "internal/e2b", "internal/cluster", "internal/node", "internal/secrets"},
 		direct: true,

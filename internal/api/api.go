@@ -24,6 +24,7 @@ import (
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/secrets"
 	"github.com/airlockhq/airlock/internal/service"
+	"github.com/airlockhq/airlock/internal/sessions"
 	"github.com/airlockhq/airlock/internal/store"
 )
 
@@ -40,6 +41,9 @@ type Config struct {
 	// sandbox and returns true, or returns false for this server to
 	// answer (a sandbox no node runs yet, or one the store lacks).
 	Forward func(w http.ResponseWriter, r *http.Request, kind, id string) (bool, error)
+	// Commands serves the command routes (sessions, attach, stdin,
+	// signals, exec). Default Service.Commands().
+	Commands *sessions.Commands
 	// Store keeps idempotent answers.
 	Store *store.Store
 	// Log receives one line per failed request.
@@ -61,6 +65,7 @@ type Config struct {
 type Server struct {
 	cfg  Config
 	svc  *service.Service
+	cmds *sessions.Commands
 	log  *slog.Logger
 	mux  *http.ServeMux
 	done chan struct{} // closed by Shutdown: event streams end
@@ -127,9 +132,9 @@ func (s *Server) routes() []route {
 		{"POST", "/v1/sandboxes/{id}/suspend", authKey, nil, s.lifecycle(s.svc.Suspend)},
 		{"POST", "/v1/sandboxes/{id}/wake", authKey, nil, s.lifecycle(s.svc.Wake)},
 
-		{"POST", "/v1/sandboxes/{id}/commands", authKey, nil, jsonCall(http.StatusCreated, s.svc.CreateCommand)},
+		{"POST", "/v1/sandboxes/{id}/commands", authKey, nil, jsonCall(http.StatusCreated, s.cmds.CreateCommand)},
 		{"GET", "/v1/sandboxes/{id}/commands", authKey, page, s.listCommands},
-		{"POST", "/v1/sandboxes/{id}/exec", authKey, nil, jsonCall(http.StatusOK, s.svc.Exec)},
+		{"POST", "/v1/sandboxes/{id}/exec", authKey, nil, jsonCall(http.StatusOK, s.cmds.Exec)},
 		{"GET", "/v1/commands/{id}", authKey, nil, s.getCommand},
 		{"GET", "/v1/commands/{id}/attach", authAttach, nil, s.attach},
 		{"POST", "/v1/commands/{id}/stdin", authKey, []string{"eof"}, s.stdin},
@@ -194,7 +199,10 @@ func New(cfg Config) *Server {
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 	}
-	s := &Server{cfg: cfg, svc: cfg.Service, log: cfg.Log, mux: http.NewServeMux(), done: make(chan struct{})}
+	if cfg.Commands == nil {
+		cfg.Commands = cfg.Service.Commands()
+	}
+	s := &Server{cfg: cfg, svc: cfg.Service, cmds: cfg.Commands, log: cfg.Log, mux: http.NewServeMux(), done: make(chan struct{})}
 	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "airlock_http_requests_total", Help: "HTTP requests by route and status.",
 	}, []string{"method", "route", "status"})

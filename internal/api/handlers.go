@@ -62,7 +62,7 @@ func jsonCall[Req, Res any](status int, f func(ctx context.Context, p service.Pr
 }
 
 // jsonStreamer is an answer too large to hold in memory: it writes its
-// own JSON, a piece at a time (service.ExecOutput).
+// own JSON, a piece at a time (sessions.ExecOutput).
 type jsonStreamer interface {
 	WriteJSON(w io.Writer) error
 	Close() error
@@ -265,7 +265,7 @@ func (s *Server) lifecycle(f func(ctx context.Context, p service.Principal, id s
 // Commands.
 
 func (s *Server) signal(ctx context.Context, p service.Principal, id string, req apiv1.Signal) error {
-	return s.svc.Signal(ctx, p, id, req.Signal)
+	return s.cmds.Signal(ctx, p, id, req.Signal)
 }
 
 // resizeReq is the body of POST /v1/commands/{id}/resize.
@@ -275,7 +275,7 @@ type resizeReq struct {
 }
 
 func (s *Server) resize(ctx context.Context, p service.Principal, id string, req resizeReq) error {
-	return s.svc.Resize(ctx, p, id, req.Rows, req.Cols)
+	return s.cmds.Resize(ctx, p, id, req.Rows, req.Cols)
 }
 
 func (s *Server) listCommands(w http.ResponseWriter, r *http.Request, p service.Principal) error {
@@ -283,7 +283,7 @@ func (s *Server) listCommands(w http.ResponseWriter, r *http.Request, p service.
 	if err != nil {
 		return err
 	}
-	list, err := s.svc.ListCommands(r.Context(), p, r.PathValue("id"), token, limit)
+	list, err := s.cmds.ListCommands(r.Context(), p, r.PathValue("id"), token, limit)
 	if err != nil {
 		return err
 	}
@@ -292,7 +292,7 @@ func (s *Server) listCommands(w http.ResponseWriter, r *http.Request, p service.
 }
 
 func (s *Server) getCommand(w http.ResponseWriter, r *http.Request, p service.Principal) error {
-	c, err := s.svc.GetCommand(r.Context(), p, r.PathValue("id"))
+	c, err := s.cmds.GetCommand(r.Context(), p, r.PathValue("id"))
 	if err != nil {
 		return err
 	}
@@ -313,7 +313,7 @@ func (s *Server) stdin(w http.ResponseWriter, r *http.Request, p service.Princip
 		return fmt.Errorf("a stdin post is at most %d bytes: send more in several posts: %w", MaxStdinBody, errdefs.ErrTooLarge)
 	}
 	body := http.MaxBytesReader(w, r.Body, MaxStdinBody)
-	if err := s.svc.Stdin(r.Context(), p, r.PathValue("id"), body, eof); err != nil {
+	if err := s.cmds.Stdin(r.Context(), p, r.PathValue("id"), body, eof); err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			return fmt.Errorf("a stdin post is at most %d bytes: %w", MaxStdinBody, errdefs.ErrTooLarge)

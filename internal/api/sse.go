@@ -14,6 +14,7 @@ import (
 	"github.com/airlockhq/airlock/internal/command"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/service"
+	"github.com/airlockhq/airlock/internal/sessions"
 )
 
 // sse writes a text/event-stream. Every write is flushed; the first error
@@ -114,23 +115,23 @@ func lastEventID(r *http.Request) (int64, error) {
 }
 
 func (s *Server) attach(w http.ResponseWriter, r *http.Request, p service.Principal) error {
-	return s.streamCommand(w, r, service.AttachAuth{Principal: &p})
+	return s.streamCommand(w, r, sessions.AttachAuth{Principal: &p})
 }
 
 func (s *Server) attachWithToken(w *statusWriter, r *http.Request, token string) error {
-	return s.streamCommand(w, r, service.AttachAuth{Token: token})
+	return s.streamCommand(w, r, sessions.AttachAuth{Token: token})
 }
 
 // streamCommand sends a command's events: replayed after Last-Event-ID,
 // then live, with pings while it is quiet, to its exit.
-func (s *Server) streamCommand(w http.ResponseWriter, r *http.Request, auth service.AttachAuth) error {
+func (s *Server) streamCommand(w http.ResponseWriter, r *http.Request, auth sessions.AttachAuth) error {
 	after, err := lastEventID(r)
 	if err != nil {
 		return err
 	}
 	ctx, cancel := s.streamContext(r.Context())
 	defer cancel()
-	st, err := s.svc.Attach(ctx, auth, r.PathValue("id"), after)
+	st, err := s.cmds.Attach(ctx, auth, r.PathValue("id"), after)
 	if err != nil {
 		return err
 	}

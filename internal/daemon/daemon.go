@@ -27,6 +27,7 @@ import (
 	"github.com/airlockhq/airlock/internal/sandbox"
 	"github.com/airlockhq/airlock/internal/secrets"
 	"github.com/airlockhq/airlock/internal/service"
+	"github.com/airlockhq/airlock/internal/sessions"
 	"github.com/airlockhq/airlock/internal/store"
 	"github.com/airlockhq/airlock/internal/template"
 )
@@ -166,7 +167,7 @@ func (d *Daemon) buildServe(ctx context.Context, r resolved) error {
 		d.front.router.BuildNode = d.svc.BuildNode
 		forward = d.front.router.Forward
 	}
-	d.apiSrv = api.New(api.Config{Service: d.svc, Store: d.st, Log: log, Registry: reg, Secrets: box,
+	d.apiSrv = api.New(api.Config{Service: d.svc, Commands: d.svc.Commands(), Store: d.st, Log: log, Registry: reg, Secrets: box,
 		MetricsOpen: isLoopback(d.ln.Addr()), PingInterval: cfg.PingInterval, Forward: forward})
 	d.httpSrv = &http.Server{Handler: d.apiSrv, ReadHeaderTimeout: 10 * time.Second}
 	return d.buildServeEdges(r)
@@ -220,7 +221,7 @@ func (d *Daemon) buildServeEdges(r resolved) error {
 		d.internalSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, TLSConfig: r.id.ServerConfig()}
 	}
 	if d.e2bLn != nil {
-		d.envd = envd.New(d.svc, log)
+		d.envd = envd.New(d.svc, d.svc.Commands(), log)
 		ec := e2b.Config{Service: d.svc, Log: log, Domain: cfg.E2BDomain, Envd: d.envd}
 		if d.front != nil {
 			ec.Forward = d.front.router.ForwardE2B
@@ -311,8 +312,8 @@ func (d *Daemon) buildNode(ctx context.Context, r resolved) error {
 		return err
 	}
 
-	d.apiSrv = api.New(api.Config{Service: d.svc, Store: d.st, Log: log, Registry: reg, Secrets: box, PingInterval: cfg.PingInterval})
-	d.envd = envd.New(d.svc, log)
+	d.apiSrv = api.New(api.Config{Service: d.svc, Commands: d.svc.Commands(), Store: d.st, Log: log, Registry: reg, Secrets: box, PingInterval: cfg.PingInterval})
+	d.envd = envd.New(d.svc, d.svc.Commands(), log)
 	e2bSrv, err := e2b.New(e2b.Config{Service: d.svc, Log: log, Domain: cfg.E2BDomain, Envd: d.envd})
 	if err != nil {
 		return err
@@ -359,7 +360,7 @@ func (d *Daemon) startService(ctx context.Context, sc service.Config, reg *prome
 	if err != nil {
 		return err
 	}
-	sc.Runtime, sc.Metrics = service.RuntimeOf(rt), service.NewMetrics(reg)
+	sc.Runtime, sc.Metrics, sc.CommandMetrics = service.RuntimeOf(rt), service.NewMetrics(reg), sessions.NewMetrics(reg)
 	if svc, err = service.New(ctx, sc); err != nil {
 		return err
 	}

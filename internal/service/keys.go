@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
@@ -15,6 +16,7 @@ import (
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/atomicfile"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/fields"
 	"github.com/airlockhq/airlock/internal/ids"
 	"github.com/airlockhq/airlock/internal/store"
 )
@@ -53,7 +55,7 @@ func (s *Service) Authenticate(ctx context.Context, token string) (Principal, er
 	}
 	rest, ok := strings.CutPrefix(token, keyPrefix)
 	idPart, secret, ok2 := strings.Cut(rest, "_")
-	if !ok || !ok2 || !idPattern.MatchString("key"+idPart) {
+	if !ok || !ok2 || !fields.ValidID("key"+idPart) {
 		return Principal{}, bad
 	}
 	k, err := s.st.GetKey(ctx, "key"+idPart)
@@ -150,7 +152,7 @@ func (s *Service) GetKey(ctx context.Context, p Principal, id string) (apiv1.Key
 	if err := checkID("key", "key", id); err != nil {
 		return apiv1.Key{}, err
 	}
-	if !p.owns(id) {
+	if !p.Owns(id) {
 		return apiv1.Key{}, fmt.Errorf("key %q not found: %w", id, errdefs.ErrNotFound)
 	}
 	k, err := s.st.GetKey(ctx, id)
@@ -214,7 +216,7 @@ func (s *Service) ListKeys(ctx context.Context, p Principal, limit int, pageToke
 	}
 	all := []apiv1.Key{}
 	for _, k := range keys {
-		if p.owns(k.ID) {
+		if p.Owns(k.ID) {
 			v, err := s.keyView(k)
 			if err != nil {
 				return apiv1.List[apiv1.Key]{}, err
@@ -278,4 +280,9 @@ func (s *Service) EnsureAdminKey(ctx context.Context, path string) (string, erro
 		return "", err
 	}
 	return k.Key, nil
+}
+
+func hashSecret(secret string) []byte {
+	h := sha256.Sum256([]byte(secret))
+	return h[:]
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/fields"
 )
 
 var e2bKeyShape = regexp.MustCompile(`^e2b_[0-9a-f]{40}$`)
@@ -21,7 +22,7 @@ func TestE2BKeys(t *testing.T) {
 
 	k, err := s.CreateKey(ctx, admin, apiv1.CreateKey{Name: "sdk", Format: apiv1.KeyFormatE2B})
 	if err != nil || !e2bKeyShape.MatchString(k.Key) || k.Format != apiv1.KeyFormatE2B || k.Role != apiv1.RoleUser ||
-		!idPattern.MatchString(k.ID) || !strings.HasPrefix(k.ID, "key") || k.Name != "sdk" || k.CreatedAt.IsZero() {
+		!fields.ValidID(k.ID) || !strings.HasPrefix(k.ID, "key") || k.Name != "sdk" || k.CreatedAt.IsZero() {
 		t.Fatalf("CreateKey e2b = %+v, %v", k, err)
 	}
 	if strings.Contains(k.Key, strings.TrimPrefix(k.ID, "key")) {

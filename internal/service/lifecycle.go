@@ -257,20 +257,18 @@ func (s *Service) suspendVM(id string) error {
 	if err := box.Suspend(ctx); err != nil {
 		if !box.Exited() {
 			lv.setBox(box) // still running: keep it
-			lv.resumeCommands()
+			s.cmds.Resume(id)
 		} else {
 			// The VM died during the suspend, and its watch ended with
 			// the context above: let go of it as the watch would have,
 			// or its owner lock, held here, keeps a delete from
 			// removing the sandbox.
-			lv.pumps.Wait()
-			lv.endAll("the sandbox VM exited")
+			s.cmds.Lost(id, "the sandbox VM exited")
 			box.Release()
-			lv.s.endCommands(id, "the sandbox VM exited")
 		}
 		return fmt.Errorf("suspend sandbox %s: %w", id, err)
 	}
-	lv.pumps.Wait()
+	s.cmds.Wait(id)
 	return nil
 }
 
@@ -400,7 +398,7 @@ func (s *Service) vmCount() int {
 }
 
 func (s *Service) resumeVM(id string) error {
-	lv, box, err := s.liveVM(id)
+	_, box, err := s.liveVM(id)
 	if err != nil {
 		return err
 	}
@@ -409,7 +407,7 @@ func (s *Service) resumeVM(id string) error {
 	if err := box.Resume(ctx); err != nil {
 		return err
 	}
-	lv.resumeCommands() // those a server restart left detached while paused
+	s.cmds.Resume(id) // those a server restart left detached while paused
 	return nil
 }
 
@@ -435,23 +433,9 @@ func (s *Service) wakeSuspended(sb store.Sandbox, clock *timings.Clock) error {
 	}
 	clock.LapSteps("wake: other", box.StepTimings())
 	lv.setBox(box)
-	lv.resumeCommands()
+	s.cmds.Resume(sb.ID)
 	clock.Lap("reattach commands")
 	return nil
-}
-
-// resumeCommands re-attaches to every command recorded as running.
-func (lv *live) resumeCommands() {
-	rows, err := lv.s.st.ListCommandsByState(context.Background(), apiv1.CommandRunning)
-	if err != nil {
-		lv.s.log.Error("list running commands", "err", err)
-		return
-	}
-	for _, rec := range rows {
-		if rec.SandboxID == lv.id {
-			lv.resume(rec)
-		}
-	}
 }
 
 // Keep sets the sandbox's lease: it ends timeoutS from now (0: never).

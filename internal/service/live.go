@@ -7,14 +7,14 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
-	"github.com/airlockhq/airlock/internal/command"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/store"
 )
 
 // live is a sandbox this server looks after: one with a VM (running or
-// paused) or a suspended one, whose commands' logs stay open so that their
-// streams go on across suspend and wake.
+// paused) or a suspended one, whose commands' logs stay open (in the
+// service's sessions.Commands) so that their streams go on across suspend
+// and wake.
 type live struct {
 	s  *Service
 	id string
@@ -23,20 +23,18 @@ type live struct {
 	// sandbox is deleted or released.
 	ctx    context.Context
 	cancel context.CancelFunc
-	pumps  sync.WaitGroup // command pumps; each ends with its process or its VM's context
 
-	mu       sync.Mutex                  // guards the fields below
-	box      VM                          // the VM; nil while suspended
-	vmCtx    context.Context             // the current VM's lifetime: ends on suspend, VM loss or the sandbox's end
-	vmCancel context.CancelFunc          // ends vmCtx
-	cmds     map[string]*command.Session // commands with an open log, by ID
+	mu       sync.Mutex         // guards the fields below
+	box      VM                 // the VM; nil while suspended
+	vmCtx    context.Context    // the current VM's lifetime: ends on suspend, VM loss or the sandbox's end
+	vmCancel context.CancelFunc // ends vmCtx
 }
 
 // adoptLive wraps a sandbox the runtime created, adopted or woke (box), or
 // a suspended one (box nil).
 func (s *Service) adoptLive(box VM, sb store.Sandbox) *live {
 	ctx, cancel := context.WithCancel(context.Background())
-	lv := &live{s: s, id: sb.ID, ctx: ctx, cancel: cancel, cmds: map[string]*command.Session{}}
+	lv := &live{s: s, id: sb.ID, ctx: ctx, cancel: cancel}
 	if box != nil {
 		lv.setBox(box)
 	}
@@ -116,10 +114,8 @@ func (lv *live) watch(box VM, vmCtx context.Context) {
 	}
 	s.log.Warn("sandbox VM exited", "sandbox", lv.id, "reason", msg)
 	lv.cancel()
-	lv.pumps.Wait()
-	lv.endAll("the sandbox VM exited")
+	s.cmds.Lost(lv.id, "the sandbox VM exited")
 	box.Release() // its directory stays, for the console log, until deleted
-	s.endCommands(lv.id, "the sandbox VM exited")
 	sb, err := s.st.GetSandbox(context.Background(), lv.id)
 	if err != nil || sb.State == apiv1.StateDeleting || sb.State == apiv1.StateDeleted {
 		return
@@ -136,14 +132,13 @@ func (lv *live) release() {
 	if box := lv.dropBox(); box != nil {
 		box.Release()
 	}
-	lv.waitPumps(5 * time.Second)
-	lv.closeLogs()
+	lv.s.cmds.Close(lv.id, 5*time.Second)
 }
 
 // destroy stops the VM and removes the sandbox's files.
 func (lv *live) destroy(ctx context.Context) error {
 	lv.cancel()
-	lv.endAll("the sandbox was deleted")
+	lv.s.cmds.EndOpen(lv.id, "the sandbox was deleted")
 	box := lv.dropBox()
 	var err error
 	if box != nil {
@@ -151,43 +146,8 @@ func (lv *live) destroy(ctx context.Context) error {
 	} else {
 		err = lv.s.rt.Remove(ctx, lv.id)
 	}
-	lv.waitPumps(5 * time.Second)
-	lv.closeLogs()
+	lv.s.cmds.Close(lv.id, 5*time.Second)
 	return err
-}
-
-func (lv *live) waitPumps(d time.Duration) {
-	done := make(chan struct{})
-	go func() { lv.pumps.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(d):
-		lv.s.log.Warn("command output pumps did not end", "sandbox", lv.id)
-	}
-}
-
-// endAll ends the stream of every command whose process can no longer be
-// followed, so that its readers get an exit.
-func (lv *live) endAll(reason string) {
-	lv.mu.Lock()
-	cmds := make([]*command.Session, 0, len(lv.cmds))
-	for _, c := range lv.cmds {
-		cmds = append(cmds, c)
-	}
-	lv.mu.Unlock()
-	for _, c := range cmds {
-		if err := c.End(reason); err != nil {
-			lv.s.log.Error("log command's end", "command", c.ID(), "err", err)
-		}
-	}
-}
-
-func (lv *live) closeLogs() {
-	lv.mu.Lock()
-	defer lv.mu.Unlock()
-	for _, c := range lv.cmds {
-		c.Close()
-	}
 }
 
 // getLive returns the sandbox this server looks after, or nil.

@@ -23,14 +23,12 @@ type Metrics struct {
 	ops        *prometheus.CounterVec
 	opSeconds  *prometheus.HistogramVec
 	opsPending *prometheus.GaugeVec
-	commands   *prometheus.CounterVec
-	running    prometheus.Gauge
-	attaches   prometheus.Counter
 	bytes      prometheus.Counter
 	reclaims   prometheus.Counter
 }
 
-// NewMetrics registers the service's metrics with reg.
+// NewMetrics registers the service's metrics with reg. The command
+// sessions' are sessions.NewMetrics'.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		sandboxes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -46,15 +44,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		opsPending: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "airlock_operations_in_flight", Help: "Lifecycle operations not finished yet, by kind.",
 		}, []string{"kind"}),
-		commands: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "airlock_commands_total", Help: "Commands that ended, by how: exited (with a status) or lost.",
-		}, []string{"result"}),
-		running: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "airlock_commands_running", Help: "Command processes this server follows now.",
-		}),
-		attaches: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "airlock_command_attaches_total", Help: "Attachments to command streams.",
-		}),
 		bytes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "airlock_streamed_bytes_total", Help: "Bytes of command output and file content streamed.",
 		}),
@@ -62,7 +51,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "airlock_template_reclaims_total", Help: "Passes of the reclaim of template storage nothing refers to, done.",
 		}),
 	}
-	reg.MustRegister(m.sandboxes, m.ops, m.opSeconds, m.opsPending, m.commands, m.running, m.attaches, m.bytes, m.reclaims)
+	reg.MustRegister(m.sandboxes, m.ops, m.opSeconds, m.opsPending, m.bytes, m.reclaims)
 	for _, st := range apiv1.States {
 		m.sandboxes.WithLabelValues(st)
 	}
@@ -93,35 +82,13 @@ func (m *Metrics) opFinished(kind, result string, took time.Duration) {
 	m.opSeconds.WithLabelValues(kind, result).Observe(took.Seconds())
 }
 
-// following counts a command process this server now follows (started
-// or re-attached); unfollowing when it stops following it, for whatever
-// reason (exit, suspend, shutdown).
-func (m *Metrics) following(delta int) {
-	if m != nil {
-		m.running.Add(float64(delta))
-	}
-}
-
-// commandEnded counts a command that ended: "exited" with a status, or
-// "lost" when its process could no longer be followed.
-func (m *Metrics) commandEnded(result string) {
-	if m != nil {
-		m.commands.WithLabelValues(result).Inc()
-	}
-}
-
-func (m *Metrics) attached() {
-	if m != nil {
-		m.attaches.Inc()
-	}
-}
-
 func (m *Metrics) reclaimed() {
 	if m != nil {
 		m.reclaims.Inc()
 	}
 }
 
+// streamed counts n bytes of command output or file content streamed.
 func (m *Metrics) streamed(n int) {
 	if m != nil && n > 0 {
 		m.bytes.Add(float64(n))

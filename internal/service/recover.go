@@ -145,7 +145,7 @@ func (s *Service) recoverOp(ctx context.Context, op store.Operation) error {
 		} else {
 			op.Status, sb.State = apiv1.OpSucceeded, apiv1.StateDeleted
 		}
-		s.endCommands(sb.ID, "the sandbox was deleted")
+		s.cmds.End(sb.ID, "the sandbox was deleted")
 	default:
 		msg := fmt.Sprintf("the server restarted while this %s was in flight; the sandbox was removed: create it again", op.Kind)
 		op.Status = apiv1.OpFailed
@@ -153,7 +153,7 @@ func (s *Service) recoverOp(ctx context.Context, op store.Operation) error {
 		if err := s.rt.Remove(ctx, sb.ID); err != nil {
 			s.log.Warn("remove half-made sandbox", "sandbox", sb.ID, "err", err)
 		}
-		s.endCommands(sb.ID, "the server restarted")
+		s.cmds.End(sb.ID, "the server restarted")
 		sb.State, sb.LastError = apiv1.StateFailed, op.Error
 	}
 	sb.UpdatedAt = now
@@ -179,7 +179,7 @@ func (s *Service) recoverRunning(ctx context.Context, sb store.Sandbox) {
 			}
 		}
 		s.log.Warn("sandbox lost while the server was down", "sandbox", sb.ID, "err", err)
-		s.endCommands(sb.ID, "the sandbox VM stopped while the server was down")
+		s.cmds.End(sb.ID, "the sandbox VM stopped while the server was down")
 		s.states[sb.State]--
 		sb.State = apiv1.StateFailed
 		sb.LastError = &store.Error{Code: apiv1.CodeUnavailable, Message: msg}
@@ -215,7 +215,7 @@ func (s *Service) recoverRunning(ctx context.Context, sb store.Sandbox) {
 		s.log.Info("adopted paused sandbox", "sandbox", sb.ID)
 		return
 	}
-	lv.resumeCommands()
+	s.cmds.Resume(sb.ID)
 	s.log.Info("adopted sandbox", "sandbox", sb.ID)
 }
 

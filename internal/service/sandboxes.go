@@ -11,55 +11,26 @@ import (
 
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/fields"
 	"github.com/airlockhq/airlock/internal/ids"
 	"github.com/airlockhq/airlock/internal/sandbox"
 	"github.com/airlockhq/airlock/internal/store"
 	"github.com/airlockhq/airlock/internal/timings"
 )
 
-var idPattern = regexp.MustCompile(`^[a-z]+[a-z0-9]{1,60}$`)
-
 // checkID refuses an ID that cannot be one of ours, with the same answer
-// as an unknown one.
-func checkID(kind, prefix, id string) error {
-	if !strings.HasPrefix(id, prefix) || !idPattern.MatchString(id) {
-		return fmt.Errorf("%s %q not found: %w", kind, truncate(id, 80), errdefs.ErrNotFound)
-	}
-	return nil
-}
+// as an unknown one (fields.ID).
+func checkID(kind, prefix, id string) error { return fields.ID(kind, prefix, id) }
 
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
-}
-
-// Bounds on labels and environment, to keep rows small.
-const (
-	maxMapEntries = 64
-	maxKeyLen     = 128
-	maxValueLen   = 4096
-)
+func truncate(s string, n int) string { return fields.Truncate(s, n) }
 
 func checkMap(what string, m map[string]string, keyOK func(string) bool) error {
-	if len(m) > maxMapEntries {
-		return fmt.Errorf("%s has %d entries; at most %d are allowed: %w", what, len(m), maxMapEntries, errdefs.ErrInvalid)
-	}
-	for k, v := range m {
-		if k == "" || len(k) > maxKeyLen || !keyOK(k) {
-			return fmt.Errorf("%s key %q is not allowed: %w", what, truncate(k, 40), errdefs.ErrInvalid)
-		}
-		if len(v) > maxValueLen || strings.ContainsRune(v, 0) {
-			return fmt.Errorf("%s value of %q is longer than %d bytes or holds a NUL: %w", what, k, maxValueLen, errdefs.ErrInvalid)
-		}
-	}
-	return nil
+	return fields.Map(what, m, keyOK)
 }
 
 var labelKey = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.\-/]*$`)
 
-func envKeyOK(k string) bool   { return !strings.ContainsAny(k, "=\x00") }
+func envKeyOK(k string) bool   { return fields.EnvKey(k) }
 func labelKeyOK(k string) bool { return labelKey.MatchString(k) }
 
 // CreateSandbox records a new sandbox and its create operation, and boots
@@ -426,7 +397,7 @@ func (s *Service) getOwned(ctx context.Context, p Principal, id string) (store.S
 		return store.Sandbox{}, err
 	}
 	sb, err := s.st.GetSandbox(ctx, id)
-	if errors.Is(err, errdefs.ErrNotFound) || err == nil && !p.owns(sb.Owner) {
+	if errors.Is(err, errdefs.ErrNotFound) || err == nil && !p.Owns(sb.Owner) {
 		return store.Sandbox{}, fmt.Errorf("sandbox %s not found: %w", id, errdefs.ErrNotFound)
 	}
 	if err == nil && s.cfg.Node != "" {
@@ -635,7 +606,7 @@ func (s *Service) runDelete(sb store.Sandbox, op store.Operation) {
 	} else {
 		err = s.rt.Remove(context.Background(), sb.ID)
 	}
-	s.endCommands(sb.ID, "the sandbox was deleted")
+	s.cmds.End(sb.ID, "the sandbox was deleted")
 	now := s.now()
 	op.FinishedAt = &now
 	if err != nil {
@@ -700,7 +671,7 @@ func (s *Service) GetOperation(ctx context.Context, p Principal, id string, wait
 	}
 	get := func() (store.Operation, error) {
 		op, err := s.st.GetOperation(ctx, id)
-		if errors.Is(err, errdefs.ErrNotFound) || err == nil && !p.owns(op.Owner) {
+		if errors.Is(err, errdefs.ErrNotFound) || err == nil && !p.Owns(op.Owner) {
 			return op, fmt.Errorf("operation %s not found: %w", id, errdefs.ErrNotFound)
 		}
 		return op, err

@@ -17,6 +17,7 @@ import (
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/sandbox"
 	"github.com/airlockhq/airlock/internal/sandbox/sandboxtest"
+	"github.com/airlockhq/airlock/internal/sessions"
 	"github.com/airlockhq/airlock/internal/store"
 	"github.com/airlockhq/airlock/internal/template"
 	"github.com/airlockhq/airlock/internal/testenv"
@@ -139,7 +140,7 @@ func (f *fixture) waitState(t *testing.T, id, state string) {
 // exec runs cmd in sandbox id and returns its stdout.
 func (f *fixture) exec(t *testing.T, id, cmd string) (string, error) {
 	t.Helper()
-	out, err := f.s.Exec(context.Background(), f.admin, id, apiv1.CommandRequest{Cmd: cmd})
+	out, err := f.s.Commands().Exec(context.Background(), f.admin, id, apiv1.CommandRequest{Cmd: cmd})
 	if err != nil {
 		return "", err
 	}
@@ -496,12 +497,12 @@ func TestCommandReplay(t *testing.T) {
 			id := so.Sandbox.ID
 			// The command waits for a file the test writes after the cut.
 			gate := filepath.Join(t.TempDir(), "go")
-			sess, err := f.s.CreateCommand(ctx, f.admin, id, apiv1.CommandRequest{
+			sess, err := f.s.Commands().CreateCommand(ctx, f.admin, id, apiv1.CommandRequest{
 				Cmd: "echo one; while [ ! -e " + gate + " ]; do sleep 0.02; done; echo two; exit 3"})
 			if err != nil {
 				t.Fatal(err)
 			}
-			st, err := f.s.Attach(ctx, AttachAuth{Principal: &f.admin}, sess.ID, 0)
+			st, err := f.s.Commands().Attach(ctx, sessions.AttachAuth{Principal: &f.admin}, sess.ID, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -515,7 +516,7 @@ func TestCommandReplay(t *testing.T) {
 			if err := os.WriteFile(gate, nil, 0o644); err != nil {
 				t.Fatal(err)
 			}
-			st, err = f.s.Attach(ctx, AttachAuth{Principal: &f.admin}, sess.ID, 0)
+			st, err = f.s.Commands().Attach(ctx, sessions.AttachAuth{Principal: &f.admin}, sess.ID, 0)
 			if err != nil {
 				t.Fatal(err)
 			}

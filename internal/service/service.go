@@ -1,7 +1,10 @@
 // Package service is airlock's control plane: it keeps the desired state of
-// sandboxes, operations, commands and keys in the store, drives the runtime
-// toward it in the background, and re-adopts what is running when the
-// server starts again. The HTTP layer (internal/api) calls it and maps its
+// sandboxes, operations and keys in the store, drives the runtime toward
+// it in the background, and re-adopts what is running when the server
+// starts again. The command sessions of its sandboxes are
+// internal/sessions' (Commands), which the service tells of each
+// sandbox's lifecycle: it resumes their commands after a wake or an
+// adoption and ends them when a sandbox's VM or the sandbox goes. The HTTP layer (internal/api) calls it and maps its
 // errors; nothing here knows about HTTP.
 //
 // Lifetimes: a request never owns a VM. Lifecycle work runs under the
@@ -30,8 +33,10 @@ import (
 	"github.com/airlockhq/airlock/internal/imagebuild"
 	"github.com/airlockhq/airlock/internal/sandbox"
 	"github.com/airlockhq/airlock/internal/secrets"
+	"github.com/airlockhq/airlock/internal/sessions"
 	"github.com/airlockhq/airlock/internal/store"
 	"github.com/airlockhq/airlock/internal/template"
+	"github.com/airlockhq/airlock/internal/tenancy"
 )
 
 // Config configures a Service.
@@ -52,6 +57,9 @@ type Config struct {
 	Log *slog.Logger
 	// Metrics counts what the service does; nil counts nothing.
 	Metrics *Metrics
+	// CommandMetrics counts command sessions (sessions.NewMetrics); nil
+	// counts nothing.
+	CommandMetrics *sessions.Metrics
 	// MaxSandboxes caps the sandboxes that hold a VM (running or starting).
 	// Default 32.
 	MaxSandboxes int
@@ -244,6 +252,7 @@ type Service struct {
 
 	templates *template.Store
 	clock     Clock
+	cmds      *sessions.Commands // command sessions of the sandboxes looked after here
 
 	ctx     context.Context // lifecycle work; cancelled by Close
 	cancel  context.CancelFunc
@@ -299,6 +308,8 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		opWait:   map[string]chan struct{}{},
 		states:   map[string]int{},
 	}
+	s.cmds = sessions.New(sessions.Config{Dir: cfg.Dir, Store: cfg.Store, Sandboxes: sandboxes{s}, Log: cfg.Log,
+		Now: s.now, Metrics: cfg.CommandMetrics, Streamed: s.m.streamed})
 	if cfg.Front {
 		// The nodes hold the VMs, and each recovers and leases its own.
 		s.m.setStates(map[string]int{})
@@ -374,17 +385,13 @@ func (s *Service) releaseAll() {
 	}
 }
 
-// Principal is the caller of a request: the API key it authenticated with.
-type Principal struct {
-	KeyID string
-	Role  string
-}
+// Principal is the caller of a request: the API key it authenticated
+// with (tenancy.Principal, which the command sessions check as well).
+type Principal = tenancy.Principal
 
-// Admin reports whether p may see and touch everything.
-func (p Principal) Admin() bool { return p.Role == apiv1.RoleAdmin }
-
-// owns reports whether p may see a resource owned by owner.
-func (p Principal) owns(owner string) bool { return p.Admin() || p.KeyID == owner }
+// Commands is the command sessions of the sandboxes this service looks
+// after: the edges call it for the command routes.
+func (s *Service) Commands() *sessions.Commands { return s.cmds }
 
 func (s *Service) now() time.Time { return s.clockNow().UTC().Truncate(time.Millisecond) }
 

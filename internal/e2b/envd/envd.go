@@ -2,8 +2,9 @@
 // 49983 in an E2B sandbox) from the airlock server itself: the Connect
 // RPCs of its process and filesystem services, and its plain HTTP routes
 // (/files, /health, /envs). Nothing runs in the guest for it: every call
-// becomes a call of internal/service, as the native API's do, so tenancy,
-// limits and state rules hold on both paths.
+// becomes a call of internal/service, or of its command sessions
+// (internal/sessions), as the native API's do, so tenancy, limits and
+// state rules hold on both paths.
 //
 // The router in internal/e2b authenticates sandbox traffic and hands each
 // request to Server.Serve with the sandbox it is for.
@@ -13,7 +14,7 @@
 //     or tag reads the sandbox's running commands from the service, so a
 //     restarted server finds them again; a process's tag and its
 //     ProcessConfig as given are kept in the command's note
-//     (service.StartCommand), on disk with the sandbox.
+//     (sessions.Commands.StartCommand), on disk with the sandbox.
 //   - A process's events are the command's typed events
 //     (internal/command), each translated into one Connect message.
 //   - Connect re-attaches from the present, as envd does: output from
@@ -39,6 +40,7 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/internal/service"
+	"github.com/airlockhq/airlock/internal/sessions"
 )
 
 // EnvdVersion is the envd version this implementation is faithful to, for
@@ -60,8 +62,9 @@ type Request struct {
 // Server serves envd's routes. Its background work (sync watchers) ends
 // with Close or when idle.
 type Server struct {
-	svc *service.Service
-	log *slog.Logger
+	svc  *service.Service
+	cmds *sessions.Commands
+	log  *slog.Logger
 
 	// token returns a sandbox's envd access token, for signed file URLs.
 	token func(sandboxID string) string
@@ -81,14 +84,14 @@ type Server struct {
 	exits    map[exitKey]retainedExit // processes seen to end, for a late Connect
 }
 
-// New returns a Server over svc.
-func New(svc *service.Service, log *slog.Logger) *Server {
+// New returns a Server over svc and its command sessions, cmds.
+func New(svc *service.Service, cmds *sessions.Commands, log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{
-		svc: svc, log: log, now: time.Now, poll: 200 * time.Millisecond,
+		svc: svc, cmds: cmds, log: log, now: time.Now, poll: 200 * time.Millisecond,
 		ctx: ctx, cancel: cancel,
 		watchers: map[string]*watcher{},
 		exits:    map[exitKey]retainedExit{},

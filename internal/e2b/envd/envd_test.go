@@ -75,7 +75,7 @@ func newFixture(t *testing.T) *fixture {
 	if err := st.InsertSandbox(ctx, sb, op); err != nil {
 		t.Fatal(err)
 	}
-	f := &fixture{svc: svc, srv: New(svc, log), p: p, sbx: sb.ID, token: svc.SandboxAccessToken(sb.ID)}
+	f := &fixture{svc: svc, srv: New(svc, svc.Commands(), log), p: p, sbx: sb.ID, token: svc.SandboxAccessToken(sb.ID)}
 	t.Cleanup(f.srv.Close)
 	// As the router does: the token header decides Authorized.
 	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -286,7 +286,7 @@ func TestStreamsRefuseBadInputAndChangeNothing(t *testing.T) {
 			}
 		})
 	}
-	cmds, err := f.svc.ListCommands(context.Background(), f.p, f.sbx, "", 100)
+	cmds, err := f.svc.Commands().ListCommands(context.Background(), f.p, f.sbx, "", 100)
 	if err != nil || len(cmds.Items) != 0 {
 		t.Fatalf("commands after refused starts: %+v %v", cmds.Items, err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/airlockhq/airlock/internal/command"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/service"
+	"github.com/airlockhq/airlock/internal/sessions"
 )
 
 // maxProcessTimeout is the longest process lifetime the service takes.
@@ -102,7 +103,7 @@ func (s *Server) start(ctx context.Context, req Request, r *http.Request, m mess
 		return err
 	}
 	b, _ := json.Marshal(note{Tag: sr.Tag, Config: sr.Process})
-	id, st, err := s.svc.StartCommand(ctx, req.Principal, req.SandboxID, cr, b)
+	id, st, err := s.cmds.StartCommand(ctx, req.Principal, req.SandboxID, cr, b)
 	if err != nil {
 		return err
 	}
@@ -130,7 +131,7 @@ func (s *Server) connect(ctx context.Context, req Request, r *http.Request, m me
 	if err != nil {
 		return err
 	}
-	st, err := s.svc.AttachNow(ctx, req.Principal, rc.ID)
+	st, err := s.cmds.AttachNow(ctx, req.Principal, rc.ID)
 	if errors.Is(err, errdefs.ErrConflict) {
 		return errorf(codeNotFound, "process with %s not found", sel.String)
 	}
@@ -160,7 +161,7 @@ type follow struct {
 // event (its oldest output was dropped before it was read), 0 if it never
 // started.
 func (s *Server) startedPID(ctx context.Context, f follow) uint32 {
-	c, err := s.svc.GetCommand(ctx, f.principal, f.command)
+	c, err := s.cmds.GetCommand(ctx, f.principal, f.command)
 	if err != nil || c.PID == nil || *c.PID <= 0 {
 		return 0
 	}
@@ -325,7 +326,7 @@ func (s *Server) retainedExit(sbx string, sel selector) (uint32, retainedExit, b
 	return 0, retainedExit{}, false
 }
 
-func readNote(rc service.RunningCommand) note {
+func readNote(rc sessions.RunningCommand) note {
 	var n note
 	if len(rc.Note) > 0 {
 		json.Unmarshal(rc.Note, &n)
@@ -335,7 +336,7 @@ func readNote(rc service.RunningCommand) note {
 
 // configOf is the ProcessConfig of a command: as the client gave it when
 // this layer started it, else from the command's request.
-func configOf(rc service.RunningCommand) processConfig {
+func configOf(rc sessions.RunningCommand) processConfig {
 	if n := readNote(rc); n.Config.Cmd != "" {
 		return n.Config
 	}
@@ -355,10 +356,10 @@ func configOf(rc service.RunningCommand) processConfig {
 
 // findProcess returns the running command the selector names: by pid, or
 // the newest with the tag.
-func (s *Server) findProcess(ctx context.Context, req Request, sel selector) (service.RunningCommand, error) {
-	rcs, err := s.svc.RunningCommands(ctx, req.Principal, req.SandboxID)
+func (s *Server) findProcess(ctx context.Context, req Request, sel selector) (sessions.RunningCommand, error) {
+	rcs, err := s.cmds.RunningCommands(ctx, req.Principal, req.SandboxID)
 	if err != nil {
-		return service.RunningCommand{}, err
+		return sessions.RunningCommand{}, err
 	}
 	for i := len(rcs) - 1; i >= 0; i-- {
 		rc := rcs[i]
@@ -370,12 +371,12 @@ func (s *Server) findProcess(ctx context.Context, req Request, sel selector) (se
 			return rc, nil
 		}
 	}
-	return service.RunningCommand{}, fmt.Errorf("process with %s not found: %w", sel.String, errdefs.ErrNotFound)
+	return sessions.RunningCommand{}, fmt.Errorf("process with %s not found: %w", sel.String, errdefs.ErrNotFound)
 }
 
 // list is Process.List: the sandbox's running processes.
 func (s *Server) list(ctx context.Context, req Request, r *http.Request, m message) (any, error) {
-	rcs, err := s.svc.RunningCommands(ctx, req.Principal, req.SandboxID)
+	rcs, err := s.cmds.RunningCommands(ctx, req.Principal, req.SandboxID)
 	if err != nil {
 		return nil, err
 	}
@@ -425,7 +426,7 @@ func (s *Server) sendInput(ctx context.Context, req Request, r *http.Request, m 
 	if !rc.Request.Stdin {
 		return nil, errorf(codeFailedPrecondition, "process with %s was started without stdin: start it with stdin true", sel.String)
 	}
-	if err := s.svc.Stdin(ctx, req.Principal, rc.ID, bytes.NewReader(data), false); err != nil {
+	if err := s.cmds.Stdin(ctx, req.Principal, rc.ID, bytes.NewReader(data), false); err != nil {
 		return nil, gone(err, sel)
 	}
 	return empty{}, nil
@@ -481,7 +482,7 @@ func (s *Server) readInput(ctx context.Context, r *http.Request, req Request) er
 		return err
 	}
 	var (
-		rc  service.RunningCommand
+		rc  sessions.RunningCommand
 		sel selector
 	)
 	for n := 0; ; n++ {
@@ -553,7 +554,7 @@ func (s *Server) readInput(ctx context.Context, r *http.Request, req Request) er
 		if err != nil {
 			return err
 		}
-		if err := s.svc.Stdin(ctx, req.Principal, rc.ID, bytes.NewReader(data), false); err != nil {
+		if err := s.cmds.Stdin(ctx, req.Principal, rc.ID, bytes.NewReader(data), false); err != nil {
 			return gone(err, sel)
 		}
 	}
@@ -572,7 +573,7 @@ func (s *Server) closeStdin(ctx context.Context, req Request, r *http.Request, m
 	if !rc.Request.Stdin {
 		return nil, errorf(codeFailedPrecondition, "process with %s was started without stdin", sel.String)
 	}
-	if err := s.svc.Stdin(ctx, req.Principal, rc.ID, bytes.NewReader(nil), true); err != nil {
+	if err := s.cmds.Stdin(ctx, req.Principal, rc.ID, bytes.NewReader(nil), true); err != nil {
 		return nil, gone(err, sel)
 	}
 	return empty{}, nil
@@ -602,7 +603,7 @@ func (s *Server) sendSignal(ctx context.Context, req Request, r *http.Request, m
 	if err != nil {
 		return nil, err
 	}
-	if err := s.svc.Signal(ctx, req.Principal, rc.ID, name); err != nil {
+	if err := s.cmds.Signal(ctx, req.Principal, rc.ID, name); err != nil {
 		return nil, gone(err, sel)
 	}
 	return empty{}, nil
@@ -628,14 +629,14 @@ func (s *Server) update(ctx context.Context, req Request, r *http.Request, m mes
 	if pty.Rows > 10000 || pty.Cols > 10000 {
 		return nil, errorf(codeInvalidArgument, "field pty.size: cols and rows must be 1 to 10000")
 	}
-	if err := s.svc.Resize(ctx, req.Principal, rc.ID, int(pty.Rows), int(pty.Cols)); err != nil {
+	if err := s.cmds.Resize(ctx, req.Principal, rc.ID, int(pty.Rows), int(pty.Cols)); err != nil {
 		return nil, gone(err, sel)
 	}
 	return empty{}, nil
 }
 
 // pidOf is a running command's guest pid.
-func pidOf(rc service.RunningCommand) uint32 {
+func pidOf(rc sessions.RunningCommand) uint32 {
 	if rc.PID == nil || *rc.PID < 0 {
 		return 0
 	}

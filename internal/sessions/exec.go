@@ -1,17 +1,23 @@
-package service
+package sessions
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strings"
 	"unicode/utf8"
 
+	"github.com/airlockhq/airlock/internal/agentclient"
 	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/tenancy"
 )
+
+// execOutputCap bounds each of stdout and stderr in an exec answer.
+const execOutputCap = 16 << 20
 
 // ExecOutput is the answer of a unary exec: its result, with stdout and
 // stderr kept in unlinked temporary files of at most execOutputCap each,
@@ -217,6 +223,60 @@ func validEnd(b []byte) int {
 	return 0
 }
 
-// execTmp is where unary execs keep their output: in the data directory,
-// on disk, not in the server's memory.
-func (s *Service) execTmp() string { return filepath.Join(s.cfg.Dir.Root, "tmp", "exec") }
+// Exec runs a command to its end and returns its output, kept on disk
+// (see ExecOutput); the caller must Close it.
+func (c *Commands) Exec(ctx context.Context, p tenancy.Principal, sbxID string, req apiv1.CommandRequest) (*ExecOutput, error) {
+	x, err := toExec(req)
+	if err != nil {
+		return nil, err
+	}
+	if x.Stdin {
+		return nil, fmt.Errorf("exec takes no stdin: create a command session for that: %w", errdefs.ErrInvalid)
+	}
+	if err := c.sb.Running(ctx, p, sbxID); err != nil {
+		return nil, err
+	}
+	box, vmCtx, err := c.sb.VM(sbxID)
+	if err != nil {
+		return nil, err
+	}
+	out := &ExecOutput{}
+	if out.stdout, err = newSpool(c.execTmp(), execOutputCap); err != nil {
+		return nil, err
+	}
+	if out.stderr, err = newSpool(c.execTmp(), execOutputCap); err != nil {
+		return nil, errors.Join(err, out.Close())
+	}
+	proc, err := box.Exec(vmCtx, x, agentclient.Stdio{Stdout: out.stdout, Stderr: out.stderr})
+	if err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			c.m.commandEnded("exited")
+			out.Result.ExitCode, out.note = 127, agentMessage(err)+"\n"
+			return out, nil
+		}
+		return nil, errors.Join(err, out.Close())
+	}
+	c.m.following(1)
+	select {
+	case <-proc.Done():
+	case <-ctx.Done():
+		if err := proc.Signal(context.Background(), "KILL"); err != nil {
+			c.log.Warn("kill an exec whose caller left", "sandbox", sbxID, "err", err)
+		}
+		<-proc.Done()
+	}
+	exit, err := box.Wait(proc)
+	c.m.following(-1)
+	if err != nil {
+		c.m.commandEnded("lost")
+		return nil, errors.Join(err, out.Close())
+	}
+	c.m.commandEnded("exited")
+	c.streamed(int(out.stdout.n + out.stderr.n))
+	out.Result = apiv1.ExecResult{ExitCode: exit.ExitCode, TimedOut: exit.TimedOut, Truncated: out.stdout.truncated || out.stderr.truncated}
+	if exit.Signal != "" {
+		sig := exit.Signal
+		out.Result.Signal = &sig
+	}
+	return out, nil
+}

@@ -1,23 +1,22 @@
-package service
+package sessions
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
 	"io"
-	"log/slog"
-	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/airlockhq/airlock/internal/agentclient"
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/command"
-	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/ids"
 	"github.com/airlockhq/airlock/internal/store"
+	"github.com/airlockhq/airlock/internal/tenancy"
 )
 
 // Attaching to a command that ran: the replay after each Last-Event-ID a
@@ -26,15 +25,10 @@ import (
 // this server looks after without a VM.
 func TestAttachReplay(t *testing.T) {
 	ctx := context.Background()
-	dir := datadir.Dir{Root: t.TempDir()}
-	st, err := store.Open(filepath.Join(dir.Root, "airlock.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	s := &Service{st: st, cfg: Config{Dir: dir}, log: slog.New(slog.NewTextHandler(testWriter{t}, nil)), live: map[string]*live{}}
-	owner := Principal{KeyID: "keyowner", Role: apiv1.RoleUser}
-	other := Principal{KeyID: "keyother", Role: apiv1.RoleUser}
+	f := newFixture(t)
+	st, s := f.st, f.c
+	owner := tenancy.Principal{KeyID: "keyowner", Role: apiv1.RoleUser}
+	other := tenancy.Principal{KeyID: "keyother", Role: apiv1.RoleUser}
 
 	sb := store.Sandbox{ID: ids.New("sbx"), Owner: owner.KeyID, State: apiv1.StateSuspended, TemplateRef: "tiny:latest",
 		VCPUs: 1, MemoryMiB: 256, DiskMiB: 512, OnTimeout: "delete", Metadata: map[string]string{}}
@@ -52,7 +46,7 @@ func TestAttachReplay(t *testing.T) {
 	}
 
 	// The command's log, as its process wrote it.
-	c, err := command.Open(id, s.commandLogPath(sb.ID, id), false, nil)
+	c, err := command.Open(id, s.logPath(sb.ID, id), false, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,9 +62,8 @@ func TestAttachReplay(t *testing.T) {
 	c.Exited(exit)
 	c.Close()
 
-	lv := s.adoptLive(nil, sb)
-	t.Cleanup(func() { lv.cancel(); lv.closeLogs() })
-	s.live[sb.ID] = lv
+	f.sb.look(sb.ID, nil)
+	t.Cleanup(func() { f.sb.let(sb.ID); s.Close(sb.ID, time.Second) })
 
 	type event struct {
 		ID   int64
@@ -147,5 +140,71 @@ func TestAttachReplay(t *testing.T) {
 	}
 	if got := read(t, stream); !reflect.DeepEqual(got, all[3:]) {
 		t.Fatalf("attach from the present: %+v", got)
+	}
+}
+
+func TestCheckToken(t *testing.T) {
+	now := time.Now()
+	c := store.Command{ID: "cmdabcdefghij0123456789", TokenHash: hashSecret("s3cret"), TokenExpiresAt: now.Add(time.Minute)}
+	good := "act_abcdefghij0123456789_s3cret"
+	if err := checkToken(c, good, now); err != nil {
+		t.Fatalf("good token: %v", err)
+	}
+	if id, ok := CommandIDFromToken(good); !ok || id != c.ID {
+		t.Errorf("CommandIDFromToken = %q %v", id, ok)
+	}
+	spent := c
+	spent.TokenSpent = true
+	tests := []struct {
+		name  string
+		cmd   store.Command
+		token string
+		now   time.Time
+		msg   string
+	}{
+		{"wrong secret", c, "act_abcdefghij0123456789_other", now, "not valid"},
+		{"another command", c, "act_zzzzzzzzzz0123456789_s3cret", now, "not valid"},
+		{"no prefix", c, "abcdefghij0123456789_s3cret", now, "not valid"},
+		{"expired", c, good, now.Add(2 * time.Minute), "expired"},
+		{"spent", spent, good, now, "spent"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := checkToken(tt.cmd, tt.token, tt.now)
+			if !errors.Is(err, errdefs.ErrUnauthenticated) || !strings.Contains(err.Error(), tt.msg) {
+				t.Errorf("got %v, want unauthenticated saying %q", err, tt.msg)
+			}
+		})
+	}
+}
+
+func TestToExec(t *testing.T) {
+	tests := []struct {
+		name string
+		req  apiv1.CommandRequest
+		ok   bool
+	}{
+		{"argv", apiv1.CommandRequest{Argv: []string{"ls"}}, true},
+		{"cmd with pty", apiv1.CommandRequest{Cmd: "ls", PTY: &apiv1.PTY{Rows: 1, Cols: 1}}, true},
+		{"neither", apiv1.CommandRequest{}, false},
+		{"both", apiv1.CommandRequest{Argv: []string{"ls"}, Cmd: "ls"}, false},
+		{"negative timeout", apiv1.CommandRequest{Cmd: "ls", TimeoutS: -1}, false},
+		{"zero pty", apiv1.CommandRequest{Cmd: "ls", PTY: &apiv1.PTY{}}, false},
+		{"env key with =", apiv1.CommandRequest{Cmd: "ls", Env: map[string]string{"A=B": "c"}}, false},
+		{"relative cwd", apiv1.CommandRequest{Cmd: "ls", Cwd: "tmp"}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			x, err := toExec(tt.req)
+			if tt.ok != (err == nil) {
+				t.Fatalf("toExec: %v", err)
+			}
+			if err != nil && !errors.Is(err, errdefs.ErrInvalid) {
+				t.Fatalf("%v is not invalid", err)
+			}
+			if err == nil && x.TimeoutMS != int64(tt.req.TimeoutS)*1000 {
+				t.Errorf("timeout %d ms", x.TimeoutMS)
+			}
+		})
 	}
 }
