@@ -17,6 +17,7 @@ import (
 
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/fields"
 	"github.com/airlockhq/airlock/internal/service"
 )
 
@@ -132,7 +133,7 @@ func pageParams(r *http.Request) (url.Values, int, string, error) {
 		return nil, 0, "", err
 	}
 	if limit == 0 && q.Has("limit") {
-		return nil, 0, "", fmt.Errorf("limit 0 is out of bounds: use 1 to %d: %w", service.MaxLimit, errdefs.ErrInvalid)
+		return nil, 0, "", fmt.Errorf("limit 0 is out of bounds: use 1 to %d: %w", fields.MaxLimit, errdefs.ErrInvalid)
 	}
 	return q, limit, q.Get("page_token"), nil
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/datadir"
+	"github.com/airlockhq/airlock/internal/fields"
 	"github.com/airlockhq/airlock/internal/sandbox/sandboxtest"
 	"github.com/airlockhq/airlock/internal/secrets"
 	"github.com/airlockhq/airlock/internal/service"
@@ -159,7 +160,7 @@ func (s *secretServer) state(t *testing.T) string {
 	ctx := context.Background()
 	var b strings.Builder
 	for _, p := range []service.Principal{{KeyID: s.adminID, Role: apiv1.RoleAdmin}, {KeyID: s.userID, Role: apiv1.RoleUser}} {
-		l, err := s.svc.ListSecrets(ctx, p, service.MaxLimit, "")
+		l, err := s.svc.ListSecrets(ctx, p, fields.MaxLimit, "")
 		if err != nil {
 			t.Fatal(err)
 		}

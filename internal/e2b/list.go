@@ -13,6 +13,7 @@ import (
 
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/fields"
 	"github.com/airlockhq/airlock/internal/service"
 )
 
@@ -28,7 +29,7 @@ func (s *Server) visible(ctx context.Context, p service.Principal) ([]apiv1.Sand
 	var all []apiv1.Sandbox
 	token := ""
 	for {
-		page, err := s.svc.ListSandboxes(ctx, p, service.SandboxFilter{PageToken: token, Limit: service.MaxLimit})
+		page, err := s.svc.ListSandboxes(ctx, p, service.SandboxFilter{PageToken: token, Limit: fields.MaxLimit})
 		if err != nil {
 			return nil, err
 		}

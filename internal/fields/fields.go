@@ -14,7 +14,9 @@ import (
 	"github.com/airlockhq/airlock/internal/errdefs"
 )
 
-var idPattern = regexp.MustCompile(`^[a-z]+[a-z0-9]{1,60}$`)
+// idPattern is an ID's shape: a letter, then letters and digits, 63 bytes
+// at most (a DNS label's bound; a sandbox ID names its directory).
+var idPattern = regexp.MustCompile(`^[a-z][a-z0-9]{1,62}$`)
 
 // ValidID reports whether s has the shape of an ID (internal/ids).
 func ValidID(s string) bool { return idPattern.MatchString(s) }

@@ -5,6 +5,7 @@ package ids
 
 import (
 	"crypto/rand"
+	"crypto/sha256"
 	"strings"
 )
 
@@ -17,4 +18,11 @@ func New(prefix string) string {
 // tokens.
 func Secret() string {
 	return strings.ToLower(rand.Text() + rand.Text())
+}
+
+// SecretHash is what the store keeps of a secret (an API key's, an attach
+// token's): its sha256, to be compared in constant time.
+func SecretHash(secret string) []byte {
+	h := sha256.Sum256([]byte(secret))
+	return h[:]
 }

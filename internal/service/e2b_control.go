@@ -7,6 +7,7 @@ import (
 
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/fields"
 )
 
 // SandboxOwner returns the principal of the key that created sandbox id,
@@ -16,7 +17,7 @@ import (
 // it keeps the owner's tenancy. A deleted sandbox is not found, like an
 // unknown one.
 func (s *Service) SandboxOwner(ctx context.Context, id string) (Principal, error) {
-	if err := checkID("sandbox", "sbx", id); err != nil {
+	if err := fields.ID("sandbox", "sbx", id); err != nil {
 		return Principal{}, err
 	}
 	sb, err := s.st.GetSandbox(ctx, id)

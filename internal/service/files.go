@@ -10,6 +10,7 @@ import (
 	"github.com/airlockhq/airlock/internal/agentproto"
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/fields"
 )
 
 // Files are reached through the sandbox's agent; paths are absolute inside
@@ -29,7 +30,7 @@ func ParseMode(s string) (uint32, error) {
 	}
 	m, err := strconv.ParseUint(s, 8, 32)
 	if err != nil || m > 0o7777 {
-		return 0, fmt.Errorf("mode %q is not an octal permission such as 0644: %w", truncate(s, 20), errdefs.ErrInvalid)
+		return 0, fmt.Errorf("mode %q is not an octal permission such as 0644: %w", fields.Truncate(s, 20), errdefs.ErrInvalid)
 	}
 	return uint32(m), nil
 }

@@ -3,7 +3,6 @@ package service
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
@@ -65,7 +64,7 @@ func (s *Service) Authenticate(ctx context.Context, token string) (Principal, er
 	if err != nil {
 		return Principal{}, err
 	}
-	if subtle.ConstantTimeCompare(hashSecret(secret), k.Hash) != 1 || k.Format != apiv1.KeyFormatAirlock {
+	if subtle.ConstantTimeCompare(ids.SecretHash(secret), k.Hash) != 1 || k.Format != apiv1.KeyFormatAirlock {
 		return Principal{}, bad
 	}
 	return Principal{KeyID: k.ID, Role: k.Role}, nil
@@ -77,7 +76,7 @@ func (s *Service) authenticateE2B(ctx context.Context, token string, bad error) 
 	if !e2bKeyPattern.MatchString(token) {
 		return Principal{}, bad
 	}
-	hash := hashSecret(token)
+	hash := ids.SecretHash(token)
 	k, err := s.st.GetKeyByHash(ctx, hash)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return Principal{}, bad
@@ -103,13 +102,13 @@ func (s *Service) CreateKey(ctx context.Context, p Principal, req apiv1.CreateKe
 		req.Role = apiv1.RoleUser
 	}
 	if req.Role != apiv1.RoleUser && req.Role != apiv1.RoleAdmin {
-		return apiv1.KeyCreated{}, fmt.Errorf("role %q is not \"admin\" or \"user\": %w", truncate(req.Role, 20), errdefs.ErrInvalid)
+		return apiv1.KeyCreated{}, fmt.Errorf("role %q is not \"admin\" or \"user\": %w", fields.Truncate(req.Role, 20), errdefs.ErrInvalid)
 	}
 	if req.Format == "" {
 		req.Format = apiv1.KeyFormatAirlock
 	}
 	if req.Format != apiv1.KeyFormatAirlock && req.Format != apiv1.KeyFormatE2B {
-		return apiv1.KeyCreated{}, fmt.Errorf("format %q is not \"airlock\" or \"e2b\": %w", truncate(req.Format, 20), errdefs.ErrInvalid)
+		return apiv1.KeyCreated{}, fmt.Errorf("format %q is not \"airlock\" or \"e2b\": %w", fields.Truncate(req.Format, 20), errdefs.ErrInvalid)
 	}
 	if err := checkLimits("limits", req.Limits); err != nil {
 		return apiv1.KeyCreated{}, err
@@ -124,10 +123,10 @@ func (s *Service) newKey(ctx context.Context, name, role, format string, limits 
 	switch format {
 	case apiv1.KeyFormatE2B:
 		key = newE2BKey()
-		hash = hashSecret(key)
+		hash = ids.SecretHash(key)
 	default:
 		secret := ids.Secret()
-		key, hash = formatKey(id, secret), hashSecret(secret)
+		key, hash = formatKey(id, secret), ids.SecretHash(secret)
 	}
 	k := store.Key{ID: id, Name: name, Role: role, Hash: hash, Format: format, CreatedAt: s.now()}
 	if limits != nil {
@@ -149,7 +148,7 @@ func (s *Service) GetKey(ctx context.Context, p Principal, id string) (apiv1.Key
 	if id == "self" {
 		id = p.KeyID
 	}
-	if err := checkID("key", "key", id); err != nil {
+	if err := fields.ID("key", "key", id); err != nil {
 		return apiv1.Key{}, err
 	}
 	if !p.Owns(id) {
@@ -181,7 +180,7 @@ func (s *Service) SetKeyLimits(ctx context.Context, p Principal, id string, req 
 	if !p.Admin() {
 		return apiv1.Key{}, fmt.Errorf("only an admin key may change limits: %w", errdefs.ErrPermission)
 	}
-	if err := checkID("key", "key", id); err != nil {
+	if err := fields.ID("key", "key", id); err != nil {
 		return apiv1.Key{}, err
 	}
 	if req.Limits == nil {
@@ -224,7 +223,7 @@ func (s *Service) ListKeys(ctx context.Context, p Principal, limit int, pageToke
 			all = append(all, v)
 		}
 	}
-	items, next, err := page(all, func(k apiv1.Key) string { return k.ID }, limit, pageToken)
+	items, next, err := fields.Page(all, func(k apiv1.Key) string { return k.ID }, limit, pageToken)
 	return apiv1.List[apiv1.Key]{Items: items, NextPageToken: next}, err
 }
 
@@ -233,12 +232,12 @@ func (s *Service) DeleteKey(ctx context.Context, p Principal, id string) error {
 	if !p.Admin() {
 		return fmt.Errorf("only an admin key may delete keys: %w", errdefs.ErrPermission)
 	}
-	if err := checkID("key", "key", id); err != nil {
+	if err := fields.ID("key", "key", id); err != nil {
 		return err
 	}
 	k, err := s.st.GetKey(ctx, id)
 	if errors.Is(err, errdefs.ErrNotFound) {
-		return fmt.Errorf("key %q not found: %w", id, errdefs.ErrNotFound) // as checkID says
+		return fmt.Errorf("key %q not found: %w", id, errdefs.ErrNotFound) // as fields.ID says
 	}
 	if err != nil {
 		return err
@@ -280,9 +279,4 @@ func (s *Service) EnsureAdminKey(ctx context.Context, path string) (string, erro
 		return "", err
 	}
 	return k.Key, nil
-}
-
-func hashSecret(secret string) []byte {
-	h := sha256.Sum256([]byte(secret))
-	return h[:]
 }

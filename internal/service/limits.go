@@ -12,6 +12,7 @@ import (
 
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/fields"
 	"github.com/airlockhq/airlock/internal/store"
 )
 
@@ -99,7 +100,7 @@ func ParseLimits(s string) (apiv1.Limits, error) {
 			}
 		}
 		if !found {
-			return l, fmt.Errorf("limit %q: the limits are sandboxes, vcpus, memory_mib, disk_mib, suspended_mib, checkpoints, builds and build_context_mib: %w", truncate(name, 40), errdefs.ErrInvalid)
+			return l, fmt.Errorf("limit %q: the limits are sandboxes, vcpus, memory_mib, disk_mib, suspended_mib, checkpoints, builds and build_context_mib: %w", fields.Truncate(name, 40), errdefs.ErrInvalid)
 		}
 	}
 	return l, checkLimits("limits", &l)

@@ -18,19 +18,8 @@ import (
 	"github.com/airlockhq/airlock/internal/timings"
 )
 
-// checkID refuses an ID that cannot be one of ours, with the same answer
-// as an unknown one (fields.ID).
-func checkID(kind, prefix, id string) error { return fields.ID(kind, prefix, id) }
-
-func truncate(s string, n int) string { return fields.Truncate(s, n) }
-
-func checkMap(what string, m map[string]string, keyOK func(string) bool) error {
-	return fields.Map(what, m, keyOK)
-}
-
 var labelKey = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.\-/]*$`)
 
-func envKeyOK(k string) bool   { return fields.EnvKey(k) }
 func labelKeyOK(k string) bool { return labelKey.MatchString(k) }
 
 // CreateSandbox records a new sandbox and its create operation, and boots
@@ -47,7 +36,7 @@ func (s *Service) CreateSandbox(ctx context.Context, p Principal, req apiv1.Crea
 		req.OnTimeout = "delete"
 	case "delete", "suspend":
 	default:
-		return apiv1.SandboxOperation{}, fmt.Errorf("on_timeout %q is not \"delete\" or \"suspend\": %w", truncate(req.OnTimeout, 40), errdefs.ErrInvalid)
+		return apiv1.SandboxOperation{}, fmt.Errorf("on_timeout %q is not \"delete\" or \"suspend\": %w", fields.Truncate(req.OnTimeout, 40), errdefs.ErrInvalid)
 	}
 	timeout := 0
 	if req.TimeoutS != nil {
@@ -56,10 +45,10 @@ func (s *Service) CreateSandbox(ctx context.Context, p Principal, req apiv1.Crea
 			return apiv1.SandboxOperation{}, fmt.Errorf("timeout_s %d is out of bounds: use 0 (no lease) to %d: %w", timeout, 365*24*3600, errdefs.ErrInvalid)
 		}
 	}
-	if err := checkMap("env", req.Env, envKeyOK); err != nil {
+	if err := fields.Map("env", req.Env, fields.EnvKey); err != nil {
 		return apiv1.SandboxOperation{}, err
 	}
-	if err := checkMap("metadata", req.Metadata, labelKeyOK); err != nil {
+	if err := fields.Map("metadata", req.Metadata, labelKeyOK); err != nil {
 		return apiv1.SandboxOperation{}, err
 	}
 	pol, network, err := s.parseNetwork(ctx, p.KeyID, req.Network)
@@ -393,7 +382,7 @@ func (s *Service) stateCounts() map[string]int {
 
 // getOwned returns the sandbox if p may see it; others' are "not found".
 func (s *Service) getOwned(ctx context.Context, p Principal, id string) (store.Sandbox, error) {
-	if err := checkID("sandbox", "sbx", id); err != nil {
+	if err := fields.ID("sandbox", "sbx", id); err != nil {
 		return store.Sandbox{}, err
 	}
 	sb, err := s.st.GetSandbox(ctx, id)
@@ -460,7 +449,7 @@ type SandboxFilter struct {
 // when asked for by state.
 func (s *Service) ListSandboxes(ctx context.Context, p Principal, f SandboxFilter) (apiv1.List[apiv1.Sandbox], error) {
 	var out apiv1.List[apiv1.Sandbox]
-	limit, err := checkLimit(f.Limit)
+	limit, err := fields.Limit(f.Limit)
 	if err != nil {
 		return out, err
 	}
@@ -470,7 +459,7 @@ func (s *Service) ListSandboxes(ctx context.Context, p Principal, f SandboxFilte
 	}
 	if f.State != "" {
 		if !validState(f.State) {
-			return out, fmt.Errorf("state %q is not one of %s: %w", truncate(f.State, 40), strings.Join(apiv1.States, ", "), errdefs.ErrInvalid)
+			return out, fmt.Errorf("state %q is not one of %s: %w", fields.Truncate(f.State, 40), strings.Join(apiv1.States, ", "), errdefs.ErrInvalid)
 		}
 		sf.States = []string{f.State}
 	} else {
@@ -481,7 +470,7 @@ func (s *Service) ListSandboxes(ctx context.Context, p Principal, f SandboxFilte
 		}
 	}
 	if f.PageToken != "" {
-		after, err := decodePageToken(f.PageToken, "sbx")
+		after, err := fields.After(f.PageToken, "sbx")
 		if err != nil {
 			return out, err
 		}
@@ -504,7 +493,7 @@ func (s *Service) ListSandboxes(ctx context.Context, p Principal, f SandboxFilte
 	out.Items = []apiv1.Sandbox{}
 	for i, sb := range rows {
 		if i == limit {
-			out.NextPageToken = encodePageToken(rows[i-1].ID)
+			out.NextPageToken = fields.PageToken(rows[i-1].ID)
 			break
 		}
 		v := s.sandboxView(sb)
@@ -666,7 +655,7 @@ func opView(op store.Operation) apiv1.Operation {
 // GetOperation returns an operation; with wait > 0 it first waits up to
 // that long for it to finish.
 func (s *Service) GetOperation(ctx context.Context, p Principal, id string, wait time.Duration) (apiv1.Operation, error) {
-	if err := checkID("operation", "op", id); err != nil {
+	if err := fields.ID("operation", "op", id); err != nil {
 		return apiv1.Operation{}, err
 	}
 	get := func() (store.Operation, error) {

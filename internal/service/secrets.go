@@ -12,6 +12,7 @@ import (
 
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/fields"
 	"github.com/airlockhq/airlock/internal/store"
 )
 
@@ -30,7 +31,7 @@ var secretNamePattern = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
 func checkSecretName(name string) error {
 	if !secretNamePattern.MatchString(name) || strings.Contains(name, "..") || name == "." {
 		return fmt.Errorf("secret name %q is not valid: use 1 to 64 letters, digits, '_', '.' or '-' (not \".\" and without \"..\"): %w",
-			truncate(name, 80), errdefs.ErrInvalid)
+			fields.Truncate(name, 80), errdefs.ErrInvalid)
 	}
 	return nil
 }
@@ -105,7 +106,7 @@ func (s *Service) ListSecrets(ctx context.Context, p Principal, limit int, pageT
 		}
 		all = all[sort.Search(len(all), func(i int) bool { return all[i].Name > after }):]
 	}
-	items, next, err := page(all, func(sec apiv1.Secret) string { return sec.Name }, limit, "")
+	items, next, err := fields.Page(all, func(sec apiv1.Secret) string { return sec.Name }, limit, "")
 	return apiv1.List[apiv1.Secret]{Items: items, NextPageToken: next}, err
 }
 
@@ -143,7 +144,7 @@ func (s *Service) SecretValue(ctx context.Context, owner, name string) (string, 
 	}
 	sec, err := s.st.GetSecret(ctx, owner, name)
 	if errors.Is(err, errdefs.ErrNotFound) {
-		return "", fmt.Errorf("secret %s is not stored: create it with POST /v1/secrets: %w", truncate(name, 80), errdefs.ErrNotFound)
+		return "", fmt.Errorf("secret %s is not stored: create it with POST /v1/secrets: %w", fields.Truncate(name, 80), errdefs.ErrNotFound)
 	}
 	if err != nil {
 		return "", err
@@ -175,7 +176,7 @@ func (s *Service) CheckSecrets(ctx context.Context, owner string, names []string
 	for _, name := range names {
 		if !have[name] {
 			return fmt.Errorf("network.credentials: secret %q is not stored for this key: create it first with POST /v1/secrets or airlock secret set: %w",
-				truncate(name, 80), errdefs.ErrInvalid)
+				fields.Truncate(name, 80), errdefs.ErrInvalid)
 		}
 	}
 	return nil

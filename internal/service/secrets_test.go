@@ -11,6 +11,7 @@ import (
 
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/fields"
 	"github.com/airlockhq/airlock/internal/secrets"
 )
 
@@ -238,7 +239,7 @@ func TestSecretPages(t *testing.T) {
 			t.Errorf("page token %q: %v", tok, err)
 		}
 	}
-	if _, err := s.ListSecrets(ctx, p, MaxLimit+1, ""); !errors.Is(err, errdefs.ErrInvalid) {
+	if _, err := s.ListSecrets(ctx, p, fields.MaxLimit+1, ""); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("limit over the maximum: %v", err)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/builds"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/fields"
 	"github.com/airlockhq/airlock/internal/store"
 	"github.com/airlockhq/airlock/internal/template"
 )
@@ -96,7 +97,7 @@ func (s *Service) ListTemplates(ctx context.Context, limit int, pageToken string
 		}
 	}
 	builds.SortTemplates(all)
-	items, next, err := page(all, func(t apiv1.Template) string { return t.Name + ":" + t.Tag }, limit, pageToken)
+	items, next, err := fields.Page(all, func(t apiv1.Template) string { return t.Name + ":" + t.Tag }, limit, pageToken)
 	return apiv1.List[apiv1.Template]{Items: items, NextPageToken: next}, err
 }
 

@@ -2,7 +2,6 @@ package sessions
 
 import (
 	"context"
-	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
@@ -54,6 +53,11 @@ func (c *Commands) CreateCommand(ctx context.Context, p tenancy.Principal, sbxID
 	if _, err := toExec(req); err != nil {
 		return apiv1.CommandSession{}, err
 	}
+	// The ID names the command's directory: refuse one that is not an ID
+	// whatever the sandboxes answer.
+	if err := fields.ID("sandbox", "sbx", sbxID); err != nil {
+		return apiv1.CommandSession{}, err
+	}
 	if err := c.sb.Running(ctx, p, sbxID); err != nil {
 		return apiv1.CommandSession{}, err
 	}
@@ -63,7 +67,7 @@ func (c *Commands) CreateCommand(ctx context.Context, p tenancy.Principal, sbxID
 	secret := ids.Secret()
 	rec := store.Command{
 		ID: id, SandboxID: sbxID, Owner: p.KeyID, Request: raw, State: apiv1.CommandCreated,
-		TokenHash: hashSecret(secret), TokenExpiresAt: now.Add(AttachTTL), CreatedAt: now,
+		TokenHash: ids.SecretHash(secret), TokenExpiresAt: now.Add(AttachTTL), CreatedAt: now,
 	}
 	if err := c.st.InsertCommand(ctx, rec); err != nil {
 		return apiv1.CommandSession{}, fmt.Errorf("record command: %w", err)
@@ -72,11 +76,6 @@ func (c *Commands) CreateCommand(ctx context.Context, p tenancy.Principal, sbxID
 		ID: id, SandboxID: sbxID, State: rec.State,
 		Attach: apiv1.Attach{URL: "/v1/commands/" + id + "/attach", Token: "act_" + id[3:] + "_" + secret, ExpiresAt: rec.TokenExpiresAt},
 	}, nil
-}
-
-func hashSecret(secret string) []byte {
-	h := sha256.Sum256([]byte(secret))
-	return h[:]
 }
 
 // getCommand returns a command p may see.
@@ -156,7 +155,7 @@ func checkToken(rec store.Command, token string, now time.Time) error {
 	if !ok || !ok2 || "cmd"+idPart != rec.ID {
 		return bad
 	}
-	if subtle.ConstantTimeCompare(hashSecret(secret), rec.TokenHash) != 1 {
+	if subtle.ConstantTimeCompare(ids.SecretHash(secret), rec.TokenHash) != 1 {
 		return bad
 	}
 	if rec.TokenSpent {

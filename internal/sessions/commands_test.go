@@ -40,7 +40,7 @@ func TestAttachReplay(t *testing.T) {
 	token := "act_" + id[3:] + "_" + secret
 	code, pid := 3, 42
 	rec := store.Command{ID: id, SandboxID: sb.ID, Owner: owner.KeyID, Request: raw, State: apiv1.CommandExited, PID: pid, ExitCode: &code,
-		TokenHash: hashSecret(secret), TokenExpiresAt: time.Now().Add(AttachTTL), CreatedAt: time.Now()}
+		TokenHash: ids.SecretHash(secret), TokenExpiresAt: time.Now().Add(AttachTTL), CreatedAt: time.Now()}
 	if err := st.InsertCommand(ctx, rec); err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +145,7 @@ func TestAttachReplay(t *testing.T) {
 
 func TestCheckToken(t *testing.T) {
 	now := time.Now()
-	c := store.Command{ID: "cmdabcdefghij0123456789", TokenHash: hashSecret("s3cret"), TokenExpiresAt: now.Add(time.Minute)}
+	c := store.Command{ID: "cmdabcdefghij0123456789", TokenHash: ids.SecretHash("s3cret"), TokenExpiresAt: now.Add(time.Minute)}
 	good := "act_abcdefghij0123456789_s3cret"
 	if err := checkToken(c, good, now); err != nil {
 		t.Fatalf("good token: %v", err)

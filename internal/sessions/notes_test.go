@@ -4,12 +4,19 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io/fs"
+	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/ids"
+	"github.com/airlockhq/airlock/internal/sandbox"
+	"github.com/airlockhq/airlock/internal/sandbox/sandboxtest"
 	"github.com/airlockhq/airlock/internal/store"
+	"github.com/airlockhq/airlock/internal/template"
 	"github.com/airlockhq/airlock/internal/tenancy"
 )
 
@@ -97,4 +104,77 @@ func TestStartCommandRefusals(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A command's note and log live under its sandbox's directory, named by
+// the sandbox and command IDs. IDs that climb out of it, carry a NUL or
+// run long are refused and leave no file anywhere: not with a caller's
+// IDs that name nothing, and not even with a sandbox row whose ID is
+// hostile and that the sandboxes call running.
+func TestNotePathsStayInside(t *testing.T) {
+	ctx := context.Background()
+	outer := t.TempDir()
+	f := newFixture(t)
+	f.dir.Root = outer + "/data" // unused by the fixture's store; the paths below are what count
+	f.c.cfg.Dir = f.dir
+	owner := tenancy.Principal{KeyID: "keyowner", Role: apiv1.RoleUser}
+	rt := sandboxtest.New(t, f.dir)
+	if _, err := rt.AddTemplate("base", template.Settings{VCPUs: 1, MemoryMiB: 256, DiskMiB: 512}); err != nil {
+		t.Fatal(err)
+	}
+	spec, _, err := rt.Resolve(sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vm, err := rt.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { vm.Destroy(ctx) })
+	before := filesUnder(t, outer)
+
+	hostile := []string{
+		"sbx/../../escape", "sbx/../../../escape", "sbx\x00x", "../x", "sbx" + strings.Repeat("a", 5000),
+		"sbx/..", "/etc/passwd", "",
+	}
+	req := apiv1.CommandRequest{Argv: []string{"true"}}
+	for _, id := range hostile {
+		if _, _, err := f.c.StartCommand(ctx, owner, id, req, []byte(`{"tag":"x"}`)); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Errorf("StartCommand in %.40q: %v, want not found", id, err)
+		}
+		if err := f.c.SetCommandNote(ctx, owner, id, []byte(`{}`)); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Errorf("SetCommandNote on %.40q: %v, want not found", id, err)
+		}
+		// A row with this ID, running here, with a VM.
+		sb := store.Sandbox{ID: id, Owner: owner.KeyID, State: apiv1.StateRunning, TemplateRef: "base:latest",
+			VCPUs: 1, MemoryMiB: 256, DiskMiB: 512, OnTimeout: "delete", Metadata: map[string]string{}}
+		if err := f.st.InsertSandbox(ctx, sb, store.Operation{ID: ids.New("op"), Kind: apiv1.OpCreate, TargetID: id, Owner: owner.KeyID, Status: apiv1.OpSucceeded}); err != nil {
+			continue // the store refused it: nothing to look after
+		}
+		f.sb.look(id, vm)
+		if _, _, err := f.c.StartCommand(ctx, owner, id, req, []byte(`{"tag":"x"}`)); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Errorf("StartCommand in stored %.40q: %v, want not found", id, err)
+		}
+		f.sb.let(id)
+	}
+	if after := filesUnder(t, outer); !slices.Equal(before, after) {
+		t.Fatalf("files made by refused calls:\nbefore %q\nafter  %q", before, after)
+	}
+}
+
+// filesUnder lists the paths under root.
+func filesUnder(t *testing.T, root string) []string {
+	t.Helper()
+	var out []string
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		out = append(out, path)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
