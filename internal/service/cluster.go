@@ -51,8 +51,7 @@ func (s *Service) Realize(ctx context.Context, id string) error {
 	}
 	// The admitting replica pinned the template by digest.
 	pol := storedPolicy(sb)
-	s.reclaimMu.RLock()
-	defer s.reclaimMu.RUnlock()
+	defer s.catalogue.HoldImages()()
 	want := sandbox.Spec{Template: sb.TemplateDigest, VCPUs: sb.VCPUs, MemoryMiB: sb.MemoryMiB, DiskMiB: sb.DiskMiB, Network: &pol}
 	spec, tpl, err := s.rt.Resolve(want)
 	if errors.Is(err, errdefs.ErrNotFound) && s.cfg.FetchTemplate != nil {
@@ -115,8 +114,7 @@ func (s *Service) fetchAndResolve(ctx context.Context, sb store.Sandbox, want sa
 	if _, err := s.cfg.FetchTemplate(ctx, sb.TemplateDigest); err != nil {
 		return sandbox.Spec{}, err
 	}
-	s.reclaimMu.RLock()
-	defer s.reclaimMu.RUnlock()
+	defer s.catalogue.HoldImages()()
 	spec, tpl, err := s.rt.Resolve(want)
 	if err == nil {
 		s.log.Info("realizing sandbox", "sandbox", sb.ID, "template", tpl.Ref())

@@ -77,6 +77,10 @@ func (g *spaceGuard) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// maxFlattenBytes bounds the unpacked size of an image pulled or uploaded
+// as a template base.
+const maxFlattenBytes = 64 << 30
+
 // freeBytes is the space left for unprivileged use on the filesystem that
 // holds path, or would hold it: a path not made yet is measured at its
 // nearest existing parent.

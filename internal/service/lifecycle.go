@@ -497,15 +497,8 @@ func (s *Service) reconcile() {
 	defer s.work.Done()
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
-	reclaimed := time.Now()
 	for {
 		s.applyLeases()
-		if s.cfg.Node != "" && time.Since(reclaimed) >= s.cfg.ReclaimEvery {
-			reclaimed = time.Now()
-			if _, err := s.Reclaim(s.ctx); err != nil && s.ctx.Err() == nil {
-				s.log.Warn("reclaim template storage", "err", err)
-			}
-		}
 		select {
 		case <-s.ctx.Done():
 			return

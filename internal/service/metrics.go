@@ -27,7 +27,6 @@ type Metrics struct {
 	running    prometheus.Gauge
 	attaches   prometheus.Counter
 	bytes      prometheus.Counter
-	reclaims   prometheus.Counter
 }
 
 // NewMetrics registers the service's metrics with reg.
@@ -58,11 +57,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		bytes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "airlock_streamed_bytes_total", Help: "Bytes of command output and file content streamed.",
 		}),
-		reclaims: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "airlock_template_reclaims_total", Help: "Passes of the reclaim of template storage nothing refers to, done.",
-		}),
 	}
-	reg.MustRegister(m.sandboxes, m.ops, m.opSeconds, m.opsPending, m.commands, m.running, m.attaches, m.bytes, m.reclaims)
+	reg.MustRegister(m.sandboxes, m.ops, m.opSeconds, m.opsPending, m.commands, m.running, m.attaches, m.bytes)
 	for _, st := range apiv1.States {
 		m.sandboxes.WithLabelValues(st)
 	}
@@ -113,12 +109,6 @@ func (m *Metrics) commandEnded(result string) {
 func (m *Metrics) attached() {
 	if m != nil {
 		m.attaches.Inc()
-	}
-}
-
-func (m *Metrics) reclaimed() {
-	if m != nil {
-		m.reclaims.Inc()
 	}
 }
 

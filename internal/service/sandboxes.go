@@ -97,8 +97,7 @@ func (s *Service) CreateSandbox(ctx context.Context, p Principal, req apiv1.Crea
 	}
 	// The template is pinned by digest from here, and its image kept from
 	// Reclaim until the sandbox's row names it.
-	s.reclaimMu.RLock()
-	defer s.reclaimMu.RUnlock()
+	defer s.catalogue.HoldImages()()
 	spec, tpl, err := s.resolveSpec(ctx, sandbox.Spec{Template: req.Template, VCPUs: req.VCPUs, MemoryMiB: req.MemoryMiB, DiskMiB: req.DiskMiB, Network: &pol})
 	if err != nil {
 		return apiv1.SandboxOperation{}, err
@@ -650,9 +649,7 @@ func (s *Service) runDelete(sb store.Sandbox, op store.Operation) {
 	s.m.opFinished(op.Kind, op.Status, time.Since(start))
 	if err == nil {
 		// The sandbox may have been the last user of an image no tag names.
-		if _, err := s.Reclaim(s.ctx); err != nil {
-			s.log.Warn("reclaim template storage", "err", err)
-		}
+		s.reclaim()
 	}
 }
 
