@@ -29,8 +29,14 @@ var layerRules = []struct {
 	},
 	{
 		pkg:    "internal/builds",
-		forbid: []string{"net/http", "internal/api", "internal/e2b", "internal/cluster", "internal/service"},
-		why:    "template builds speak Go to the service that runs them; the edges call the service, and the service calls builds",
+		forbid: []string{"net/http"},
+		direct: true,
+		why:    "template builds speak Go: only the edges turn their results into responses (a pull's own HTTP is the registry client's, in template/oci)",
+	},
+	{
+		pkg:    "internal/builds",
+		forbid: []string{"internal/api", "internal/e2b", "internal/cluster", "internal/service"},
+		why:    "the edges call builds, and builds ask the sandbox side through their own Sandboxes interface, which the service implements: never the other way round",
 	},
 	{
 		pkg:    "internal/sessions",

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/builds"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/secrets"
 	"github.com/airlockhq/airlock/internal/service"
@@ -33,8 +34,11 @@ const MaxJSONBody = 1 << 20
 
 // Config configures a Server.
 type Config struct {
-	// Service does the work.
+	// Service does the work on sandboxes, keys and secrets.
 	Service *service.Service
+	// Builds does the work on templates: builds, saves, build contexts
+	// and the catalogue.
+	Builds *builds.Service
 	// Forward, if set, is offered every call on one sandbox (but reading
 	// its record) and on one command, once the caller is authenticated:
 	// in cluster mode it routes the call to the node that runs the
@@ -66,6 +70,7 @@ type Server struct {
 	cfg  Config
 	svc  *service.Service
 	cmds *sessions.Commands
+	bld  *builds.Service
 	log  *slog.Logger
 	mux  *http.ServeMux
 	done chan struct{} // closed by Shutdown: event streams end
@@ -167,7 +172,7 @@ func (s *Server) routes() []route {
 		{"DELETE", "/v1/templates/{ref}", authKey, nil, s.deleteTemplate},
 		{"GET", "/v1/templates/{ref}/build-log", authKey, nil, s.buildLog},
 		{"PUT", "/v1/build-contexts", authKey, nil, s.putBuildContext},
-		{"POST", "/v1/sandboxes/{id}/template", authKey, nil, jsonCall(http.StatusAccepted, s.svc.SaveSandbox)},
+		{"POST", "/v1/sandboxes/{id}/template", authKey, nil, jsonCall(http.StatusAccepted, s.saveSandbox)},
 	}
 }
 
@@ -202,7 +207,7 @@ func New(cfg Config) *Server {
 	if cfg.Commands == nil {
 		cfg.Commands = cfg.Service.Commands()
 	}
-	s := &Server{cfg: cfg, svc: cfg.Service, cmds: cfg.Commands, log: cfg.Log, mux: http.NewServeMux(), done: make(chan struct{})}
+	s := &Server{cfg: cfg, svc: cfg.Service, cmds: cfg.Commands, bld: cfg.Builds, log: cfg.Log, mux: http.NewServeMux(), done: make(chan struct{})}
 	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "airlock_http_requests_total", Help: "HTTP requests by route and status.",
 	}, []string{"method", "route", "status"})

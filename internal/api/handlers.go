@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/builds"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/fields"
 	"github.com/airlockhq/airlock/internal/service"
@@ -463,7 +464,7 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request, p service
 	if err != nil {
 		return err
 	}
-	list, err := s.svc.ListTemplates(r.Context(), limit, token)
+	list, err := s.bld.ListTemplates(r.Context(), limit, token)
 	if err != nil {
 		return err
 	}
@@ -472,7 +473,7 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request, p service
 }
 
 func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request, p service.Principal) error {
-	t, err := s.svc.GetTemplate(r.Context(), r.PathValue("ref"))
+	t, err := s.bld.GetTemplate(r.Context(), r.PathValue("ref"))
 	if err != nil {
 		return err
 	}
@@ -481,11 +482,20 @@ func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request, p service.P
 }
 
 func (s *Server) createTemplate(ctx context.Context, p service.Principal, _ string, req apiv1.CreateTemplate) (apiv1.TemplateOperation, error) {
-	return s.svc.CreateTemplate(ctx, p, req)
+	return s.bld.CreateTemplate(ctx, caller(p), req)
+}
+
+func (s *Server) saveSandbox(ctx context.Context, p service.Principal, id string, req apiv1.SaveTemplate) (apiv1.TemplateOperation, error) {
+	return s.bld.SaveSandbox(ctx, caller(p), id, req)
+}
+
+// caller is p as builds know a caller.
+func caller(p service.Principal) builds.Principal {
+	return builds.Principal{KeyID: p.KeyID, Admin: p.Admin()}
 }
 
 func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request, p service.Principal) error {
-	if err := s.svc.DeleteTemplate(r.Context(), p, r.PathValue("ref")); err != nil {
+	if err := s.bld.DeleteTemplate(r.Context(), caller(p), r.PathValue("ref")); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -495,11 +505,11 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request, p servic
 // putBuildContext stores a tar body as a build context, streamed to disk
 // and bounded by the server's limit (413 past it).
 func (s *Server) putBuildContext(w http.ResponseWriter, r *http.Request, p service.Principal) error {
-	limit, keyMiB, err := s.svc.ContextLimit(r.Context(), p)
+	limit, keyMiB, err := s.bld.ContextLimit(r.Context(), caller(p))
 	if err != nil {
 		return err
 	}
-	bc, err := s.svc.PutBuildContext(r.Context(), r.Body, limit)
+	bc, err := s.bld.PutBuildContext(r.Context(), r.Body, limit)
 	if errors.Is(err, errdefs.ErrTooLarge) && keyMiB >= 0 {
 		// The key's own limit stopped it, not the server's.
 		asked := keyMiB + 1
@@ -527,7 +537,7 @@ func (s *Server) buildLog(w http.ResponseWriter, r *http.Request, p service.Prin
 		}
 		return out
 	}
-	end, err := s.svc.FollowBuildLog(ctx, r.PathValue("ref"), s.cfg.PingInterval, func(ln *apiv1.BuildLogLine) error {
+	end, err := s.bld.FollowBuildLog(ctx, r.PathValue("ref"), s.cfg.PingInterval, func(ln *apiv1.BuildLogLine) error {
 		if ln == nil {
 			return started().ping()
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/airlockhq/airlock/internal/agentproto"
 	"github.com/airlockhq/airlock/internal/apiclient"
 	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/builds"
 	"github.com/airlockhq/airlock/internal/daemon"
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/sandbox"
@@ -47,6 +48,7 @@ type apiServer struct {
 	rt     *sandbox.Runtime
 	st     *store.Store
 	svc    *service.Service
+	bld    *builds.Service
 	stop   context.CancelFunc // ends d.Run
 	served chan error         // Run's result, sent once it returns
 	hc     *http.Client
@@ -107,7 +109,7 @@ func startAPIServer(ctx context.Context, cfg Config, templates []string, storeAd
 	if err != nil {
 		return nil, err
 	}
-	s.rt, s.st, s.svc = s.d.Runtime(), s.d.Store(), s.d.Service()
+	s.rt, s.st, s.svc, s.bld = s.d.Runtime(), s.d.Store(), s.d.Service(), s.d.Builds()
 	key := s.d.AdminKey()
 	if s.admin, err = s.svc.Authenticate(ctx, key); err != nil {
 		return nil, fmt.Errorf("authenticate the admin key: %w", err)

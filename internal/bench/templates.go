@@ -22,6 +22,7 @@ import (
 
 	"github.com/airlockhq/airlock/internal/agentproto"
 	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/builds"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/sandbox"
 	"github.com/airlockhq/airlock/internal/template"
@@ -181,7 +182,7 @@ func (s *apiServer) timeBuild(ctx context.Context, tag string, steps []string, w
 	d := time.Since(start)
 	ref := buildName + ":" + tag
 	var lines []apiv1.BuildLogLine
-	if _, err := s.svc.FollowBuildLog(ctx, ref, 0, func(ln *apiv1.BuildLogLine) error {
+	if _, err := s.bld.FollowBuildLog(ctx, ref, 0, func(ln *apiv1.BuildLogLine) error {
 		if ln != nil {
 			lines = append(lines, *ln)
 		}
@@ -209,7 +210,7 @@ func cachedSteps(lines []apiv1.BuildLogLine) int {
 // buildTemplate builds req through the service and waits for its build's
 // operation; a build that did not succeed is an error.
 func (s *apiServer) buildTemplate(ctx context.Context, req apiv1.CreateTemplate) error {
-	to, err := s.svc.CreateTemplate(ctx, s.admin, req)
+	to, err := s.bld.CreateTemplate(ctx, builds.Principal{KeyID: s.admin.KeyID, Admin: s.admin.Admin()}, req)
 	if err != nil {
 		return fmt.Errorf("build template %s: %w", req.Name, err)
 	}
@@ -328,7 +329,7 @@ func (s *apiServer) putImageTemplate(ctx context.Context, img v1.Image, like tem
 		return 0, fmt.Errorf("write the image as a docker save tarball: %w", err)
 	}
 	size := int64(buf.Len())
-	bc, err := s.svc.PutBuildContext(ctx, &buf, s.svc.MaxContextBytes())
+	bc, err := s.bld.PutBuildContext(ctx, &buf, s.bld.MaxContextBytes())
 	if err != nil {
 		return 0, fmt.Errorf("upload the image: %w", err)
 	}

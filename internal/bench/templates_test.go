@@ -377,7 +377,7 @@ func TestAPIServerWithTemplatesOfItsOwn(t *testing.T) {
 	if fi, err := os.Lstat(filepath.Join(home, "templates")); err != nil || !fi.IsDir() {
 		t.Errorf("templates is not a directory of its own: %v", err)
 	}
-	if _, err := s.svc.GetTemplate(context.Background(), "tiny"); err != nil {
+	if _, err := s.bld.GetTemplate(context.Background(), "tiny"); err != nil {
 		t.Errorf("the server does not know tiny: %v", err)
 	}
 	if err := s.close(); err != nil {

@@ -1,10 +1,19 @@
-// Package builds holds the parts of a template build that stand apart
-// from the sandboxes it runs in: a build's log, the image configuration
-// file a build writes into a template, step cache keys, and how templates
-// and builds show on the API; and the set of builds in progress, with
-// their slots, the images they pin and its own lock (Set). The build
-// itself (its sandbox, its steps, tagging the result) still runs in
-// internal/service, which calls these.
+// Package builds runs template builds and saves and keeps the catalogue
+// of templates, apart from the sandboxes: Service takes a build request,
+// records the build and its operation, boots a build sandbox through the
+// sandbox side (Sandboxes, which internal/service implements), runs the
+// steps, stores and tags the result, and keeps the build's log
+// (builds/<id>.log in the data directory) for FollowBuildLog. It lists,
+// shows and deletes templates, resolves those a cluster's catalogue names
+// (the store's template tags), and reclaims the images, cache entries and
+// snapshots nothing refers to. The builds in progress, their slots and
+// the images they pin are a Set under its own lock; the sandbox side's
+// lock never covers them.
+//
+// Lifetimes: builds run under the Service's context, ended by Close,
+// never under a request's. New fails the builds an earlier server left
+// unfinished before the sandbox side recovers; Serve hands it the
+// sandbox side once that is made.
 package builds
 
 import (

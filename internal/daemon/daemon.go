@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/airlockhq/airlock/internal/api"
+	"github.com/airlockhq/airlock/internal/builds"
 	"github.com/airlockhq/airlock/internal/cluster"
 	"github.com/airlockhq/airlock/internal/e2b"
 	"github.com/airlockhq/airlock/internal/e2b/envd"
@@ -45,6 +46,7 @@ type Daemon struct {
 	st       *store.Store
 	rt       *sandbox.Runtime
 	svc      *service.Service
+	builds   *builds.Service
 	box      *secrets.Box
 	adminKey string // the admin key made on this start, else ""
 
@@ -142,12 +144,13 @@ func (d *Daemon) buildServe(ctx context.Context, r resolved) error {
 		return err
 	}
 	reg := newRegistry()
-	sc := d.serviceConfig(box, tokenKey)
+	sc, bc := d.serviceConfig(box, tokenKey), d.buildsConfig()
 	sc.Warm = cfg.Warm
 	if d.front != nil {
 		sc.Front, sc.Admitted, sc.NodeDown, sc.Unplaced = true, d.front.admitted, d.front.router.NodeDown, d.front.router.Unplaced
+		bc.Role = builds.Role{Front: true, NodeDown: d.front.router.NodeDown}
 	}
-	if err := d.startService(ctx, sc, reg); err != nil {
+	if err := d.startService(ctx, sc, bc, reg); err != nil {
 		return err
 	}
 	reg.MustRegister(service.NewSandboxCollector(d.svc, service.SandboxCollectorConfig{Limit: cfg.MetricsPerSandbox}), service.NewPoolCollector(d.svc))
@@ -164,10 +167,10 @@ func (d *Daemon) buildServe(ctx context.Context, r resolved) error {
 		if err := d.front.startController(reg); err != nil {
 			return err
 		}
-		d.front.router.BuildNode = d.svc.BuildNode
+		d.front.router.BuildNode = d.builds.BuildNode
 		forward = d.front.router.Forward
 	}
-	d.apiSrv = api.New(api.Config{Service: d.svc, Commands: d.svc.Commands(), Store: d.st, Log: log, Registry: reg, Secrets: box,
+	d.apiSrv = api.New(api.Config{Service: d.svc, Commands: d.svc.Commands(), Builds: d.builds, Store: d.st, Log: log, Registry: reg, Secrets: box,
 		MetricsOpen: isLoopback(d.ln.Addr()), PingInterval: cfg.PingInterval, Forward: forward})
 	d.httpSrv = &http.Server{Handler: d.apiSrv, ReadHeaderTimeout: 10 * time.Second}
 	return d.buildServeEdges(r)
@@ -289,9 +292,10 @@ func (d *Daemon) buildNode(ctx context.Context, r resolved) error {
 	if err != nil {
 		return err
 	}
-	sc := d.serviceConfig(box, tokenKey)
-	sc.Node, sc.ReclaimEvery, sc.FetchTemplate = cfg.NodeName, cfg.ReclaimEvery, fetcher.Fetch
-	if err := d.startService(ctx, sc, reg); err != nil {
+	sc, bc := d.serviceConfig(box, tokenKey), d.buildsConfig()
+	sc.Node, sc.FetchTemplate = cfg.NodeName, fetcher.Fetch
+	bc.Role = builds.Role{Node: cfg.NodeName, FetchTemplate: fetcher.Fetch, ReclaimEvery: cfg.ReclaimEvery}
+	if err := d.startService(ctx, sc, bc, reg); err != nil {
 		return err
 	}
 	reg.MustRegister(service.NewSandboxCollector(d.svc, service.SandboxCollectorConfig{Limit: 100}))
@@ -312,7 +316,7 @@ func (d *Daemon) buildNode(ctx context.Context, r resolved) error {
 		return err
 	}
 
-	d.apiSrv = api.New(api.Config{Service: d.svc, Commands: d.svc.Commands(), Store: d.st, Log: log, Registry: reg, Secrets: box, PingInterval: cfg.PingInterval})
+	d.apiSrv = api.New(api.Config{Service: d.svc, Commands: d.svc.Commands(), Builds: d.builds, Store: d.st, Log: log, Registry: reg, Secrets: box, PingInterval: cfg.PingInterval})
 	d.envd = envd.New(d.svc, d.svc.Commands(), log)
 	e2bSrv, err := e2b.New(e2b.Config{Service: d.svc, Log: log, Domain: cfg.E2BDomain, Envd: d.envd})
 	if err != nil {
@@ -337,17 +341,28 @@ func (d *Daemon) serviceConfig(box *secrets.Box, tokenKey []byte) service.Config
 		MaxSandboxes: cfg.MaxSandboxes, MaxStarts: cfg.MaxStarts, MaxQueuedStarts: cfg.MaxQueuedStarts,
 		DefaultEgress: cfg.DefaultEgress, EgressPrivate: cfg.EgressPrivate, DefaultLimits: cfg.DefaultLimits,
 		MemoryBudgetMiB: cfg.MemoryBudgetBytes >> 20, Secrets: box, TokenKey: tokenKey,
-		TrustedRegistries: cfg.TrustedRegistries, RegistryHostCredentials: cfg.RegistryHostCredentials,
-		MaxBuilds: cfg.MaxBuilds, MaxContextBytes: cfg.MaxBuildContextMiB << 20,
-		MinFreeDiskBytes: cfg.MinFreeDiskBytes, NoReclaim: cfg.NoReclaim,
+		MinFreeDiskBytes: cfg.MinFreeDiskBytes,
 	}
 }
 
-// startService makes the runtime and the service over it, with their
-// metrics in reg. The gateways look secrets up through the service, which
-// needs the runtime first: the service is filled in before any sandbox
-// starts.
-func (d *Daemon) startService(ctx context.Context, sc service.Config, reg *prometheus.Registry) error {
+// buildsConfig is the builds' part of the daemon's Config, for a single
+// host; a cluster's role sets Role.
+func (d *Daemon) buildsConfig() builds.Config {
+	cfg := d.cfg
+	return builds.Config{
+		Dir: cfg.Dir, Store: d.st, Log: d.log, DefaultEgress: cfg.DefaultEgress,
+		TrustedRegistries: cfg.TrustedRegistries, RegistryHostCredentials: cfg.RegistryHostCredentials,
+		MaxBuilds: cfg.MaxBuilds, MaxContextBytes: cfg.MaxBuildContextMiB << 20, NoReclaim: cfg.NoReclaim,
+	}
+}
+
+// startService makes the runtime, the builds and the service over them,
+// with their metrics in reg. The gateways look secrets up through the
+// service, which needs the runtime first: the service is filled in before
+// any sandbox starts. The builds recover before the service (which would
+// otherwise find their operations unfinished), and take the service as
+// their sandbox side once it is made.
+func (d *Daemon) startService(ctx context.Context, sc service.Config, bc builds.Config, reg *prometheus.Registry) error {
 	cfg := d.cfg
 	var svc *service.Service
 	rc := sandbox.Config{Dir: cfg.Dir, Accel: cfg.Accel, BootTimeout: cfg.BootTimeout, Log: d.log, Unjailed: cfg.Unjailed, UIDs: cfg.UIDs,
@@ -360,11 +375,18 @@ func (d *Daemon) startService(ctx context.Context, sc service.Config, reg *prome
 	if err != nil {
 		return err
 	}
-	sc.Runtime, sc.Metrics, sc.CommandMetrics = service.RuntimeOf(rt), service.NewMetrics(reg), sessions.NewMetrics(reg)
-	if svc, err = service.New(ctx, sc); err != nil {
+	bc.Runtime, bc.Templates, bc.Metrics = rt, rt.Templates(), builds.NewMetrics(reg)
+	b, err := builds.New(ctx, bc)
+	if err != nil {
 		return err
 	}
-	d.rt, d.svc = rt, svc
+	sc.Runtime, sc.Metrics, sc.CommandMetrics, sc.Catalogue = service.RuntimeOf(rt), service.NewMetrics(reg), sessions.NewMetrics(reg), b
+	if svc, err = service.New(ctx, sc); err != nil {
+		b.Close()
+		return err
+	}
+	b.Serve(svc)
+	d.rt, d.builds, d.svc = rt, b, svc
 	return nil
 }
 
@@ -479,6 +501,9 @@ func (d *Daemon) Close() {
 		d.envd.Close()
 	}
 	d.bgCancel()
+	if d.builds != nil {
+		d.builds.Close()
+	}
 	if d.svc != nil {
 		d.svc.Close()
 	}
@@ -515,6 +540,9 @@ func (d *Daemon) Runtime() *sandbox.Runtime { return d.rt }
 
 // Service is the daemon's service.
 func (d *Daemon) Service() *service.Service { return d.svc }
+
+// Builds is the daemon's template builds and catalogue.
+func (d *Daemon) Builds() *builds.Service { return d.builds }
 
 // Store is the daemon's store.
 func (d *Daemon) Store() *store.Store { return d.st }

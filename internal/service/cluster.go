@@ -51,8 +51,7 @@ func (s *Service) Realize(ctx context.Context, id string) error {
 	}
 	// The admitting replica pinned the template by digest.
 	pol := storedPolicy(sb)
-	s.reclaimMu.RLock()
-	defer s.reclaimMu.RUnlock()
+	defer s.catalogue.HoldImages()()
 	want := sandbox.Spec{Template: sb.TemplateDigest, VCPUs: sb.VCPUs, MemoryMiB: sb.MemoryMiB, DiskMiB: sb.DiskMiB, Network: &pol}
 	spec, tpl, err := s.rt.Resolve(want)
 	if errors.Is(err, errdefs.ErrNotFound) && s.cfg.FetchTemplate != nil {
@@ -115,8 +114,7 @@ func (s *Service) fetchAndResolve(ctx context.Context, sb store.Sandbox, want sa
 	if _, err := s.cfg.FetchTemplate(ctx, sb.TemplateDigest); err != nil {
 		return sandbox.Spec{}, err
 	}
-	s.reclaimMu.RLock()
-	defer s.reclaimMu.RUnlock()
+	defer s.catalogue.HoldImages()()
 	spec, tpl, err := s.rt.Resolve(want)
 	if err == nil {
 		s.log.Info("realizing sandbox", "sandbox", sb.ID, "template", tpl.Ref())
@@ -150,7 +148,7 @@ func (s *Service) pendingCreate(ctx context.Context, id string) (store.Operation
 // failCreate ends a create this node cannot run: the sandbox fails with
 // the reason, and so does its operation. It returns err.
 func (s *Service) failCreate(sb store.Sandbox, op store.Operation, err error) error {
-	status := errorStatus(err)
+	status := store.ErrorOf(err)
 	now := s.now()
 	op.Status, op.Error, op.FinishedAt = apiv1.OpFailed, &status, &now
 	sb.State, sb.LastError, sb.UpdatedAt = apiv1.StateFailed, &status, now
@@ -181,7 +179,7 @@ func (s *Service) admitToCluster(ctx context.Context, sb store.Sandbox, op store
 	if s.cfg.Admitted != nil {
 		s.cfg.Admitted()
 	}
-	return apiv1.SandboxOperation{Sandbox: s.sandboxView(sb), Operation: opView(op)}, nil
+	return apiv1.SandboxOperation{Sandbox: s.sandboxView(sb), Operation: op.View()}, nil
 }
 
 // pollOperation reads an operation's row every 200 ms until it is done or
@@ -191,13 +189,13 @@ func (s *Service) pollOperation(ctx context.Context, get func() (store.Operation
 	for {
 		op, err := get()
 		if err != nil || op.Status == apiv1.OpSucceeded || op.Status == apiv1.OpFailed || !time.Now().Before(deadline) {
-			return opView(op), err
+			return op.View(), err
 		}
 		select {
 		case <-ctx.Done():
 			return apiv1.Operation{}, ctx.Err()
 		case <-s.ctx.Done():
-			return opView(op), nil
+			return op.View(), nil
 		case <-time.After(min(200*time.Millisecond, time.Until(deadline))):
 		}
 	}

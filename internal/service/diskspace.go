@@ -1,14 +1,10 @@
 package service
 
 import (
-	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/airlockhq/airlock/internal/diskspace"
 	"github.com/airlockhq/airlock/internal/errdefs"
 )
 
@@ -29,17 +25,17 @@ func (s *Service) checkFreeDiskFor(dir string, need int64) error {
 	if keep <= 0 {
 		return nil
 	}
-	free, err := freeBytes(dir)
+	free, err := diskspace.Free(dir)
 	if err != nil {
 		return fmt.Errorf("measure the free disk space: %w", err)
 	}
 	if free-need < keep {
 		what := ""
 		if need > 0 {
-			what = fmt.Sprintf(" once the %s it writes are taken", byteSize(need))
+			what = fmt.Sprintf(" once the %s it writes are taken", diskspace.Size(need))
 		}
 		return fmt.Errorf("the host's data directory has %s free%s, less than the %s `airlock serve --min-free-disk` asks for: "+
-			"free some space (or lower --min-free-disk) and retry: %w", byteSize(free-need), what, byteSize(keep), errdefs.ErrExhausted)
+			"free some space (or lower --min-free-disk) and retry: %w", diskspace.Size(free-need), what, diskspace.Size(keep), errdefs.ErrExhausted)
 	}
 	return nil
 }
@@ -77,35 +73,9 @@ func (g *spaceGuard) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// freeBytes is the space left for unprivileged use on the filesystem that
-// holds path, or would hold it: a path not made yet is measured at its
-// nearest existing parent.
-func freeBytes(path string) (int64, error) {
-	for {
-		var st unix.Statfs_t
-		err := unix.Statfs(path, &st)
-		if err == nil {
-			return int64(st.Bavail) * int64(st.Bsize), nil
-		}
-		parent := filepath.Dir(path)
-		if !errors.Is(err, unix.ENOENT) || parent == path {
-			return 0, &os.PathError{Op: "statfs", Path: path, Err: err}
-		}
-		path = parent
-	}
-}
-
-// byteSize is n for a person: TiB or GiB with one decimal from 1 of
-// them, else MiB.
-func byteSize(n int64) string {
-	if n >= 1<<40 {
-		return fmt.Sprintf("%.1f TiB", float64(n)/(1<<40))
-	}
-	if n >= 1<<30 {
-		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
-	}
-	return fmt.Sprintf("%d MiB", n>>20)
-}
+// maxFlattenBytes bounds the unpacked size of an image pulled or uploaded
+// as a template base.
+const maxFlattenBytes = 64 << 30
 
 // flattenLimit bounds what an image may unpack to in dir: maxFlattenBytes,
 // or less when the disk has less room. The tree and then the filesystem
@@ -118,7 +88,7 @@ func (s *Service) flattenLimit(dir string) (limit int64, room bool, err error) {
 	if keep <= 0 {
 		return limit, false, nil
 	}
-	free, err := freeBytes(dir)
+	free, err := diskspace.Free(dir)
 	if err != nil {
 		return 0, false, fmt.Errorf("measure the free disk space: %w", err)
 	}

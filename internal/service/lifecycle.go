@@ -119,7 +119,7 @@ func (s *Service) endOp(f *inflight, sb store.Sandbox, from string, op store.Ope
 	now := s.now()
 	op.FinishedAt = &now
 	if err != nil {
-		st := errorStatus(err)
+		st := store.ErrorOf(err)
 		op.Status, op.Error = apiv1.OpFailed, &st
 	} else {
 		op.Status = apiv1.OpSucceeded
@@ -176,7 +176,7 @@ func (s *Service) Pause(ctx context.Context, p Principal, id string) (apiv1.Sand
 		}
 		s.endOp(f, sb, apiv1.StateRunning, op, err, time.Since(start))
 	}(sb, op)
-	return apiv1.SandboxOperation{Sandbox: s.sandboxView(sb), Operation: opView(op)}, nil
+	return apiv1.SandboxOperation{Sandbox: s.sandboxView(sb), Operation: op.View()}, nil
 }
 
 // liveVM returns the sandbox this server looks after and its VM, or a
@@ -215,7 +215,7 @@ func (s *Service) Suspend(ctx context.Context, p Principal, id string) (apiv1.Sa
 		return apiv1.SandboxOperation{}, err
 	}
 	go s.runSuspend(sb, op, f, from)
-	return apiv1.SandboxOperation{Sandbox: s.sandboxView(sb), Operation: opView(op)}, nil
+	return apiv1.SandboxOperation{Sandbox: s.sandboxView(sb), Operation: op.View()}, nil
 }
 
 func (s *Service) runSuspend(sb store.Sandbox, op store.Operation, f *inflight, from string) {
@@ -232,7 +232,7 @@ func (s *Service) runSuspend(sb store.Sandbox, op store.Operation, f *inflight, 
 		if cur, gerr := s.st.GetSandbox(context.Background(), sb.ID); gerr == nil && cur.State != apiv1.StateSuspending {
 			sb = cur
 		} else {
-			st := errorStatus(err)
+			st := store.ErrorOf(err)
 			sb.State, sb.LastError = apiv1.StateFailed, &st
 		}
 	}
@@ -320,12 +320,12 @@ func (s *Service) Wake(ctx context.Context, p Principal, id string) (apiv1.Sandb
 		case from == apiv1.StateWaking && sandbox.SuspendedState(s.sandboxDir(sb.ID)):
 			sb.State = apiv1.StateSuspended // the saved state is kept: wake may be retried
 		case from == apiv1.StateWaking:
-			st := errorStatus(err)
+			st := store.ErrorOf(err)
 			sb.State, sb.LastError = apiv1.StateFailed, &st
 		}
 		s.endOp(f, sb, from, op, err, time.Since(start))
 	}(sb, op)
-	return apiv1.SandboxOperation{Sandbox: s.sandboxView(sb), Operation: opView(op)}, nil
+	return apiv1.SandboxOperation{Sandbox: s.sandboxView(sb), Operation: op.View()}, nil
 }
 
 // admitSuspend checks a suspend of sb against its owner's suspended_mib
@@ -481,15 +481,8 @@ func (s *Service) reconcile() {
 	defer s.work.Done()
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
-	reclaimed := time.Now()
 	for {
 		s.applyLeases()
-		if s.cfg.Node != "" && time.Since(reclaimed) >= s.cfg.ReclaimEvery {
-			reclaimed = time.Now()
-			if _, err := s.Reclaim(s.ctx); err != nil && s.ctx.Err() == nil {
-				s.log.Warn("reclaim template storage", "err", err)
-			}
-		}
 		select {
 		case <-s.ctx.Done():
 			return

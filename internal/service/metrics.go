@@ -24,7 +24,6 @@ type Metrics struct {
 	opSeconds  *prometheus.HistogramVec
 	opsPending *prometheus.GaugeVec
 	bytes      prometheus.Counter
-	reclaims   prometheus.Counter
 }
 
 // NewMetrics registers the service's metrics with reg. The command
@@ -47,11 +46,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		bytes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "airlock_streamed_bytes_total", Help: "Bytes of command output and file content streamed.",
 		}),
-		reclaims: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "airlock_template_reclaims_total", Help: "Passes of the reclaim of template storage nothing refers to, done.",
-		}),
 	}
-	reg.MustRegister(m.sandboxes, m.ops, m.opSeconds, m.opsPending, m.bytes, m.reclaims)
+	reg.MustRegister(m.sandboxes, m.ops, m.opSeconds, m.opsPending, m.bytes)
 	for _, st := range apiv1.States {
 		m.sandboxes.WithLabelValues(st)
 	}
@@ -80,12 +76,6 @@ func (m *Metrics) opFinished(kind, result string, took time.Duration) {
 	m.opsPending.WithLabelValues(kind).Dec()
 	m.ops.WithLabelValues(kind, result).Inc()
 	m.opSeconds.WithLabelValues(kind, result).Observe(took.Seconds())
-}
-
-func (m *Metrics) reclaimed() {
-	if m != nil {
-		m.reclaims.Inc()
-	}
 }
 
 // streamed counts n bytes of command output or file content streamed.

@@ -22,9 +22,6 @@ import (
 //     re-attached; a VM that died while the server was down fails the
 //     sandbox with what its console said.
 func (s *Service) recover(ctx context.Context) error {
-	if err := s.recoverBuilds(ctx); err != nil {
-		return fmt.Errorf("recover builds: %w", err)
-	}
 	mine, err := s.onThisNode(ctx)
 	if err != nil {
 		return err

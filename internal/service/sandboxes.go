@@ -57,8 +57,7 @@ func (s *Service) CreateSandbox(ctx context.Context, p Principal, req apiv1.Crea
 	}
 	// The template is pinned by digest from here, and its image kept from
 	// Reclaim until the sandbox's row names it.
-	s.reclaimMu.RLock()
-	defer s.reclaimMu.RUnlock()
+	defer s.catalogue.HoldImages()()
 	spec, tpl, err := s.resolveSpec(ctx, sandbox.Spec{Template: req.Template, VCPUs: req.VCPUs, MemoryMiB: req.MemoryMiB, DiskMiB: req.DiskMiB, Network: &pol})
 	if err != nil {
 		return apiv1.SandboxOperation{}, err
@@ -130,7 +129,7 @@ func (s *Service) CreateSandbox(ctx context.Context, p Principal, req apiv1.Crea
 	s.countState("", sb.State)
 	s.m.opStarted(op.Kind)
 	go s.runCreate(cctx, c, sb, op, spec)
-	return apiv1.SandboxOperation{Sandbox: s.sandboxView(sb), Operation: opView(op)}, nil
+	return apiv1.SandboxOperation{Sandbox: s.sandboxView(sb), Operation: op.View()}, nil
 }
 
 // keyAdmits returns the check of a create of sb against its owner's
@@ -253,7 +252,7 @@ func (s *Service) runCreate(ctx context.Context, c *creation, sb store.Sandbox, 
 			return // shutting down: the next start fails the operation with a reason
 		}
 		log.Warn("create failed", "err", err)
-		status := errorStatus(err)
+		status := store.ErrorOf(err)
 		op.Status, op.Error = apiv1.OpFailed, &status
 		if err := s.rt.Remove(context.Background(), sb.ID); err != nil {
 			log.Warn("remove what the failed create left", "err", err)
@@ -294,12 +293,6 @@ func (s *Service) makeRoom(ctx context.Context) {
 			return
 		}
 	}
-}
-
-// errorStatus turns an internal error into what an operation reports: the
-// API code of its class and its full text.
-func errorStatus(err error) store.Error {
-	return store.Error{Code: errdefs.ClassOf(err).Code, Message: err.Error()}
 }
 
 // transition moves a sandbox to sb's state (and last error), finishing or
@@ -565,7 +558,7 @@ func (s *Service) DeleteSandbox(ctx context.Context, p Principal, id string) (ap
 	s.publish(sb)
 	s.m.opStarted(op.Kind)
 	go s.runDelete(sb, op)
-	return apiv1.SandboxOperation{Sandbox: s.sandboxView(sb), Operation: opView(op)}, nil
+	return apiv1.SandboxOperation{Sandbox: s.sandboxView(sb), Operation: op.View()}, nil
 }
 
 // runDelete stops whatever the sandbox has and removes its files.
@@ -599,7 +592,7 @@ func (s *Service) runDelete(sb store.Sandbox, op store.Operation) {
 	now := s.now()
 	op.FinishedAt = &now
 	if err != nil {
-		status := errorStatus(fmt.Errorf("delete sandbox %s: %w", sb.ID, err))
+		status := store.ErrorOf(fmt.Errorf("delete sandbox %s: %w", sb.ID, err))
 		op.Status, op.Error = apiv1.OpFailed, &status
 		sb.State, sb.LastError = apiv1.StateFailed, &status
 	} else {
@@ -610,9 +603,7 @@ func (s *Service) runDelete(sb store.Sandbox, op store.Operation) {
 	s.m.opFinished(op.Kind, op.Status, time.Since(start))
 	if err == nil {
 		// The sandbox may have been the last user of an image no tag names.
-		if _, err := s.Reclaim(s.ctx); err != nil {
-			s.log.Warn("reclaim template storage", "err", err)
-		}
+		s.reclaim()
 	}
 }
 
@@ -643,15 +634,6 @@ func (s *Service) sandboxView(sb store.Sandbox) apiv1.Sandbox {
 	return v
 }
 
-func opView(op store.Operation) apiv1.Operation {
-	v := apiv1.Operation{ID: op.ID, Kind: op.Kind, TargetID: op.TargetID, Status: op.Status,
-		CreatedAt: op.CreatedAt, FinishedAt: op.FinishedAt, Timings: op.Timings}
-	if op.Error != nil {
-		v.Error = &apiv1.Status{Code: op.Error.Code, Message: op.Error.Message}
-	}
-	return v
-}
-
 // GetOperation returns an operation; with wait > 0 it first waits up to
 // that long for it to finish.
 func (s *Service) GetOperation(ctx context.Context, p Principal, id string, wait time.Duration) (apiv1.Operation, error) {
@@ -667,7 +649,7 @@ func (s *Service) GetOperation(ctx context.Context, p Principal, id string, wait
 	}
 	op, err := get()
 	if err != nil || wait <= 0 || op.Status == apiv1.OpSucceeded || op.Status == apiv1.OpFailed {
-		return opView(op), err
+		return op.View(), err
 	}
 	if s.cfg.Front {
 		// The operation runs on a node: its row is all there is to watch.
@@ -682,7 +664,7 @@ func (s *Service) GetOperation(ctx context.Context, p Principal, id string, wait
 	s.mu.Unlock()
 	// The operation may have finished between the read and the wait.
 	if op, err = get(); err != nil || op.Status == apiv1.OpSucceeded || op.Status == apiv1.OpFailed {
-		return opView(op), err
+		return op.View(), err
 	}
 	t := time.NewTimer(wait)
 	defer t.Stop()
@@ -694,7 +676,7 @@ func (s *Service) GetOperation(ctx context.Context, p Principal, id string, wait
 	case <-s.ctx.Done():
 	}
 	op, err = get()
-	return opView(op), err
+	return op.View(), err
 }
 
 func (s *Service) opFinished(id string) {

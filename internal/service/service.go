@@ -20,17 +20,14 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
-	"github.com/airlockhq/airlock/internal/builds"
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/errdefs"
-	"github.com/airlockhq/airlock/internal/imagebuild"
 	"github.com/airlockhq/airlock/internal/sandbox"
 	"github.com/airlockhq/airlock/internal/secrets"
 	"github.com/airlockhq/airlock/internal/sessions"
@@ -100,29 +97,16 @@ type Config struct {
 	// server keeps it in $AIRLOCK_HOME/e2b-token.key. Empty: the service
 	// makes a random one, and the tokens then change when it restarts.
 	TokenKey []byte
-	// TrustedRegistries, if not empty, are the registries (host[:port])
-	// a template build may pull docker:// images from; others are refused
-	// before anything is fetched. Only a registry named here may be at a
-	// loopback or private address.
-	TrustedRegistries []string
-	// RegistryHostCredentials lets a pull without registry_auth use the
-	// host's docker config for the registry it names.
-	RegistryHostCredentials bool
-	// MaxBuilds caps the template builds running at once (each boots a
-	// sandbox); further builds wait. Default 1.
-	MaxBuilds int
-	// MaxContextBytes caps an uploaded build context. Default 1 GiB.
-	MaxContextBytes int64
+	// Catalogue is the templates' side (builds.Service): the templates a
+	// cluster's catalogue names, and the reclaim of template storage a
+	// sandbox's end may free. Nil: no catalogue, nothing reclaimed.
+	Catalogue Catalogue
 	// MinFreeDiskBytes is the free space, in bytes, below which creates,
 	// wakes, template builds and sandbox saves are refused: each checks
 	// the filesystem it writes to under Dir first and, with less free,
 	// fails with an error wrapping errdefs.ErrExhausted before anything
 	// is recorded. 0 (the default) checks nothing.
 	MinFreeDiskBytes int64
-	// NoReclaim keeps every template image and snapshot: for a service
-	// that shares its templates directory with a server that owns it
-	// (the bench's), whose sandboxes it cannot see.
-	NoReclaim bool
 	// Warm are the warm pools to keep (sandbox.Runtime.StartPools): each
 	// holds its number of clones of a template ready, so that a create
 	// that fits one runs only the sandbox's own part. Members count
@@ -157,11 +141,6 @@ type Config struct {
 	// lacks, by digest, from the cluster (cluster.TemplateFetcher), so
 	// that a sandbox of any ready template can be made on any node.
 	FetchTemplate func(ctx context.Context, digest string) (template.Template, error)
-	// ReclaimEvery, for a Node service, is how often it reclaims template
-	// storage (Reclaim) besides after its own builds and deletes: a
-	// template deleted through a replica, or a sandbox deleted on another
-	// node, may have been the last user of an image here. Default 5 min.
-	ReclaimEvery time.Duration
 }
 
 // Validate checks the configuration and fills in defaults.
@@ -193,14 +172,8 @@ func (c *Config) Validate() error {
 	if c.Node != "" && c.Front {
 		return errors.New("a service is a cluster node's or an API replica's, not both")
 	}
-	if c.ReclaimEvery == 0 {
-		c.ReclaimEvery = 5 * time.Minute
-	}
-	if c.MaxBuilds == 0 {
-		c.MaxBuilds = 1
-	}
-	if c.MaxContextBytes == 0 {
-		c.MaxContextBytes = 1 << 30
+	if c.Catalogue == nil {
+		c.Catalogue = noCatalogue{}
 	}
 	if c.MemoryBudgetMiB == 0 {
 		c.MemoryBudgetMiB = max(hostMemoryMiB()-1024, 1024)
@@ -260,12 +233,7 @@ type Service struct {
 	slots   chan struct{}  // start slots, MaxStarts of them
 	closing chan struct{}  // closed by Close: the reconcile loop ends
 
-	contexts *imagebuild.Contexts // uploaded build contexts
-	builds   *builds.Set          // builds in progress, with their own slots and lock
-	// reclaimMu is held exclusively by Reclaim and shared by whatever is
-	// between choosing a template image and recording its use (a create
-	// before its row exists).
-	reclaimMu sync.RWMutex
+	catalogue Catalogue // templates a cluster's catalogue names; Reclaim
 
 	mu       sync.Mutex           // guards the fields below
 	live     map[string]*live     // sandboxes this server looks after (with a VM, or suspended)
@@ -294,11 +262,9 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	sctx, cancel := context.WithCancel(context.Background())
 	s := &Service{
 		cfg: cfg, log: cfg.Log, st: cfg.Store, rt: cfg.Runtime, m: cfg.Metrics,
-		templates: cfg.Templates, clock: cfg.Clock,
+		templates: cfg.Templates, clock: cfg.Clock, catalogue: cfg.Catalogue,
 		ctx: sctx, cancel: cancel,
 		slots:    make(chan struct{}, cfg.MaxStarts),
-		contexts: imagebuild.OpenContexts(filepath.Join(cfg.Dir.Root, "build-contexts")),
-		builds:   builds.NewSet(cfg.MaxBuilds, maxQueuedBuilds),
 		closing:  make(chan struct{}),
 		live:     map[string]*live{},
 		creating: map[string]*creation{},

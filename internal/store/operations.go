@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/timings"
 )
@@ -197,4 +198,14 @@ func timingsJSON(t timings.Timings) any {
 		return nil // a float that cannot be written; not worth failing the operation
 	}
 	return string(b)
+}
+
+// View is the operation as the API shows it.
+func (op Operation) View() apiv1.Operation {
+	v := apiv1.Operation{ID: op.ID, Kind: op.Kind, TargetID: op.TargetID, Status: op.Status,
+		CreatedAt: op.CreatedAt, FinishedAt: op.FinishedAt, Timings: op.Timings}
+	if op.Error != nil {
+		v.Error = &apiv1.Status{Code: op.Error.Code, Message: op.Error.Message}
+	}
+	return v
 }

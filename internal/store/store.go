@@ -370,3 +370,9 @@ type Error struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
 }
+
+// ErrorOf is how err is recorded: the API code of its class and its
+// full text.
+func ErrorOf(err error) Error {
+	return Error{Code: errdefs.ClassOf(err).Code, Message: err.Error()}
+}

@@ -1,4 +1,4 @@
-package service
+package builds
 
 import (
 	"bytes"
@@ -11,7 +11,7 @@ import (
 
 	"github.com/airlockhq/airlock/internal/agentclient"
 	"github.com/airlockhq/airlock/internal/agentproto"
-	"github.com/airlockhq/airlock/internal/builds"
+	"github.com/airlockhq/airlock/internal/diskspace"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/gateway/policy"
 	"github.com/airlockhq/airlock/internal/ids"
@@ -25,7 +25,7 @@ import (
 // reached, in which RUN and COPY steps happen, and whose disk is saved as
 // the next image after each.
 type builder struct {
-	s      *Service
+	b      *Service
 	box    VM
 	digest string // the image its disk equals
 }
@@ -37,76 +37,70 @@ const buildSandboxPrefix = "sbxbuild"
 // not a sandbox of the API: no row, no lease; its VM dies with this
 // process, and its directory at the next start (removeBuildSandboxes) if
 // this process is killed.
-func (s *Service) newBuilder(ctx context.Context, tpl template.Template, st template.Settings, pol policy.Policy) (*builder, error) {
-	select {
-	case s.slots <- struct{}{}:
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-	defer func() { <-s.slots }()
-	box, err := s.rt.Create(ctx, sandbox.Spec{
+func (b *Service) newBuilder(ctx context.Context, tpl template.Template, st template.Settings, pol policy.Policy) (*builder, error) {
+	box, err := b.sandboxes.BootBuildVM(ctx, sandbox.Spec{
 		ID: ids.New(buildSandboxPrefix), Template: tpl.Digest, ColdBoot: true, NoStart: true,
 		VCPUs: st.VCPUs, MemoryMiB: st.MemoryMiB, DiskMiB: max(st.DiskMiB, defaultBuildDiskMiB), Network: &pol,
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &builder{s: s, box: box, digest: tpl.Digest}, nil
+	return &builder{b: b, box: box, digest: tpl.Digest}, nil
 }
 
 // close destroys the build sandbox; a nil builder is fine.
-func (b *builder) close() {
-	if b == nil || b.box == nil {
+func (v *builder) close() {
+	if v == nil || v.box == nil {
 		return
 	}
-	if err := b.box.Destroy(context.Background()); err != nil {
-		b.s.log.Warn("destroy a build sandbox", "sandbox", b.box.SandboxID(), "err", err)
+	if err := v.box.Destroy(context.Background()); err != nil {
+		v.b.log.Warn("destroy a build sandbox", "sandbox", v.box.SandboxID(), "err", err)
 	}
-	b.box = nil
+	v.box = nil
 }
 
 // ensureDir makes the working directory of a step if the image lacks it,
 // as Docker does.
-func (b *builder) ensureDir(ctx context.Context, dir string) error {
+func (v *builder) ensureDir(ctx context.Context, dir string) error {
 	if dir == "" || dir == "/" {
 		return nil
 	}
-	return b.box.Agent().Mkdir(ctx, dir)
+	return v.box.Agent().Mkdir(ctx, dir)
 }
 
 // run runs a RUN step with /bin/sh -c, its output going to the log. A
 // non-zero exit is the build's error, with the step's last lines.
-func (b *builder) run(ctx context.Context, n int, step imagebuild.Step, st imagebuild.State, rlog *builds.Log) error {
+func (v *builder) run(ctx context.Context, n int, step imagebuild.Step, st imagebuild.State, rlog *Log) error {
 	cmd := step.Run
 	ctx, cancel := context.WithTimeout(ctx, stepTimeout)
 	defer cancel()
 	stdout, flushOut := rlog.Writer(n, "stdout")
 	stderr, flushErr := rlog.Writer(n, "stderr")
-	p, err := b.box.Exec(ctx, agentproto.ExecRequest{Cmd: cmd, Env: st.RunEnv(step), Cwd: st.Resolve("."), User: st.User},
+	p, err := v.box.Exec(ctx, agentproto.ExecRequest{Cmd: cmd, Env: st.RunEnv(step), Cwd: st.Resolve("."), User: st.User},
 		agentclient.Stdio{Stdout: stdout, Stderr: stderr})
 	if err != nil {
-		return fmt.Errorf("step %d (RUN %s): %w", n, builds.Short(cmd), err)
+		return fmt.Errorf("step %d (RUN %s): %w", n, Short(cmd), err)
 	}
-	exit, err := b.box.Wait(p)
+	exit, err := v.box.Wait(p)
 	flushOut()
 	flushErr()
 	if err != nil {
-		return fmt.Errorf("step %d (RUN %s): %w", n, builds.Short(cmd), err)
+		return fmt.Errorf("step %d (RUN %s): %w", n, Short(cmd), err)
 	}
 	if exit.ExitCode != 0 {
 		return fmt.Errorf("step %d (RUN %s) exited with code %d; its last lines:\n%s: %w",
-			n, builds.Short(cmd), exit.ExitCode, builds.LastLinesText(rlog.LastLines(n)), errdefs.ErrInvalid)
+			n, Short(cmd), exit.ExitCode, LastLinesText(rlog.LastLines(n)), errdefs.ErrInvalid)
 	}
 	return nil
 }
 
 // copyIn extracts what a COPY step selected from the context at its
 // destination, owned by root or by the step's chown, as Docker does.
-func (b *builder) copyIn(ctx context.Context, n int, st imagebuild.Step, sel *imagebuild.Selection, state imagebuild.State) error {
+func (v *builder) copyIn(ctx context.Context, n int, st imagebuild.Step, sel *imagebuild.Selection, state imagebuild.State) error {
 	what := fmt.Sprintf("step %d (%s)", n, st.String())
 	dest := state.Resolve(st.Copy.Dest)
 	if !strings.HasSuffix(dest, "/") {
-		if fi, err := b.box.Agent().Stat(ctx, dest); err == nil && fi.Type == "dir" {
+		if fi, err := v.box.Agent().Stat(ctx, dest); err == nil && fi.Type == "dir" {
 			dest += "/" // an existing directory receives the source inside it
 		}
 	}
@@ -114,7 +108,7 @@ func (b *builder) copyIn(ctx context.Context, n int, st imagebuild.Step, sel *im
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
-	err = b.box.Agent().TarIn(ctx, root, r)
+	err = v.box.Agent().TarIn(ctx, root, r)
 	r.Close() // it only reads the build context: a close loses nothing
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, err)
@@ -127,12 +121,12 @@ func (b *builder) copyIn(ctx context.Context, n int, st imagebuild.Step, sel *im
 		return fmt.Errorf("%s: %w", what, err)
 	}
 	var out bytes.Buffer
-	p, err := b.box.Exec(ctx, agentproto.ExecRequest{Argv: append([]string{"chown", "-R", "-h", st.Copy.Chown}, targets...)},
+	p, err := v.box.Exec(ctx, agentproto.ExecRequest{Argv: append([]string{"chown", "-R", "-h", st.Copy.Chown}, targets...)},
 		agentclient.Stdio{Stdout: &out, Stderr: &out})
 	if err != nil {
 		return fmt.Errorf("%s: chown: %w", what, err)
 	}
-	exit, err := b.box.Wait(p)
+	exit, err := v.box.Wait(p)
 	if err == nil && exit.ExitCode != 0 {
 		err = fmt.Errorf("chown exited with code %d: %s: %w", exit.ExitCode, strings.TrimSpace(out.String()), errdefs.ErrInvalid)
 	}
@@ -145,37 +139,37 @@ func (b *builder) copyIn(ctx context.Context, n int, st imagebuild.Step, sel *im
 // removeWorkDir removes a work directory of a build or a save (see
 // template.Store.TempDir). One left behind holds a disk's worth of space,
 // so a failure is logged.
-func (s *Service) removeWorkDir(dir string) {
+func (b *Service) removeWorkDir(dir string) {
 	if err := os.RemoveAll(dir); err != nil {
-		s.log.Warn("remove a work directory", "dir", dir, "err", err)
+		b.log.Warn("remove a work directory", "dir", dir, "err", err)
 	}
 }
 
 // save writes the build sandbox's disk as a new image.
-func (b *builder) save(ctx context.Context, run *builds.Run, st template.Settings) (template.Template, error) {
-	store := b.s.templates
+func (v *builder) save(ctx context.Context, run *Run, st template.Settings) (template.Template, error) {
+	store := v.b.templates
 	dir, err := store.TempDir("save")
 	if err != nil {
 		return template.Template{}, err
 	}
-	defer b.s.removeWorkDir(dir)
+	defer v.b.removeWorkDir(dir)
 	img := filepath.Join(dir, "disk.ext4")
-	if err := b.box.SaveDisk(ctx, img); err != nil {
+	if err := v.box.SaveDisk(ctx, img); err != nil {
 		return template.Template{}, err
 	}
-	return b.s.builds.Store(run, func() (template.Template, error) { return store.PutImage(ctx, img, st) })
+	return v.b.builds.Store(run, func() (template.Template, error) { return store.PutImage(ctx, img, st) })
 }
 
 // buildBase returns the image a build starts from: a stored template, or
 // an OCI image pulled or uploaded and flattened into a new one (cached by
 // its manifest or archive digest).
-func (s *Service) buildBase(ctx context.Context, run *builds.Run, pl plan) (template.Template, error) {
-	store := s.templates
+func (b *Service) buildBase(ctx context.Context, run *Run, pl plan) (template.Template, error) {
+	store := b.templates
 	var img oci.Image
 	var key string
 	switch {
 	case strings.HasPrefix(pl.from, "docker://"):
-		opts := oci.PullOptions{Trusted: s.cfg.TrustedRegistries, HostCredentials: s.cfg.RegistryHostCredentials}
+		opts := oci.PullOptions{Trusted: b.cfg.TrustedRegistries, HostCredentials: b.cfg.RegistryHostCredentials}
 		if pl.auth != nil {
 			opts.Username, opts.Password = pl.auth.Username, pl.auth.Password
 		}
@@ -185,18 +179,18 @@ func (s *Service) buildBase(ctx context.Context, run *builds.Run, pl plan) (temp
 		if img, mdigest, err = oci.Pull(ctx, strings.TrimPrefix(pl.from, "docker://"), opts); err != nil {
 			return template.Template{}, err
 		}
-		key = builds.CacheKey("image", mdigest)
+		key = CacheKey("image", mdigest)
 		run.Log.Infof(0, "resolved to %s", mdigest)
 	case strings.HasPrefix(pl.from, "oci-archive:"):
 		id := strings.TrimPrefix(pl.from, "oci-archive:")
-		p, dgst, err := s.contexts.Path(id)
+		p, dgst, err := b.contexts.Path(id)
 		if err != nil {
 			return template.Template{}, err
 		}
 		if img, err = oci.OpenArchive(p); err != nil {
 			return template.Template{}, err
 		}
-		key = builds.CacheKey("archive", dgst)
+		key = CacheKey("archive", dgst)
 	default:
 		t, err := store.Resolve(pl.base.Digest)
 		if err != nil {
@@ -205,7 +199,7 @@ func (s *Service) buildBase(ctx context.Context, run *builds.Run, pl plan) (temp
 		run.Log.Infof(0, "base template %s is %s", pl.base.Ref(), t.Digest)
 		return t, nil
 	}
-	if t, ok := s.cached(run, key); ok {
+	if t, ok := b.cached(run, key); ok {
 		run.Log.Infof(0, "image cached as %s", t.Digest)
 		return t, nil
 	}
@@ -217,12 +211,12 @@ func (s *Service) buildBase(ctx context.Context, run *builds.Run, pl plan) (temp
 	if err != nil {
 		return template.Template{}, err
 	}
-	defer s.removeWorkDir(dir)
+	defer b.removeWorkDir(dir)
 	root := filepath.Join(dir, "root")
 	if err := os.Mkdir(root, 0o755); err != nil {
 		return template.Template{}, err
 	}
-	limit, room, err := s.flattenLimit(root)
+	limit, room, err := b.sandboxes.FlattenLimit(root)
 	if err != nil {
 		return template.Template{}, err
 	}
@@ -230,7 +224,7 @@ func (s *Service) buildBase(ctx context.Context, run *builds.Run, pl plan) (temp
 	if err := oci.Flatten(ctx, img, root, limit); err != nil {
 		if errors.Is(err, errdefs.ErrTooLarge) && room {
 			return template.Template{}, fmt.Errorf("the image unpacks to more than the %s the data directory can take while keeping --min-free-disk free (its tree and then its filesystem image): free some space and retry: %w",
-				byteSize(limit), errdefs.ErrExhausted)
+				diskspace.Size(limit), errdefs.ErrExhausted)
 		}
 		return template.Template{}, err
 	}
@@ -239,17 +233,17 @@ func (s *Service) buildBase(ctx context.Context, run *builds.Run, pl plan) (temp
 		return template.Template{}, err
 	}
 	settings := template.Settings{VCPUs: 1, MemoryMiB: 512, DiskMiB: defaultBuildDiskMiB, Config: conf,
-		StartCmd: builds.Entrypoint(cfg.Entrypoint, cfg.Cmd)}
-	if err := builds.WriteImageConfig(root, settings); err != nil {
+		StartCmd: Entrypoint(cfg.Entrypoint, cfg.Cmd)}
+	if err := WriteImageConfig(root, settings); err != nil {
 		return template.Template{}, err
 	}
 	run.Log.Infof(0, "making the root filesystem")
-	tools, release, err := s.rt.BuildTools(dir)
+	tools, release, err := b.rt.BuildTools(dir)
 	if err != nil {
 		return template.Template{}, err
 	}
 	defer release()
-	t, err := s.builds.Store(run, func() (template.Template, error) {
+	t, err := b.builds.Store(run, func() (template.Template, error) {
 		return store.PutTreeWith(ctx, root, settings, tools.TreeRunner())
 	})
 	if err != nil {
@@ -264,16 +258,16 @@ func (s *Service) buildBase(ctx context.Context, run *builds.Run, pl plan) (temp
 // finalImage makes the template's image: the last step's image with the
 // template's configuration written into it (template.ImageConfigPath) and
 // its working directory made, cached by both.
-func (s *Service) finalImage(ctx context.Context, run *builds.Run, cur template.Template, st template.Settings) (template.Template, error) {
+func (b *Service) finalImage(ctx context.Context, run *Run, cur template.Template, st template.Settings) (template.Template, error) {
 	if st.Config != nil {
 		if err := st.Config.Validate(); err != nil {
 			return template.Template{}, err
 		}
 	}
-	store := s.templates
-	conf := builds.ImageConfigJSON(st)
-	key := builds.CacheKey("final", cur.Digest, string(conf))
-	if t, ok := s.cached(run, key); ok {
+	store := b.templates
+	conf := ImageConfigJSON(st)
+	key := CacheKey("final", cur.Digest, string(conf))
+	if t, ok := b.cached(run, key); ok {
 		run.Log.Infof(0, "configuration cached (%s)", t.Digest)
 		return t, nil
 	}
@@ -281,13 +275,13 @@ func (s *Service) finalImage(ctx context.Context, run *builds.Run, cur template.
 	if err != nil {
 		return template.Template{}, err
 	}
-	defer s.removeWorkDir(dir)
+	defer b.removeWorkDir(dir)
 	img := filepath.Join(dir, "disk.ext4")
-	if err := builds.CopySparse(ctx, cur.Image, img); err != nil {
+	if err := CopySparse(ctx, cur.Image, img); err != nil {
 		return template.Template{}, err
 	}
 	run.Log.Infof(0, "writing the template's configuration")
-	tools, release, err := s.rt.BuildTools(dir)
+	tools, release, err := b.rt.BuildTools(dir)
 	if err != nil {
 		return template.Template{}, err
 	}
@@ -305,7 +299,7 @@ func (s *Service) finalImage(ctx context.Context, run *builds.Run, cur template.
 	if err := tools.GiveBack(img); err != nil {
 		return template.Template{}, err
 	}
-	t, err := s.builds.Store(run, func() (template.Template, error) { return store.PutImage(ctx, img, st) })
+	t, err := b.builds.Store(run, func() (template.Template, error) { return store.PutImage(ctx, img, st) })
 	if err != nil {
 		return template.Template{}, err
 	}

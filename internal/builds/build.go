@@ -1,4 +1,4 @@
-package service
+package builds
 
 import (
 	"context"
@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
-	"github.com/airlockhq/airlock/internal/builds"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/gateway/policy"
 	"github.com/airlockhq/airlock/internal/ids"
@@ -27,9 +26,6 @@ import (
 const (
 	// maxBuildSteps bounds the steps of one build.
 	maxBuildSteps = 256
-	// maxFlattenBytes bounds the unpacked size of an image pulled or
-	// uploaded as a template base.
-	maxFlattenBytes = 64 << 30
 	// defaultBuildDiskMiB is the disk of a build's sandbox and of a
 	// template made from an image when the request gives none.
 	defaultBuildDiskMiB = 4096
@@ -43,11 +39,11 @@ const contextAge = 24 * time.Hour
 
 // pruneContexts removes build contexts older than contextAge that no
 // build in progress reads.
-func (s *Service) pruneContexts() {
-	if n, err := s.contexts.Prune(contextAge, s.builds.Contexts()); err != nil {
-		s.log.Warn("prune build contexts", "err", err)
+func (b *Service) pruneContexts() {
+	if n, err := b.contexts.Prune(contextAge, b.builds.Contexts()); err != nil {
+		b.log.Warn("prune build contexts", "err", err)
 	} else if n > 0 {
-		s.log.Info("removed old build contexts", "count", n)
+		b.log.Info("removed old build contexts", "count", n)
 	}
 }
 
@@ -81,30 +77,22 @@ type plan struct {
 
 // CreateTemplate checks a build request, records the build and its
 // operation, and runs it in the background.
-func (s *Service) CreateTemplate(ctx context.Context, p Principal, req apiv1.CreateTemplate) (apiv1.TemplateOperation, error) {
-	if err := s.noReplicaBuilds(); err != nil {
+func (b *Service) CreateTemplate(ctx context.Context, p Principal, req apiv1.CreateTemplate) (apiv1.TemplateOperation, error) {
+	if err := b.noReplicaBuilds(); err != nil {
 		return apiv1.TemplateOperation{}, err
 	}
-	pl, err := s.planBuild(ctx, req)
+	pl, err := b.planBuild(ctx, req)
 	if err != nil {
 		return apiv1.TemplateOperation{}, err
 	}
-	l, err := s.limitsOf(ctx, p.KeyID)
-	if err != nil {
+	if err := b.sandboxes.AdmitBuild(ctx, p.KeyID); err != nil {
 		return apiv1.TemplateOperation{}, err
 	}
-	u, err := s.st.KeyUsage(ctx, p.KeyID)
-	if err != nil {
-		return apiv1.TemplateOperation{}, err
-	}
-	if err := within(p.KeyID, l, u, want{builds: 1}); err != nil {
-		return apiv1.TemplateOperation{}, err
-	}
-	body, _ := json.Marshal(builds.RedactAuth(req))
-	return s.startBuild(p, pl, body)
+	body, _ := json.Marshal(RedactAuth(req))
+	return b.startBuild(p, pl, body)
 }
 
-func (s *Service) planBuild(ctx context.Context, req apiv1.CreateTemplate) (plan, error) {
+func (b *Service) planBuild(ctx context.Context, req apiv1.CreateTemplate) (plan, error) {
 	pl := plan{name: req.Name, tag: req.Tag, context: req.Context, startCmd: req.StartCmd, readyCmd: req.ReadyCmd,
 		vcpus: req.VCPUs, memoryMiB: req.MemoryMiB, diskMiB: req.DiskMiB, auth: req.RegistryAuth}
 	if pl.tag == "" {
@@ -139,7 +127,7 @@ func (s *Service) planBuild(ctx context.Context, req apiv1.CreateTemplate) (plan
 		}
 		pl.from = req.From
 		for _, st := range req.Steps {
-			pl.steps = append(pl.steps, builds.StepFromAPI(st))
+			pl.steps = append(pl.steps, StepFromAPI(st))
 		}
 	}
 	if len(pl.steps) > maxBuildSteps {
@@ -154,7 +142,7 @@ func (s *Service) planBuild(ctx context.Context, req apiv1.CreateTemplate) (plan
 		}
 	}
 	if pl.context != "" {
-		if _, _, err := s.contexts.Path(pl.context); err != nil {
+		if _, _, err := b.contexts.Path(pl.context); err != nil {
 			return pl, err
 		}
 	}
@@ -166,7 +154,7 @@ func (s *Service) planBuild(ctx context.Context, req apiv1.CreateTemplate) (plan
 	if pl.readyCmd != "" && pl.startCmd == "" {
 		return pl, fmt.Errorf("ready_cmd checks that the start_cmd is up: give a start_cmd too: %w", errdefs.ErrInvalid)
 	}
-	if err := s.checkBase(ctx, &pl); err != nil {
+	if err := b.checkBase(ctx, &pl); err != nil {
 		return pl, err
 	}
 	if req.RegistryAuth != nil && !strings.HasPrefix(pl.from, "docker://") {
@@ -182,7 +170,7 @@ func (s *Service) planBuild(ctx context.Context, req apiv1.CreateTemplate) (plan
 	if pl.diskMiB < 0 || pl.diskMiB > l.MaxDiskMiB {
 		return pl, fmt.Errorf("disk %d MiB is out of bounds: use up to %d: %w", pl.diskMiB, l.MaxDiskMiB, errdefs.ErrInvalid)
 	}
-	pol := policy.Policy{Egress: s.cfg.DefaultEgress}
+	pol := policy.Policy{Egress: b.cfg.DefaultEgress}
 	if len(req.Network) > 0 && string(req.Network) != "null" {
 		var err error
 		if pol, err = policy.Parse(req.Network); err != nil {
@@ -193,7 +181,7 @@ func (s *Service) planBuild(ctx context.Context, req apiv1.CreateTemplate) (plan
 		}
 	}
 	pl.network = pol.Normalized()
-	if err := s.egressBounds().Check(pl.network, "network"); err != nil {
+	if err := b.sandboxes.EgressBounds().Check(pl.network, "network"); err != nil {
 		return pl, err
 	}
 	return pl, nil
@@ -201,16 +189,16 @@ func (s *Service) planBuild(ctx context.Context, req apiv1.CreateTemplate) (plan
 
 // checkBase checks the build's base before anything is recorded: a
 // template that exists, a trusted registry, an uploaded archive.
-func (s *Service) checkBase(ctx context.Context, pl *plan) error {
+func (b *Service) checkBase(ctx context.Context, pl *plan) error {
 	switch {
 	case strings.HasPrefix(pl.from, "docker://"):
 		ref := strings.TrimPrefix(pl.from, "docker://")
-		return oci.CheckRef(ref, s.cfg.TrustedRegistries)
+		return oci.CheckRef(ref, b.cfg.TrustedRegistries)
 	case strings.HasPrefix(pl.from, "oci-archive:"):
-		_, _, err := s.contexts.Path(strings.TrimPrefix(pl.from, "oci-archive:"))
+		_, _, err := b.contexts.Path(strings.TrimPrefix(pl.from, "oci-archive:"))
 		return err
 	default:
-		t, err := s.resolveTemplate(ctx, pl.from)
+		t, err := b.resolveTemplate(ctx, pl.from)
 		pl.base = t
 		return err
 	}
@@ -219,46 +207,46 @@ func (s *Service) checkBase(ctx context.Context, pl *plan) error {
 // mayWrite checks that p may point name:tag at a new build: an admin key
 // any tag, a user key a new one or one it built itself, so that a tenant
 // cannot replace a template others start from (a built-in above all).
-func (s *Service) mayWrite(ctx context.Context, p Principal, name, tag string) error {
-	if s.clustered() {
-		if t, err := s.templates.Resolve(name + ":" + tag); err == nil {
+func (b *Service) mayWrite(ctx context.Context, p Principal, name, tag string) error {
+	if b.role.clustered() {
+		if t, err := b.templates.Resolve(name + ":" + tag); err == nil {
 			return fmt.Errorf("template %s is provisioned in the data directories, which a build in a cluster does not change: pick another name or tag: %w", t.Ref(), errdefs.ErrConflict)
 		}
 	}
-	if p.Admin() {
+	if p.Admin {
 		return nil
 	}
-	b, err := s.st.LatestBuild(ctx, name, tag)
+	bld, err := b.st.LatestBuild(ctx, name, tag)
 	switch {
 	case errors.Is(err, errdefs.ErrNotFound):
-		if _, rerr := s.templates.Resolve(name + ":" + tag); rerr != nil {
+		if _, rerr := b.templates.Resolve(name + ":" + tag); rerr != nil {
 			return nil // a new name:tag
 		}
 	case err != nil:
 		return err
-	case b.Owner == p.KeyID:
+	case bld.Owner == p.KeyID:
 		return nil
 	}
 	return fmt.Errorf("template %s:%s was not built with this key: only an admin key may replace it; pick another name or tag: %w", name, tag, errdefs.ErrPermission)
 }
 
 // startBuild records the build and its operation and starts it.
-func (s *Service) startBuild(p Principal, pl plan, body []byte) (apiv1.TemplateOperation, error) {
-	if err := s.mayWrite(s.ctx, p, pl.name, pl.tag); err != nil {
+func (b *Service) startBuild(p Principal, pl plan, body []byte) (apiv1.TemplateOperation, error) {
+	if err := b.mayWrite(b.ctx, p, pl.name, pl.tag); err != nil {
 		return apiv1.TemplateOperation{}, err
 	}
-	if err := s.checkFreeDisk(s.cfg.Dir.Templates()); err != nil {
+	if err := b.sandboxes.CheckFreeDisk(b.cfg.Dir.Templates()); err != nil {
 		return apiv1.TemplateOperation{}, err
 	}
-	now := s.now()
+	now := b.now()
 	rec := store.Build{ID: ids.New("bld"), Owner: p.KeyID, Name: pl.name, Tag: pl.tag, Status: apiv1.TemplateBuilding,
-		Request: body, CreatedAt: now, Node: s.cfg.Node}
+		Request: body, CreatedAt: now, Node: b.role.Node}
 	op := store.Operation{ID: ids.New("op"), Kind: apiv1.OpBuild, TargetID: rec.ID, Owner: p.KeyID, Status: apiv1.OpPending, CreatedAt: now}
-	bctx, cancel := context.WithCancel(s.ctx)
-	run := &builds.Run{Rec: rec, Op: op, Cancel: cancel, Done: make(chan struct{})}
+	bctx, cancel := context.WithCancel(b.ctx)
+	run := &Run{Rec: rec, Op: op, Cancel: cancel, Done: make(chan struct{})}
 	if pl.base.Digest != "" {
 		run.Base = pl.base.Ref()
-		s.builds.Pin(run, pl.base.Digest)
+		b.builds.Pin(run, pl.base.Digest)
 	}
 	if pl.context != "" {
 		run.Contexts = append(run.Contexts, pl.context)
@@ -267,94 +255,91 @@ func (s *Service) startBuild(p Principal, pl plan, body []byte) (apiv1.TemplateO
 		run.Contexts = append(run.Contexts, id)
 	}
 	var err error
-	if run.Log, err = builds.NewLog(s.buildLogPath(rec.ID)); err != nil {
+	if run.Log, err = NewLog(b.buildLogPath(rec.ID)); err != nil {
 		cancel()
 		return apiv1.TemplateOperation{}, fmt.Errorf("start the build log: %w", err)
 	}
 
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
 		cancel()
 		_ = run.Log.Close() // refused before it began: nothing was written
 		return apiv1.TemplateOperation{}, fmt.Errorf("the server is shutting down: retry shortly: %w", errdefs.ErrUnavailable)
 	}
-	s.work.Add(1)
-	s.mu.Unlock()
-	if err := s.builds.Add(run); err != nil {
-		s.work.Done()
+	b.work.Add(1)
+	b.mu.Unlock()
+	if err := b.builds.Add(run); err != nil {
+		b.work.Done()
 		cancel()
 		_ = run.Log.Close() // refused before it began: nothing was written
 		return apiv1.TemplateOperation{}, err
 	}
 
-	if err := s.st.InsertBuild(s.ctx, rec, op); err != nil {
-		s.builds.Remove(rec.ID)
+	if err := b.st.InsertBuild(b.ctx, rec, op); err != nil {
+		b.builds.Remove(rec.ID)
 		cancel()
 		_ = run.Log.Close() // removed next: nothing in it to lose
-		if err := os.Remove(s.buildLogPath(rec.ID)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			s.log.Warn("remove the log of a build not recorded", "build", rec.ID, "err", err)
+		if err := os.Remove(b.buildLogPath(rec.ID)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			b.log.Warn("remove the log of a build not recorded", "build", rec.ID, "err", err)
 		}
-		s.work.Done()
+		b.work.Done()
 		return apiv1.TemplateOperation{}, fmt.Errorf("record build: %w", err)
 	}
-	s.m.opStarted(op.Kind)
-	go s.runBuild(bctx, run, pl)
-	return apiv1.TemplateOperation{Template: builds.BuildView(rec, pl.from, len(pl.steps)), Operation: opView(op)}, nil
+	b.sandboxes.OperationStarted(op)
+	go b.runBuild(bctx, run, pl)
+	return apiv1.TemplateOperation{Template: BuildView(rec, pl.from, len(pl.steps)), Operation: op.View()}, nil
 }
-
-// maxQueuedBuilds bounds the builds running or waiting on one server.
-const maxQueuedBuilds = 16
 
 // runBuild waits for the build slot, builds, tags the result and records
 // how it ended.
-func (s *Service) runBuild(ctx context.Context, run *builds.Run, pl plan) {
-	defer s.work.Done()
+func (b *Service) runBuild(ctx context.Context, run *Run, pl plan) {
+	defer b.work.Done()
 	defer run.Cancel()
 	if pl.release != nil {
 		defer pl.release()
 	}
 	start := time.Now()
-	log := s.log.With("build", run.Rec.ID, "template", pl.name+":"+pl.tag)
+	log := b.log.With("build", run.Rec.ID, "template", pl.name+":"+pl.tag)
 	var tpl template.Template
 	err := func() error {
 		if pl.saveFrom == "" { // a save boots nothing and waits for no slot
-			release, err := s.builds.Slot(ctx)
+			release, err := b.builds.Slot(ctx)
 			if err != nil {
 				return err
 			}
 			defer release()
 		}
 		run.Op.Status = apiv1.OpRunning
-		if err := s.st.UpdateOperation(s.ctx, run.Op); err != nil {
+		if err := b.st.UpdateOperation(b.ctx, run.Op); err != nil {
 			return err
 		}
 		var err error
 		if pl.saveFrom != "" {
-			tpl, err = s.saveSandbox(ctx, run, pl)
+			tpl, err = b.saveSandbox(ctx, run, pl)
 		} else {
-			tpl, err = s.build(ctx, run, pl)
+			tpl, err = b.build(ctx, run, pl)
 		}
 		if err != nil {
 			return err
 		}
-		tpl, err = s.tagBuilt(s.ctx, pl.name, pl.tag, tpl.Digest, run.Rec.Owner)
+		tpl, err = b.tagBuilt(b.ctx, pl.name, pl.tag, tpl.Digest, run.Rec.Owner)
 		return err
 	}()
-	if s.ctx.Err() != nil {
+	if b.ctx.Err() != nil {
 		// Shutting down: the next start fails the build with a reason.
 		run.Log.Infof(0, "the server is shutting down; the build is cut short")
 		if err := run.Log.Close(); err != nil {
 			log.Warn("the build's log may have lost lines", "err", err)
 		}
-		s.builds.Remove(run.Rec.ID)
+		b.builds.Remove(run.Rec.ID)
 		close(run.Done)
 		return
 	}
-	now := s.now()
+	now := b.now()
 	run.Rec.FinishedAt, run.Op.FinishedAt = &now, &now
 	if err != nil {
-		st := errorStatus(err)
+		st := store.ErrorOf(err)
 		if errors.Is(err, context.Canceled) {
 			st = store.Error{Code: apiv1.CodeConflict, Message: "the build was cancelled"}
 		}
@@ -374,48 +359,47 @@ func (s *Service) runBuild(ctx context.Context, run *builds.Run, pl plan) {
 	if pl.ending != nil {
 		pl.ending()
 	}
-	if err := s.st.FinishBuild(s.ctx, run.Rec, run.Op); err != nil {
+	if err := b.st.FinishBuild(b.ctx, run.Rec, run.Op); err != nil {
 		log.Error("record the end of a build", "err", err)
 	}
-	s.builds.Remove(run.Rec.ID)
+	b.builds.Remove(run.Rec.ID)
 	close(run.Done)
-	s.opFinished(run.Op.ID)
-	s.m.opFinished(run.Op.Kind, run.Op.Status, time.Since(start))
-	if _, err := s.Reclaim(s.ctx); err != nil {
+	b.sandboxes.OperationFinished(run.Op, time.Since(start))
+	if _, err := b.Reclaim(b.ctx); err != nil {
 		log.Warn("reclaim template storage", "err", err)
 	}
-	s.pruneContexts()
+	b.pruneContexts()
 }
 
 // cached returns and pins the image a step with the given key made, if it
 // is stored: under reclaimMu, so that Reclaim cannot remove it in between.
-func (s *Service) cached(run *builds.Run, key string) (template.Template, bool) {
-	s.reclaimMu.RLock()
-	defer s.reclaimMu.RUnlock()
-	t, ok := s.templates.Cached(key)
+func (b *Service) cached(run *Run, key string) (template.Template, bool) {
+	b.reclaimMu.RLock()
+	defer b.reclaimMu.RUnlock()
+	t, ok := b.templates.Cached(key)
 	if ok {
-		s.builds.Pin(run, t.Digest)
+		b.builds.Pin(run, t.Digest)
 	}
 	return t, ok
 }
 
 // build runs a build's steps from its base and returns the final image,
 // stored but not yet tagged.
-func (s *Service) build(ctx context.Context, run *builds.Run, pl plan) (template.Template, error) {
+func (b *Service) build(ctx context.Context, run *Run, pl plan) (template.Template, error) {
 	rlog := run.Log
-	store := s.templates
+	store := b.templates
 	rlog.Infof(0, "build %s:%s from %s, %d steps", pl.name, pl.tag, pl.from, len(pl.steps))
 	for _, w := range pl.warnings {
 		rlog.Infof(0, "warning: %s", w)
 	}
-	cur, err := s.buildBase(ctx, run, pl)
+	cur, err := b.buildBase(ctx, run, pl)
 	if err != nil {
 		return template.Template{}, fmt.Errorf("base %s: %w", pl.from, err)
 	}
-	s.builds.Pin(run, cur.Digest)
+	b.builds.Pin(run, cur.Digest)
 	base := cur
 	parents := []string{cur.Digest}
-	state := builds.StateOf(cur.Config)
+	state := StateOf(cur.Config)
 	settings := template.Settings{VCPUs: cur.VCPUs, MemoryMiB: cur.MemoryMiB, DiskMiB: cur.DiskMiB}
 	if pl.vcpus > 0 {
 		settings.VCPUs = pl.vcpus
@@ -442,14 +426,14 @@ func (s *Service) build(ctx context.Context, run *builds.Run, pl plan) (template
 		var copyDigest string
 		var sel *imagebuild.Selection
 		if st.Copy != nil {
-			sel, err = s.contexts.Select(pl.context, st.Copy.Src)
+			sel, err = b.contexts.Select(pl.context, st.Copy.Src)
 			if err != nil {
 				return template.Template{}, fmt.Errorf("step %d (%s): %w", n, st.String(), err)
 			}
 			copyDigest = sel.Digest
 		}
 		key := strings.TrimPrefix(imagebuild.CacheKey(cur.Digest, st, state, copyDigest), "sha256:")
-		if t, ok := s.cached(run, key); ok {
+		if t, ok := b.cached(run, key); ok {
 			rlog.Infof(n, "step %d: cached (%s)", n, t.Digest)
 			cur = t
 			parents = append(parents, cur.Digest)
@@ -458,7 +442,7 @@ func (s *Service) build(ctx context.Context, run *builds.Run, pl plan) (template
 		if vm == nil || vm.digest != cur.Digest {
 			vm.close()
 			rlog.Infof(n, "starting a build sandbox from %s", cur.Digest)
-			if vm, err = s.newBuilder(ctx, cur, settings, pl.network); err != nil {
+			if vm, err = b.newBuilder(ctx, cur, settings, pl.network); err != nil {
 				return template.Template{}, fmt.Errorf("step %d: start a build sandbox: %w", n, err)
 			}
 		}
@@ -474,7 +458,7 @@ func (s *Service) build(ctx context.Context, run *builds.Run, pl plan) (template
 		}
 		rlog.Infof(n, "saving the result of step %d", n)
 		t, err := vm.save(ctx, run, template.Settings{VCPUs: settings.VCPUs, MemoryMiB: settings.MemoryMiB, DiskMiB: settings.DiskMiB,
-			Config: builds.ImageConfig(state), Parents: slices.Clone(parents)})
+			Config: ImageConfig(state), Parents: slices.Clone(parents)})
 		if err != nil {
 			return template.Template{}, fmt.Errorf("step %d: save the result: %w", n, err)
 		}
@@ -495,8 +479,8 @@ func (s *Service) build(ctx context.Context, run *builds.Run, pl plan) (template
 		settings.StartCmd, settings.ReadyCmd = base.StartCmd, base.ReadyCmd
 		settings.ReadyPort, settings.ReadyPath = base.ReadyPort, base.ReadyPath
 	}
-	settings.Config = builds.ImageConfig(state)
+	settings.Config = ImageConfig(state)
 	settings.Source = &template.Source{From: pl.from, Resolved: parents[0], Steps: len(pl.steps)}
 	settings.Parents = parents
-	return s.finalImage(ctx, run, cur, settings)
+	return b.finalImage(ctx, run, cur, settings)
 }

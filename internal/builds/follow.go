@@ -1,4 +1,4 @@
-package service
+package builds
 
 import (
 	"bufio"
@@ -11,12 +11,11 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
-	"github.com/airlockhq/airlock/internal/builds"
 )
 
 // buildLogPath is where the log of build id is kept.
-func (s *Service) buildLogPath(id string) string {
-	return filepath.Join(s.cfg.Dir.Root, "builds", id+".log")
+func (b *Service) buildLogPath(id string) string {
+	return filepath.Join(b.cfg.Dir.Root, "builds", id+".log")
 }
 
 // FollowBuildLog calls line for every line of the log of the build that
@@ -24,18 +23,18 @@ func (s *Service) buildLogPath(id string) string {
 // build in progress until it ends, and with nil after each idle period
 // without a line (a keepalive); then it returns how the build ended. It
 // returns early with ctx's error when ctx ends, or with line's.
-func (s *Service) FollowBuildLog(ctx context.Context, ref string, idle time.Duration, line func(*apiv1.BuildLogLine) error) (apiv1.BuildEnd, error) {
-	b, err := s.buildOf(ctx, ref)
+func (b *Service) FollowBuildLog(ctx context.Context, ref string, idle time.Duration, line func(*apiv1.BuildLogLine) error) (apiv1.BuildEnd, error) {
+	bld, err := b.buildOf(ctx, ref)
 	if err != nil {
 		return apiv1.BuildEnd{}, err
 	}
-	run := s.builds.Get(b.ID)
-	f, err := os.Open(s.buildLogPath(b.ID))
+	run := b.builds.Get(bld.ID)
+	f, err := os.Open(b.buildLogPath(bld.ID))
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) && run == nil {
-			return builds.BuildEnd(b), nil // its log is gone: the end is all there is
+			return BuildEnd(bld), nil // its log is gone: the end is all there is
 		}
-		return apiv1.BuildEnd{}, fmt.Errorf("open the build log of %s: %w", b.ID, err)
+		return apiv1.BuildEnd{}, fmt.Errorf("open the build log of %s: %w", bld.ID, err)
 	}
 	defer f.Close()
 	r := bufio.NewReaderSize(f, 64<<10)
@@ -81,25 +80,22 @@ func (s *Service) FollowBuildLog(ctx context.Context, ref string, idle time.Dura
 	if run != nil {
 		<-run.Done // the log is closed just before the build's end is stored
 	}
-	if b, err = s.st.GetBuild(ctx, b.ID); err != nil {
+	if bld, err = b.st.GetBuild(ctx, bld.ID); err != nil {
 		return apiv1.BuildEnd{}, err
 	}
-	return builds.BuildEnd(b), nil
+	return BuildEnd(bld), nil
 }
-
-// MaxContextBytes is the largest build context the server takes.
-func (s *Service) MaxContextBytes() int64 { return s.cfg.MaxContextBytes }
 
 // ContextLimit is the largest build context p may upload: the server's
 // bound, or the key's build_context_mib when lower. keyMiB is then that
 // limit (else -1), for the refusal of an upload that passes it.
-func (s *Service) ContextLimit(ctx context.Context, p Principal) (limit, keyMiB int64, err error) {
-	l, err := s.limitsOf(ctx, p.KeyID)
+func (b *Service) ContextLimit(ctx context.Context, p Principal) (limit, keyMiB int64, err error) {
+	l, err := b.sandboxes.KeyLimits(ctx, p.KeyID)
 	if err != nil {
 		return 0, 0, err
 	}
-	if l.BuildContextMiB != nil && *l.BuildContextMiB<<20 < s.cfg.MaxContextBytes {
+	if l.BuildContextMiB != nil && *l.BuildContextMiB<<20 < b.cfg.MaxContextBytes {
 		return *l.BuildContextMiB << 20, *l.BuildContextMiB, nil
 	}
-	return s.cfg.MaxContextBytes, -1, nil
+	return b.cfg.MaxContextBytes, -1, nil
 }

@@ -1,4 +1,4 @@
-package service
+package builds
 
 import (
 	"context"
@@ -7,7 +7,6 @@ import (
 	"fmt"
 
 	"github.com/airlockhq/airlock/internal/errdefs"
-	"github.com/airlockhq/airlock/internal/sandbox"
 	"github.com/airlockhq/airlock/internal/store"
 	"github.com/airlockhq/airlock/internal/template"
 )
@@ -18,23 +17,19 @@ import (
 // the catalogue names it. An API replica resolves a ref through its own
 // template store (the built-in templates, or what an operator put there)
 // and then through the catalogue; a node that needs the image fetches it
-// by digest from a peer (Config.FetchTemplate).
-
-// clustered says whether the service is a cluster's: a node's or an API
-// replica's.
-func (s *Service) clustered() bool { return s.cfg.Node != "" || s.cfg.Front }
+// by digest from a peer (Role.FetchTemplate).
 
 // findTemplate resolves ref (name[:tag] or digest) through the runtime's
 // template store and, in cluster mode, then through the catalogue. It
 // says whether the catalogue gave it; a template the catalogue gives has
 // no image here (its Image is ""). A ref neither knows is the template
 // store's errdefs.ErrNotFound error.
-func (s *Service) findTemplate(ctx context.Context, ref string) (template.Template, bool, error) {
-	t, err := s.templates.Resolve(ref)
-	if err == nil || !errors.Is(err, errdefs.ErrNotFound) || !s.clustered() {
+func (b *Service) findTemplate(ctx context.Context, ref string) (template.Template, bool, error) {
+	t, err := b.templates.Resolve(ref)
+	if err == nil || !errors.Is(err, errdefs.ErrNotFound) || !b.role.clustered() {
 		return t, false, err
 	}
-	tag, cerr := s.catalogueTag(ctx, ref)
+	tag, cerr := b.catalogueTag(ctx, ref)
 	if errors.Is(cerr, errdefs.ErrNotFound) {
 		return t, false, err
 	}
@@ -47,15 +42,15 @@ func (s *Service) findTemplate(ctx context.Context, ref string) (template.Templa
 
 // catalogueTag returns the catalogue's entry for a name:tag, or the
 // newest entry that names a digest.
-func (s *Service) catalogueTag(ctx context.Context, ref string) (store.TemplateTag, error) {
+func (b *Service) catalogueTag(ctx context.Context, ref string) (store.TemplateTag, error) {
 	name, tag, err := template.ParseRef(ref)
 	if err != nil {
 		return store.TemplateTag{}, err
 	}
 	if name != "" {
-		return s.st.GetTemplateTag(ctx, name, tag)
+		return b.st.GetTemplateTag(ctx, name, tag)
 	}
-	return s.st.TemplateTagByDigest(ctx, tag)
+	return b.st.TemplateTagByDigest(ctx, tag)
 }
 
 // describedTag is the template a catalogue entry describes.
@@ -70,43 +65,42 @@ func describedTag(t store.TemplateTag) (template.Template, error) {
 // resolveTemplate is findTemplate for a template this service is to use:
 // on a node, a template from the catalogue resolves to its image here,
 // fetched first if the node lacks it.
-func (s *Service) resolveTemplate(ctx context.Context, ref string) (template.Template, error) {
-	t, catalogued, err := s.findTemplate(ctx, ref)
-	if err != nil || !catalogued || s.cfg.Node == "" {
+func (b *Service) resolveTemplate(ctx context.Context, ref string) (template.Template, error) {
+	t, catalogued, err := b.findTemplate(ctx, ref)
+	if err != nil || !catalogued || b.role.Node == "" {
 		return t, err
 	}
-	local, err := s.templates.Resolve(t.Digest)
-	if errors.Is(err, errdefs.ErrNotFound) && s.cfg.FetchTemplate != nil {
-		local, err = s.cfg.FetchTemplate(ctx, t.Digest)
+	local, err := b.templates.Resolve(t.Digest)
+	if errors.Is(err, errdefs.ErrNotFound) && b.role.FetchTemplate != nil {
+		local, err = b.role.FetchTemplate(ctx, t.Digest)
 	}
 	if err != nil {
-		return template.Template{}, fmt.Errorf("template %s (%s) is not on node %s and could not be fetched: %w", t.Ref(), t.Digest, s.cfg.Node, err)
+		return template.Template{}, fmt.Errorf("template %s (%s) is not on node %s and could not be fetched: %w", t.Ref(), t.Digest, b.role.Node, err)
 	}
 	local.Name, local.Tag = t.Name, t.Tag
 	return local, nil
 }
 
-// resolveSpec is the runtime's Resolve, which in cluster mode also takes a
-// template from the catalogue.
-func (s *Service) resolveSpec(ctx context.Context, want sandbox.Spec) (sandbox.Spec, template.Template, error) {
-	spec, tpl, err := s.rt.Resolve(want)
-	if !errors.Is(err, errdefs.ErrNotFound) || !s.clustered() {
-		return spec, tpl, err
+// ResolveCatalogued resolves a template ref the host's template store
+// lacks, for a sandbox to be made of it: in a cluster through the
+// catalogue (on a node, to its image here, fetched first if the node
+// lacks it). ok is false on a single host, which has no catalogue: the
+// template store's answer stands.
+func (b *Service) ResolveCatalogued(ctx context.Context, ref string) (t template.Template, ok bool, err error) {
+	if !b.role.clustered() {
+		return template.Template{}, false, nil
 	}
-	if tpl, err = s.resolveTemplate(ctx, spec.Template); err != nil {
-		return spec, tpl, err
-	}
-	spec, err = s.rt.Fit(spec, tpl)
-	return spec, tpl, err
+	t, err = b.resolveTemplate(ctx, ref)
+	return t, true, err
 }
 
 // tagBuilt points name:tag at the image a build or save made: in the
 // template store on a single host; on a node, in the catalogue.
-func (s *Service) tagBuilt(ctx context.Context, name, tag, dgst, owner string) (template.Template, error) {
-	if s.cfg.Node == "" {
-		return s.templates.Tag(name, tag, dgst)
+func (b *Service) tagBuilt(ctx context.Context, name, tag, dgst, owner string) (template.Template, error) {
+	if b.role.Node == "" {
+		return b.templates.Tag(name, tag, dgst)
 	}
-	t, err := s.templates.Resolve(dgst)
+	t, err := b.templates.Resolve(dgst)
 	if err != nil {
 		return t, err
 	}
@@ -114,7 +108,7 @@ func (s *Service) tagBuilt(ctx context.Context, name, tag, dgst, owner string) (
 	if err != nil {
 		return t, err
 	}
-	err = s.st.PutTemplateTag(ctx, store.TemplateTag{Name: name, Tag: tag, Digest: dgst, SizeBytes: t.SizeBytes,
+	err = b.st.PutTemplateTag(ctx, store.TemplateTag{Name: name, Tag: tag, Digest: dgst, SizeBytes: t.SizeBytes,
 		Settings: settings, Owner: owner})
 	t.Name, t.Tag = name, tag
 	return t, err
@@ -122,12 +116,12 @@ func (s *Service) tagBuilt(ctx context.Context, name, tag, dgst, owner string) (
 
 // catalogueDigests returns the digests the catalogue names, none on a
 // single host: a node keeps those images (Reclaim).
-func (s *Service) catalogueDigests(ctx context.Context) (map[string]bool, error) {
+func (b *Service) catalogueDigests(ctx context.Context) (map[string]bool, error) {
 	out := map[string]bool{}
-	if !s.clustered() {
+	if !b.role.clustered() {
 		return out, nil
 	}
-	tags, err := s.st.ListTemplateTags(ctx)
+	tags, err := b.st.ListTemplateTags(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -140,7 +134,7 @@ func (s *Service) catalogueDigests(ctx context.Context) (map[string]bool, error)
 // BuildNode names the node that ran, or runs, the build of a template ref
 // ("" on a single host): for cluster.Router, which sends a build's log
 // requests there.
-func (s *Service) BuildNode(ctx context.Context, ref string) (string, error) {
-	b, err := s.buildOf(ctx, ref)
-	return b.Node, err
+func (b *Service) BuildNode(ctx context.Context, ref string) (string, error) {
+	bld, err := b.buildOf(ctx, ref)
+	return bld.Node, err
 }

@@ -1,4 +1,4 @@
-package service
+package builds
 
 import (
 	"context"
@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
-	"github.com/airlockhq/airlock/internal/builds"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/fields"
 	"github.com/airlockhq/airlock/internal/store"
@@ -22,25 +21,25 @@ import (
 
 // withBuild shows a template by its last build when that build is newer
 // than the template (building, or failed since), else the template itself.
-func (s *Service) withBuild(ctx context.Context, t *template.Template, name, tag string) (apiv1.Template, bool) {
-	b, err := s.st.LatestBuild(ctx, name, tag)
+func (b *Service) withBuild(ctx context.Context, t *template.Template, name, tag string) (apiv1.Template, bool) {
+	bld, err := b.st.LatestBuild(ctx, name, tag)
 	if err != nil {
 		if t == nil {
 			return apiv1.Template{}, false
 		}
-		return builds.TemplateView(*t), true
+		return TemplateView(*t), true
 	}
-	if t != nil && (b.Status == apiv1.TemplateReady || b.CreatedAt.Before(t.CreatedAt.Add(-time.Second))) {
-		v := builds.TemplateView(*t)
-		v.BuildID = b.ID
+	if t != nil && (bld.Status == apiv1.TemplateReady || bld.CreatedAt.Before(t.CreatedAt.Add(-time.Second))) {
+		v := TemplateView(*t)
+		v.BuildID = bld.ID
 		return v, true
 	}
-	v := builds.BuildView(b, "", 0)
+	v := BuildView(bld, "", 0)
 	if t != nil { // the tag still names the last good build's result
 		v.Digest = t.Digest
 	}
-	if b.Status == apiv1.TemplateBuilding && b.Node != "" && s.cfg.NodeDown != nil {
-		if why := s.cfg.NodeDown(b.Node); why != "" {
+	if bld.Status == apiv1.TemplateBuilding && bld.Node != "" && b.role.NodeDown != nil {
+		if why := b.role.NodeDown(bld.Node); why != "" {
 			v.Unavailable = &apiv1.Status{Code: apiv1.CodeUnavailable,
 				Message: why + "; the build goes on if the node was only cut off, and fails when its agent starts again"}
 		}
@@ -50,8 +49,8 @@ func (s *Service) withBuild(ctx context.Context, t *template.Template, name, tag
 
 // ListTemplates lists the templates sandboxes can start from and those
 // being built, a page at a time.
-func (s *Service) ListTemplates(ctx context.Context, limit int, pageToken string) (apiv1.List[apiv1.Template], error) {
-	ts, err := s.templates.List()
+func (b *Service) ListTemplates(ctx context.Context, limit int, pageToken string) (apiv1.List[apiv1.Template], error) {
+	ts, err := b.templates.List()
 	if err != nil {
 		return apiv1.List[apiv1.Template]{}, err
 	}
@@ -60,11 +59,11 @@ func (s *Service) ListTemplates(ctx context.Context, limit int, pageToken string
 	for i := range ts {
 		t := ts[i]
 		seen[t.Ref()] = true
-		v, _ := s.withBuild(ctx, &t, t.Name, t.Tag)
+		v, _ := b.withBuild(ctx, &t, t.Name, t.Tag)
 		all = append(all, v)
 	}
-	if s.clustered() {
-		tags, err := s.st.ListTemplateTags(ctx)
+	if b.role.clustered() {
+		tags, err := b.st.ListTemplateTags(ctx)
 		if err != nil {
 			return apiv1.List[apiv1.Template]{}, err
 		}
@@ -74,46 +73,46 @@ func (s *Service) ListTemplates(ctx context.Context, limit int, pageToken string
 				continue // a template store's tag shadows the catalogue's
 			}
 			if err != nil {
-				s.log.Warn("a catalogue entry that describes no template", "template", tag.Name+":"+tag.Tag, "err", err)
+				b.log.Warn("a catalogue entry that describes no template", "template", tag.Name+":"+tag.Tag, "err", err)
 				continue
 			}
 			seen[t.Ref()] = true
-			v, _ := s.withBuild(ctx, &t, t.Name, t.Tag)
+			v, _ := b.withBuild(ctx, &t, t.Name, t.Tag)
 			all = append(all, v)
 		}
 	}
-	recs, err := s.st.ListBuilds(ctx, apiv1.TemplateBuilding, apiv1.TemplateFailed)
+	recs, err := b.st.ListBuilds(ctx, apiv1.TemplateBuilding, apiv1.TemplateFailed)
 	if err != nil {
 		return apiv1.List[apiv1.Template]{}, err
 	}
-	for _, b := range recs {
-		ref := b.Name + ":" + b.Tag
+	for _, bld := range recs {
+		ref := bld.Name + ":" + bld.Tag
 		if seen[ref] {
 			continue
 		}
-		if v, ok := s.withBuild(ctx, nil, b.Name, b.Tag); ok && v.Status != apiv1.TemplateReady {
+		if v, ok := b.withBuild(ctx, nil, bld.Name, bld.Tag); ok && v.Status != apiv1.TemplateReady {
 			seen[ref] = true
 			all = append(all, v)
 		}
 	}
-	builds.SortTemplates(all)
+	SortTemplates(all)
 	items, next, err := fields.Page(all, func(t apiv1.Template) string { return t.Name + ":" + t.Tag }, limit, pageToken)
 	return apiv1.List[apiv1.Template]{Items: items, NextPageToken: next}, err
 }
 
 // GetTemplate resolves a name[:tag] or digest; a template being built, or
 // whose last build failed, shows that build.
-func (s *Service) GetTemplate(ctx context.Context, ref string) (apiv1.Template, error) {
+func (b *Service) GetTemplate(ctx context.Context, ref string) (apiv1.Template, error) {
 	name, tag, err := template.ParseRef(ref)
 	if err != nil {
 		return apiv1.Template{}, err
 	}
-	t, _, err := s.findTemplate(ctx, ref)
+	t, _, err := b.findTemplate(ctx, ref)
 	if name == "" { // a digest
 		if err != nil {
 			return apiv1.Template{}, err
 		}
-		return builds.TemplateView(t), nil
+		return TemplateView(t), nil
 	}
 	var tp *template.Template
 	if err == nil {
@@ -123,7 +122,7 @@ func (s *Service) GetTemplate(ctx context.Context, ref string) (apiv1.Template, 
 	}
 	// Without the tag, only a build in progress or a failed one shows: a
 	// tag whose last build succeeded and that is gone was deleted.
-	if v, ok := s.withBuild(ctx, tp, name, tag); ok && (tp != nil || v.Status != apiv1.TemplateReady) {
+	if v, ok := b.withBuild(ctx, tp, name, tag); ok && (tp != nil || v.Status != apiv1.TemplateReady) {
 		return v, nil
 	}
 	return apiv1.Template{}, err
@@ -132,19 +131,19 @@ func (s *Service) GetTemplate(ctx context.Context, ref string) (apiv1.Template, 
 // buildOf returns the build that made, or is making, the template ref
 // names: the last build of name:tag, or the build whose result is the
 // digest.
-func (s *Service) buildOf(ctx context.Context, ref string) (store.Build, error) {
+func (b *Service) buildOf(ctx context.Context, ref string) (store.Build, error) {
 	name, tag, err := template.ParseRef(ref)
 	if err != nil {
 		return store.Build{}, err
 	}
 	if name != "" {
-		b, err := s.st.LatestBuild(ctx, name, tag)
+		bld, err := b.st.LatestBuild(ctx, name, tag)
 		if errors.Is(err, errdefs.ErrNotFound) {
-			return b, fmt.Errorf("template %s:%s was not built here (a built-in or imported template has no build log): %w", name, tag, errdefs.ErrNotFound)
+			return bld, fmt.Errorf("template %s:%s was not built here (a built-in or imported template has no build log): %w", name, tag, errdefs.ErrNotFound)
 		}
-		return b, err
+		return bld, err
 	}
-	recs, err := s.st.ListBuilds(ctx, apiv1.TemplateReady)
+	recs, err := b.st.ListBuilds(ctx, apiv1.TemplateReady)
 	if err != nil {
 		return store.Build{}, err
 	}
@@ -159,7 +158,7 @@ func (s *Service) buildOf(ctx context.Context, ref string) (store.Build, error) 
 // DeleteTemplate removes the tag name:tag, then reclaims what nothing
 // refers to any more. Sandboxes made from it keep working. A user key may
 // remove only tags it built; an admin key any.
-func (s *Service) DeleteTemplate(ctx context.Context, p Principal, ref string) error {
+func (b *Service) DeleteTemplate(ctx context.Context, p Principal, ref string) error {
 	name, tag, err := template.ParseRef(ref)
 	if err != nil {
 		return err
@@ -170,35 +169,35 @@ func (s *Service) DeleteTemplate(ctx context.Context, p Principal, ref string) e
 	if !strings.Contains(ref, ":") {
 		return fmt.Errorf("template %s: name the tag to delete (%s:%s): %w", ref, name, tag, errdefs.ErrInvalid)
 	}
-	t, catalogued, err := s.findTemplate(ctx, ref)
+	t, catalogued, err := b.findTemplate(ctx, ref)
 	if err != nil {
 		return err
 	}
-	if s.clustered() && !catalogued {
+	if b.role.clustered() && !catalogued {
 		return fmt.Errorf("template %s is provisioned in this server's data directory, not built in the cluster: remove it from every server's and node's data directory: %w", t.Ref(), errdefs.ErrConflict)
 	}
-	if !p.Admin() {
-		b, err := s.st.LatestBuild(ctx, name, tag)
-		if err != nil || b.Owner != p.KeyID {
+	if !p.Admin {
+		bld, err := b.st.LatestBuild(ctx, name, tag)
+		if err != nil || bld.Owner != p.KeyID {
 			return fmt.Errorf("template %s was not built with this key: only an admin key may delete it: %w", t.Ref(), errdefs.ErrPermission)
 		}
 	}
 	if catalogued {
 		// The builds run on the nodes, and each keeps what its own build
 		// reads (Reclaim).
-		return s.st.DeleteTemplateTag(ctx, name, tag)
+		return b.st.DeleteTemplateTag(ctx, name, tag)
 	}
-	err = s.builds.Each(func(run *builds.Run) error {
+	err = b.builds.Each(func(run *Run) error {
 		if run.Base == t.Ref() || run.Rec.Name == name && run.Rec.Tag == tag {
 			return fmt.Errorf("template %s is in use by build %s: wait for it to end and retry: %w", t.Ref(), run.Rec.ID, errdefs.ErrConflict)
 		}
 		return nil
-	}, func() error { return s.templates.Untag(name, tag) })
+	}, func() error { return b.templates.Untag(name, tag) })
 	if err != nil {
 		return err
 	}
-	if _, err := s.Reclaim(ctx); err != nil {
-		s.log.Warn("reclaim template storage", "err", err)
+	if _, err := b.Reclaim(ctx); err != nil {
+		b.log.Warn("reclaim template storage", "err", err)
 	}
 	return nil
 }
@@ -209,26 +208,26 @@ func (s *Service) DeleteTemplate(ctx context.Context, p Principal, ref string) e
 // made from it, or while a build in progress uses it. A snapshot stays
 // while its image does and it is current, or while such a sandbox exists.
 // It returns the bytes freed. An image a build is storing right now stays
-// (builds.Set.Store).
-func (s *Service) Reclaim(ctx context.Context) (int64, error) {
-	s.reclaimMu.Lock()
-	defer s.reclaimMu.Unlock()
-	ts := s.templates
-	if ts == nil || s.cfg.NoReclaim {
+// (Set.Store).
+func (b *Service) Reclaim(ctx context.Context) (int64, error) {
+	b.reclaimMu.Lock()
+	defer b.reclaimMu.Unlock()
+	ts := b.templates
+	if ts == nil || b.cfg.NoReclaim {
 		return 0, nil
 	}
-	inUse, err := s.st.TemplatesInUse(ctx)
+	inUse, err := b.st.TemplatesInUse(ctx)
 	if err != nil {
 		return 0, err
 	}
-	keep, err := s.catalogueDigests(ctx)
+	keep, err := b.catalogueDigests(ctx)
 	if err != nil {
 		return 0, err
 	}
 	for d := range inUse {
 		keep[d] = true
 	}
-	storingSince := s.builds.Kept(keep) // the earliest store in progress
+	storingSince := b.builds.Kept(keep) // the earliest store in progress
 	tagged, err := ts.Tagged()
 	if err != nil {
 		return 0, err
@@ -263,19 +262,19 @@ func (s *Service) Reclaim(ctx context.Context) (int64, error) {
 			continue
 		}
 		freed += t.SizeBytes
-		s.log.Info("removed a template image nothing refers to", "digest", t.Digest, "bytes", t.SizeBytes)
+		b.log.Info("removed a template image nothing refers to", "digest", t.Digest, "bytes", t.SizeBytes)
 		delete(byDigest, t.Digest)
 	}
 	if entries, err := ts.CacheEntries(); err == nil {
 		for k, d := range entries {
 			if _, ok := byDigest[d]; !ok {
 				if err := ts.Uncache(k); err != nil {
-					s.log.Warn("forget a cached build step of a removed image", "key", k, "err", err)
+					b.log.Warn("forget a cached build step of a removed image", "key", k, "err", err)
 				}
 			}
 		}
 	}
-	n, err := s.rt.ReclaimSnapshots(func(d string, current bool) bool {
+	n, err := b.rt.ReclaimSnapshots(func(d string, current bool) bool {
 		if inUse[d] {
 			return true
 		}
@@ -286,28 +285,28 @@ func (s *Service) Reclaim(ctx context.Context) (int64, error) {
 	if err != nil {
 		errs = append(errs, err)
 	}
-	s.m.reclaimed()
+	b.m.reclaimed()
 	return freed, errors.Join(errs...)
 }
 
 // PutBuildContext stores an uploaded build context (a tar), up to limit
 // bytes. A node records that it holds it, so that the builds that read it
 // are sent here.
-func (s *Service) PutBuildContext(ctx context.Context, r io.Reader, limit int64) (apiv1.BuildContext, error) {
-	if err := s.noReplicaBuilds(); err != nil {
+func (b *Service) PutBuildContext(ctx context.Context, r io.Reader, limit int64) (apiv1.BuildContext, error) {
+	if err := b.noReplicaBuilds(); err != nil {
 		return apiv1.BuildContext{}, err
 	}
-	id, dgst, err := s.contexts.Put(ctx, &spaceGuard{r: r, s: s, dir: s.cfg.Dir.Root}, limit)
+	id, dgst, err := b.contexts.Put(ctx, b.sandboxes.GuardSpace(r, b.cfg.Dir.Root), limit)
 	if err != nil {
 		return apiv1.BuildContext{}, err
 	}
-	if s.cfg.Node != "" {
-		if err := s.st.PutBuildContextNode(ctx, id, s.cfg.Node); err != nil {
+	if b.role.Node != "" {
+		if err := b.st.PutBuildContextNode(ctx, id, b.role.Node); err != nil {
 			return apiv1.BuildContext{}, err
 		}
 	}
 	var size int64
-	if p, _, err := s.contexts.Path(id); err == nil {
+	if p, _, err := b.contexts.Path(id); err == nil {
 		if fi, err := os.Stat(p); err == nil {
 			size = fi.Size()
 		}
@@ -318,8 +317,8 @@ func (s *Service) PutBuildContext(ctx context.Context, r io.Reader, limit int64)
 // noReplicaBuilds refuses to build on a cluster's API replica: its router
 // sends builds and build contexts to a node, and saves to the sandbox's
 // node.
-func (s *Service) noReplicaBuilds() error {
-	if !s.cfg.Front {
+func (b *Service) noReplicaBuilds() error {
+	if !b.role.Front {
 		return nil
 	}
 	return fmt.Errorf("an API replica does not build templates: its router sends builds, their contexts and saves to a node, and none took this one: retry shortly: %w", errdefs.ErrUnavailable)
@@ -327,46 +326,46 @@ func (s *Service) noReplicaBuilds() error {
 
 // recoverBuilds fails the builds an earlier server, or this node, left
 // unfinished, and removes their sandboxes.
-func (s *Service) recoverBuilds(ctx context.Context) error {
-	recs, err := s.st.ListBuilds(ctx, apiv1.TemplateBuilding)
+func (b *Service) recoverBuilds(ctx context.Context) error {
+	recs, err := b.st.ListBuilds(ctx, apiv1.TemplateBuilding)
 	if err != nil {
 		return err
 	}
-	for _, b := range recs {
-		if b.Node != s.cfg.Node {
+	for _, bld := range recs {
+		if bld.Node != b.role.Node {
 			continue // another node's
 		}
-		now := s.now()
+		now := b.now()
 		st := store.Error{Code: apiv1.CodeUnavailable, Message: "the server stopped during the build: build again"}
-		b.Status, b.Error, b.FinishedAt = apiv1.TemplateFailed, &st, &now
-		ops, err := s.st.ListOperations(ctx, apiv1.OpPending, apiv1.OpRunning)
+		bld.Status, bld.Error, bld.FinishedAt = apiv1.TemplateFailed, &st, &now
+		ops, err := b.st.ListOperations(ctx, apiv1.OpPending, apiv1.OpRunning)
 		if err != nil {
 			return err
 		}
-		op := store.Operation{ID: "", Kind: apiv1.OpBuild, TargetID: b.ID, Owner: b.Owner, Status: apiv1.OpFailed, Error: &st, FinishedAt: &now}
+		op := store.Operation{ID: "", Kind: apiv1.OpBuild, TargetID: bld.ID, Owner: bld.Owner, Status: apiv1.OpFailed, Error: &st, FinishedAt: &now}
 		for _, o := range ops {
-			if o.TargetID == b.ID {
+			if o.TargetID == bld.ID {
 				op.ID, op.CreatedAt = o.ID, o.CreatedAt
 			}
 		}
 		if op.ID == "" {
 			continue
 		}
-		if err := s.st.FinishBuild(ctx, b, op); err != nil {
+		if err := b.st.FinishBuild(ctx, bld, op); err != nil {
 			return err
 		}
 		// A build whose log is gone has nowhere to say it; the operation
 		// says it all the same.
-		if f, err := os.OpenFile(s.buildLogPath(b.ID), os.O_APPEND|os.O_WRONLY, 0); err == nil {
+		if f, err := os.OpenFile(b.buildLogPath(bld.ID), os.O_APPEND|os.O_WRONLY, 0); err == nil {
 			_, werr := fmt.Fprintf(f, "{\"step\":0,\"stream\":\"info\",\"text\":%q}\n", "build failed: "+st.Message)
 			if err := errors.Join(werr, f.Close()); err != nil {
-				s.log.Warn("note a build's failure in its log", "build", b.ID, "err", err)
+				b.log.Warn("note a build's failure in its log", "build", bld.ID, "err", err)
 			}
 		}
 	}
-	s.removeBuildSandboxes(ctx)
-	s.pruneContexts()
-	if ts := s.templates; ts != nil {
+	b.removeBuildSandboxes(ctx)
+	b.pruneContexts()
+	if ts := b.templates; ts != nil {
 		return ts.RemoveLeftovers()
 	}
 	return nil
@@ -376,8 +375,8 @@ func (s *Service) recoverBuilds(ctx context.Context) error {
 // suspended sandbox's disk as it is now. The sandbox stays as it was: a
 // running one is frozen only while its disk is copied. Other lifecycle
 // requests wait (delete) or are refused until the copy ends.
-func (s *Service) SaveSandbox(ctx context.Context, p Principal, id string, req apiv1.SaveTemplate) (apiv1.TemplateOperation, error) {
-	if err := s.noReplicaBuilds(); err != nil {
+func (b *Service) SaveSandbox(ctx context.Context, p Principal, id string, req apiv1.SaveTemplate) (apiv1.TemplateOperation, error) {
+	if err := b.noReplicaBuilds(); err != nil {
 		return apiv1.TemplateOperation{}, err
 	}
 	tag := req.Tag
@@ -393,45 +392,13 @@ func (s *Service) SaveSandbox(ctx context.Context, p Principal, id string, req a
 		}
 		return apiv1.TemplateOperation{}, err
 	}
-	sb, err := s.getOwned(ctx, p, id)
+	ending, release, err := b.sandboxes.HoldForSave(ctx, p, id)
 	if err != nil {
 		return apiv1.TemplateOperation{}, err
 	}
-	if err := s.lockSettled(ctx, id); err != nil {
-		return apiv1.TemplateOperation{}, err
-	}
-	if f, ok := s.busy[id]; ok {
-		s.mu.Unlock()
-		return apiv1.TemplateOperation{}, fmt.Errorf("sandbox %s has a %s operation in flight: wait for it and retry: %w", id, f.kind, errdefs.ErrConflict)
-	}
-	if sb, err = s.st.GetSandbox(ctx, id); err != nil {
-		s.mu.Unlock()
-		return apiv1.TemplateOperation{}, err
-	}
-	saveable := []string{apiv1.StateRunning, apiv1.StatePaused, apiv1.StateSuspended}
-	if !contains(saveable, sb.State) || s.live[id] == nil {
-		s.mu.Unlock()
-		return apiv1.TemplateOperation{}, fmt.Errorf("sandbox %s is %s: saving it as a template needs it %s: %w", id, sb.State, orList(saveable), errdefs.ErrConflict)
-	}
-	f := &inflight{kind: "save", done: make(chan struct{})}
-	s.busy[id] = f
-	s.mu.Unlock()
-	release := func() {
-		s.mu.Lock()
-		if s.busy[id] == f {
-			delete(s.busy, id)
-		}
-		s.mu.Unlock()
-		close(f.done)
-	}
-	ending := func() {
-		s.mu.Lock()
-		f.ending = true
-		s.mu.Unlock()
-	}
 	pl := plan{name: req.Name, tag: tag, from: "sandbox:" + id, saveFrom: id, ending: ending, release: release}
 	body, _ := json.Marshal(req)
-	out, err := s.startBuild(p, pl, body)
+	out, err := b.startBuild(p, pl, body)
 	if err != nil {
 		release()
 	}
@@ -440,36 +407,26 @@ func (s *Service) SaveSandbox(ctx context.Context, p Principal, id string, req a
 
 // saveSandbox copies the sandbox's disk into a new image with its
 // template's settings and the sandbox's size.
-func (s *Service) saveSandbox(ctx context.Context, run *builds.Run, pl plan) (template.Template, error) {
+func (b *Service) saveSandbox(ctx context.Context, run *Run, pl plan) (template.Template, error) {
 	id := pl.saveFrom
-	sb, err := s.st.GetSandbox(ctx, id)
+	sb, err := b.st.GetSandbox(ctx, id)
 	if err != nil {
 		return template.Template{}, err
 	}
-	s.mu.Lock()
-	lv := s.live[id]
-	s.mu.Unlock()
-	if lv == nil {
-		return template.Template{}, fmt.Errorf("sandbox %s is no longer here: %w", id, errdefs.ErrConflict)
+	saveDisk, err := b.sandboxes.DiskSaver(id, sb.State)
+	if err != nil {
+		return template.Template{}, err
 	}
-	ts := s.templates
+	ts := b.templates
 	dir, err := ts.TempDir("save")
 	if err != nil {
 		return template.Template{}, err
 	}
-	defer s.removeWorkDir(dir)
+	defer b.removeWorkDir(dir)
 	img := filepath.Join(dir, "disk.ext4")
 	start := time.Now()
 	run.Log.Infof(0, "copying the disk of %s (%s)", id, sb.State)
-	if sb.State == apiv1.StateSuspended {
-		err = s.rt.SaveSuspendedDisk(ctx, id, img)
-	} else {
-		box, _, verr := lv.vm()
-		if verr != nil {
-			return template.Template{}, verr
-		}
-		err = box.SaveDisk(ctx, img)
-	}
+	err = saveDisk(ctx, img)
 	if err != nil {
 		return template.Template{}, fmt.Errorf("copy the disk of %s: %w", id, err)
 	}
@@ -480,7 +437,7 @@ func (s *Service) saveSandbox(ctx context.Context, run *builds.Run, pl plan) (te
 		settings.Config = t.Config
 	}
 	settings.Source = &template.Source{From: pl.from, Resolved: sb.TemplateDigest}
-	return s.builds.Store(run, func() (template.Template, error) { return ts.PutImage(ctx, img, settings) })
+	return b.builds.Store(run, func() (template.Template, error) { return ts.PutImage(ctx, img, settings) })
 }
 
 // removeBuildSandboxes removes the directories of the build sandboxes
@@ -490,8 +447,8 @@ func (s *Service) saveSandbox(ctx context.Context, run *builds.Run, pl plan) (te
 // a build killed just before this start is. A directory that has a
 // sandbox row is a sandbox of the API whose ID merely starts alike, and
 // stays.
-func (s *Service) removeBuildSandboxes(ctx context.Context) {
-	entries, err := os.ReadDir(s.cfg.Dir.Sandboxes())
+func (b *Service) removeBuildSandboxes(ctx context.Context) {
+	entries, err := os.ReadDir(b.cfg.Dir.Sandboxes())
 	if err != nil {
 		return
 	}
@@ -500,13 +457,13 @@ func (s *Service) removeBuildSandboxes(ctx context.Context) {
 		if !strings.HasPrefix(id, buildSandboxPrefix) {
 			continue
 		}
-		if _, err := s.st.GetSandbox(ctx, id); !errors.Is(err, errdefs.ErrNotFound) {
+		if _, err := b.st.GetSandbox(ctx, id); !errors.Is(err, errdefs.ErrNotFound) {
 			continue
 		}
-		if err := s.rt.Remove(ctx, id); err != nil {
-			s.log.Warn("remove a build sandbox an earlier run left", "sandbox", id, "err", err)
+		if err := b.rt.Remove(ctx, id); err != nil {
+			b.log.Warn("remove a build sandbox an earlier run left", "sandbox", id, "err", err)
 			continue
 		}
-		s.log.Info("removed a build sandbox an earlier run left", "sandbox", id)
+		b.log.Info("removed a build sandbox an earlier run left", "sandbox", id)
 	}
 }
