@@ -144,7 +144,7 @@ func (d *Daemon) buildServe(ctx context.Context, r resolved) error {
 	sc := d.serviceConfig(box, tokenKey)
 	sc.Warm = cfg.Warm
 	if d.front != nil {
-		sc.Front, sc.Admitted, sc.NodeDown, sc.Unplaced = true, d.front.admitted, d.front.router.NodeDown, d.front.router.Unplaced
+		sc.FrontConfig = service.FrontConfig{Front: true, Admitted: d.front.admitted, NodeDown: d.front.router.NodeDown, Unplaced: d.front.router.Unplaced}
 	}
 	if err := d.startService(ctx, sc, reg); err != nil {
 		return err
@@ -289,7 +289,7 @@ func (d *Daemon) buildNode(ctx context.Context, r resolved) error {
 		return err
 	}
 	sc := d.serviceConfig(box, tokenKey)
-	sc.Node, sc.ReclaimEvery, sc.FetchTemplate = cfg.NodeName, cfg.ReclaimEvery, fetcher.Fetch
+	sc.NodeConfig = service.NodeConfig{Node: cfg.NodeName, ReclaimEvery: cfg.ReclaimEvery, FetchTemplate: fetcher.Fetch}
 	if err := d.startService(ctx, sc, reg); err != nil {
 		return err
 	}

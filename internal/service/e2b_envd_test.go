@@ -22,7 +22,7 @@ func TestEnvdAccessors(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	s := &Service{st: st, cfg: Config{Dir: dir}}
+	s := &Service{role: localRole{}, st: st, cfg: Config{Dir: dir}}
 	owner := Principal{KeyID: "keyowner", Role: apiv1.RoleUser}
 	other := Principal{KeyID: "keyother", Role: apiv1.RoleUser}
 
@@ -86,7 +86,7 @@ func TestStartCommandRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	s := &Service{st: st, cfg: Config{Dir: dir}}
+	s := &Service{role: localRole{}, st: st, cfg: Config{Dir: dir}}
 	owner := Principal{KeyID: "keyowner", Role: apiv1.RoleUser}
 	sb := store.Sandbox{ID: ids.New("sbx"), Owner: owner.KeyID, State: apiv1.StateRunning, TemplateRef: "tiny:latest",
 		VCPUs: 1, MemoryMiB: 256, DiskMiB: 512, OnTimeout: "delete", Metadata: map[string]string{}}

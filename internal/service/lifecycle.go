@@ -500,7 +500,7 @@ func (s *Service) reconcile() {
 	reclaimed := time.Now()
 	for {
 		s.applyLeases()
-		if s.cfg.Node != "" && time.Since(reclaimed) >= s.cfg.ReclaimEvery {
+		if every := s.role.reclaimEvery(); every > 0 && time.Since(reclaimed) >= every {
 			reclaimed = time.Now()
 			if _, err := s.Reclaim(s.ctx); err != nil && s.ctx.Err() == nil {
 				s.log.Warn("reclaim template storage", "err", err)
@@ -520,7 +520,7 @@ func (s *Service) applyLeases() {
 	// A creating sandbox's lease starts when it runs.
 	states := []string{apiv1.StateRunning, apiv1.StatePaused, apiv1.StateSuspending,
 		apiv1.StateSuspended, apiv1.StateWaking, apiv1.StateFailed}
-	expired, err := s.st.ListExpired(s.ctx, s.clockNow(), states, s.cfg.Node, 100)
+	expired, err := s.st.ListExpired(s.ctx, s.clockNow(), states, s.role.node(), 100)
 	if err != nil {
 		if s.ctx.Err() == nil {
 			s.log.Warn("list expired leases", "err", err)
