@@ -147,7 +147,7 @@ func (d *Daemon) buildServe(ctx context.Context, r resolved) error {
 	sc, bc := d.serviceConfig(box, tokenKey), d.buildsConfig()
 	sc.Warm = cfg.Warm
 	if d.front != nil {
-		sc.Front, sc.Admitted, sc.NodeDown, sc.Unplaced = true, d.front.admitted, d.front.router.NodeDown, d.front.router.Unplaced
+		sc.FrontConfig = service.FrontConfig{Front: true, Admitted: d.front.admitted, NodeDown: d.front.router.NodeDown, Unplaced: d.front.router.Unplaced}
 		bc.Role = builds.Role{Front: true, NodeDown: d.front.router.NodeDown}
 	}
 	if err := d.startService(ctx, sc, bc, reg); err != nil {
@@ -293,7 +293,7 @@ func (d *Daemon) buildNode(ctx context.Context, r resolved) error {
 		return err
 	}
 	sc, bc := d.serviceConfig(box, tokenKey), d.buildsConfig()
-	sc.Node, sc.FetchTemplate = cfg.NodeName, fetcher.Fetch
+	sc.NodeConfig = service.NodeConfig{Node: cfg.NodeName, FetchTemplate: fetcher.Fetch}
 	bc.Role = builds.Role{Node: cfg.NodeName, FetchTemplate: fetcher.Fetch, ReclaimEvery: cfg.ReclaimEvery}
 	if err := d.startService(ctx, sc, bc, reg); err != nil {
 		return err

@@ -21,7 +21,7 @@ func TestEnvdAccessors(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	s := &Service{st: st, cfg: Config{Dir: dir}}
+	s := &Service{role: localRole{}, st: st, cfg: Config{Dir: dir}}
 	owner := Principal{KeyID: "keyowner", Role: apiv1.RoleUser}
 	other := Principal{KeyID: "keyother", Role: apiv1.RoleUser}
 

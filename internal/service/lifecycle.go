@@ -497,7 +497,7 @@ func (s *Service) applyLeases() {
 	// A creating sandbox's lease starts when it runs.
 	states := []string{apiv1.StateRunning, apiv1.StatePaused, apiv1.StateSuspending,
 		apiv1.StateSuspended, apiv1.StateWaking, apiv1.StateFailed}
-	expired, err := s.st.ListExpired(s.ctx, s.clockNow(), states, s.cfg.Node, 100)
+	expired, err := s.st.ListExpired(s.ctx, s.clockNow(), states, s.role.node(), 100)
 	if err != nil {
 		if s.ctx.Err() == nil {
 			s.log.Warn("list expired leases", "err", err)

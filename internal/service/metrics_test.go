@@ -43,7 +43,7 @@ func storeService(t *testing.T, states map[string]string) *Service {
 			t.Fatal(err)
 		}
 	}
-	return &Service{st: st, ctx: t.Context(), log: slog.New(slog.DiscardHandler), live: map[string]*live{}}
+	return &Service{role: localRole{}, st: st, ctx: t.Context(), log: slog.New(slog.DiscardHandler), live: map[string]*live{}}
 }
 
 // fakeGuests answers measures as a VM's agent would, per sandbox ID: a

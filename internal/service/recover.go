@@ -64,17 +64,19 @@ func (s *Service) recover(ctx context.Context) error {
 	return nil
 }
 
-// onThisNode returns whether a sandbox is this service's to run: every
-// sandbox on a single host; on a cluster node, those recorded on it now.
+// onThisNode returns whether a sandbox is this service's to run: those
+// recorded now on the node of its role, or, with none, every sandbox of
+// the store.
 func (s *Service) onThisNode(ctx context.Context) (func(id string) bool, error) {
-	if s.cfg.Node == "" {
+	node := s.role.node()
+	if node == "" {
 		return func(string) bool { return true }, nil
 	}
 	nodes, err := s.st.SandboxNodes(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return func(id string) bool { return nodes[id] == s.cfg.Node }, nil
+	return func(id string) bool { return nodes[id] == node }, nil
 }
 
 func (s *Service) recoverOp(ctx context.Context, op store.Operation) error {

@@ -22,11 +22,12 @@ var labelKey = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.\-/]*$`)
 
 func labelKeyOK(k string) bool { return labelKey.MatchString(k) }
 
-// CreateSandbox records a new sandbox and its create operation, and boots
-// it in the background.
+// CreateSandbox records a new sandbox and its create operation, and has
+// it made in the background: booted here, or, on a cluster's API replica,
+// placed by the cluster on a node. A cluster node refuses it.
 func (s *Service) CreateSandbox(ctx context.Context, p Principal, req apiv1.CreateSandbox) (apiv1.SandboxOperation, error) {
-	if s.cfg.Node != "" {
-		return apiv1.SandboxOperation{}, fmt.Errorf("node %s runs the sandboxes the cluster places on it: create sandboxes through the cluster's API: %w", s.cfg.Node, errdefs.ErrPermission)
+	if err := s.role.mayCreate(); err != nil {
+		return apiv1.SandboxOperation{}, err
 	}
 	if req.Template == "" {
 		return apiv1.SandboxOperation{}, fmt.Errorf("template is required (for example \"base\"): %w", errdefs.ErrInvalid)
@@ -68,10 +69,7 @@ func (s *Service) CreateSandbox(ctx context.Context, p Principal, req apiv1.Crea
 	// and not used is given back on every way out below.
 	want := spec
 	want.Env, want.Detach = req.Env, true // as runCreate creates it
-	id, pooled := "", false
-	if !s.cfg.Front {
-		id, pooled = s.rt.Claim(want)
-	}
+	id, pooled := s.rt.Claim(want)
 	if !pooled {
 		id = ids.New("sbx")
 	}
@@ -99,37 +97,9 @@ func (s *Service) CreateSandbox(ctx context.Context, p Principal, req apiv1.Crea
 	if err != nil {
 		return apiv1.SandboxOperation{}, err
 	}
-	if s.cfg.Front {
-		// The node that makes the VM may fetch the image from a peer: it
-		// checks the peer's settings against these.
-		settings, err := json.Marshal(tpl.Settings())
-		if err == nil {
-			err = s.st.PutTemplateSettings(ctx, tpl.Digest, settings)
-		}
-		if err != nil {
-			return apiv1.SandboxOperation{}, fmt.Errorf("record the template's settings: %w", err)
-		}
-		return s.admitToCluster(ctx, sb, op, admit)
-	}
-
-	cctx, c, err := s.admitCreate(sb.ID, int64(sb.MemoryMiB))
-	if err != nil {
-		return apiv1.SandboxOperation{}, err
-	}
-	// Desired state first: the rows exist before any work starts.
-	if err := s.st.InsertSandboxWithin(ctx, sb, op, admit); err != nil {
-		s.unadmit(sb.ID, c)
-		var le *LimitError
-		if errors.As(err, &le) {
-			return apiv1.SandboxOperation{}, err
-		}
-		return apiv1.SandboxOperation{}, fmt.Errorf("record sandbox: %w", err)
-	}
-	keep = true
-	s.countState("", sb.State)
-	s.m.opStarted(op.Kind)
-	go s.runCreate(cctx, c, sb, op, spec)
-	return apiv1.SandboxOperation{Sandbox: s.sandboxView(sb), Operation: op.View()}, nil
+	so, err := s.role.admit(ctx, s, newSandbox{sb: sb, op: op, spec: spec, tpl: tpl, admit: admit})
+	keep = err == nil
+	return so, err
 }
 
 // keyAdmits returns the check of a create of sb against its owner's
@@ -382,18 +352,13 @@ func (s *Service) getOwned(ctx context.Context, p Principal, id string) (store.S
 	if errors.Is(err, errdefs.ErrNotFound) || err == nil && !p.Owns(sb.Owner) {
 		return store.Sandbox{}, fmt.Errorf("sandbox %s not found: %w", id, errdefs.ErrNotFound)
 	}
-	if err == nil && s.cfg.Node != "" {
-		// A node answers for its own sandboxes only: another's VM is
-		// not here to act on.
-		node, err := s.st.SandboxNode(ctx, id)
-		if err != nil {
-			return store.Sandbox{}, err
-		}
-		if node != s.cfg.Node {
-			return store.Sandbox{}, fmt.Errorf("sandbox %s is not on node %s (it is on %q): %w", id, s.cfg.Node, node, errdefs.ErrNotFound)
-		}
+	if err != nil {
+		return store.Sandbox{}, err
 	}
-	return sb, err
+	if err := s.role.reaches(ctx, s.st, id); err != nil {
+		return store.Sandbox{}, err
+	}
+	return sb, nil
 }
 
 // GetSandbox returns one sandbox.
@@ -402,32 +367,11 @@ func (s *Service) GetSandbox(ctx context.Context, p Principal, id string) (apiv1
 	if err != nil {
 		return apiv1.Sandbox{}, err
 	}
-	v := s.sandboxView(sb)
-	if s.cfg.NodeDown != nil {
-		node, err := s.st.SandboxNode(ctx, id)
-		if err != nil {
-			return apiv1.Sandbox{}, err
-		}
-		s.markUnavailable(ctx, &v, node)
+	vs := []apiv1.Sandbox{s.sandboxView(sb)}
+	if err := s.role.markUnavailable(ctx, s.st, vs); err != nil {
+		return apiv1.Sandbox{}, err
 	}
-	return v, nil
-}
-
-// markUnavailable sets v.Unavailable if the node that runs the sandbox is
-// down, or if no node can take up a sandbox being created (cluster mode).
-func (s *Service) markUnavailable(ctx context.Context, v *apiv1.Sandbox, node string) {
-	if node == "" && v.State == apiv1.StateCreating && s.cfg.Unplaced != nil {
-		if why := s.cfg.Unplaced(ctx, v.ID); why != "" {
-			v.Unavailable = &apiv1.Status{Code: apiv1.CodeResourceExhausted, Message: why}
-		}
-		return
-	}
-	if node == "" || node == store.ReplicaClaim || s.cfg.NodeDown == nil || v.State == apiv1.StateDeleted || v.State == apiv1.StateFailed {
-		return
-	}
-	if why := s.cfg.NodeDown(node); why != "" {
-		v.Unavailable = &apiv1.Status{Code: apiv1.CodeUnavailable, Message: why}
-	}
+	return vs[0], nil
 }
 
 // SandboxFilter selects sandboxes to list.
@@ -473,25 +417,16 @@ func (s *Service) ListSandboxes(ctx context.Context, p Principal, f SandboxFilte
 	if err != nil {
 		return out, err
 	}
-	var nodes map[string]string
-	if s.cfg.NodeDown != nil {
-		ids := make([]string, 0, len(rows))
-		for _, sb := range rows {
-			ids = append(ids, sb.ID)
-		}
-		if nodes, err = s.st.NodesOf(ctx, ids); err != nil {
-			return out, err
-		}
-	}
 	out.Items = []apiv1.Sandbox{}
 	for i, sb := range rows {
 		if i == limit {
 			out.NextPageToken = fields.PageToken(rows[i-1].ID)
 			break
 		}
-		v := s.sandboxView(sb)
-		s.markUnavailable(ctx, &v, nodes[sb.ID])
-		out.Items = append(out.Items, v)
+		out.Items = append(out.Items, s.sandboxView(sb))
+	}
+	if err := s.role.markUnavailable(ctx, s.st, out.Items); err != nil {
+		return out, err
 	}
 	return out, nil
 }
@@ -526,18 +461,9 @@ func (s *Service) DeleteSandbox(ctx context.Context, p Principal, id string) (ap
 		s.mu.Unlock()
 		return apiv1.SandboxOperation{}, fmt.Errorf("sandbox %s is %s already: %w", id, sb.State, errdefs.ErrConflict)
 	}
-	if s.cfg.Front {
-		// No node had it when the call was routed here; one may take it up
-		// meanwhile. The claim settles which: after it, none can.
-		node, err := s.st.ClaimSandboxNode(ctx, id, store.ReplicaClaim)
-		if err != nil {
-			s.mu.Unlock()
-			return apiv1.SandboxOperation{}, err
-		}
-		if node != store.ReplicaClaim {
-			s.mu.Unlock()
-			return apiv1.SandboxOperation{}, fmt.Errorf("sandbox %s was just taken up by node %s: retry, and the delete goes there: %w", id, node, errdefs.ErrUnavailable)
-		}
+	if err := s.role.claimDelete(ctx, s.st, id); err != nil {
+		s.mu.Unlock()
+		return apiv1.SandboxOperation{}, err
 	}
 	from := sb.State
 	now := s.now()
@@ -551,9 +477,7 @@ func (s *Service) DeleteSandbox(ctx context.Context, p Principal, id string) (ap
 	}
 	s.work.Add(1)
 	s.mu.Unlock()
-	if s.cfg.Front && from == apiv1.StateCreating {
-		s.endUnplacedCreate(ctx, id)
-	}
+	s.role.deleteBegun(ctx, s, id, from)
 	s.countState(from, sb.State)
 	s.publish(sb)
 	s.m.opStarted(op.Kind)
@@ -651,8 +575,9 @@ func (s *Service) GetOperation(ctx context.Context, p Principal, id string, wait
 	if err != nil || wait <= 0 || op.Status == apiv1.OpSucceeded || op.Status == apiv1.OpFailed {
 		return op.View(), err
 	}
-	if s.cfg.Front {
-		// The operation runs on a node: its row is all there is to watch.
+	if !s.role.holdsVMs() {
+		// The operation runs on another server: its row is all there is
+		// to watch.
 		return s.pollOperation(ctx, get, wait)
 	}
 	s.mu.Lock()

@@ -38,9 +38,19 @@ type fixture struct {
 	clock *sandboxtest.Clock
 	s     *Service
 	admin Principal
+	// configure, if set, changes the service's Config before each start:
+	// the role it plays, say.
+	configure func(*Config)
 }
 
 func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	return newFixtureWith(t, nil)
+}
+
+// newFixtureWith is newFixture with a service whose Config configure
+// changes.
+func newFixtureWith(t *testing.T, configure func(*Config)) *fixture {
 	t.Helper()
 	dir := datadir.Dir{Root: t.TempDir()}
 	st, err := store.Open(dir.Store())
@@ -53,7 +63,7 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	f := &fixture{dir: dir, st: st, rt: rt, clock: sandboxtest.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)),
-		admin: Principal{KeyID: "keyadmin", Role: apiv1.RoleAdmin}}
+		admin: Principal{KeyID: "keyadmin", Role: apiv1.RoleAdmin}, configure: configure}
 	f.start(t)
 	return f
 }
@@ -61,8 +71,12 @@ func newFixture(t *testing.T) *fixture {
 // start starts a service; the one before must be closed.
 func (f *fixture) start(t *testing.T) {
 	t.Helper()
-	s, err := New(context.Background(), Config{Dir: f.dir, Runtime: RuntimeOf(f.rt), Store: f.st, Clock: f.clock,
-		ShutdownGrace: 200 * time.Millisecond, Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
+	cfg := Config{Dir: f.dir, Runtime: RuntimeOf(f.rt), Store: f.st, Clock: f.clock,
+		ShutdownGrace: 200 * time.Millisecond, Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))}
+	if f.configure != nil {
+		f.configure(&cfg)
+	}
+	s, err := New(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

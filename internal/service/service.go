@@ -114,33 +114,13 @@ type Config struct {
 	// its cap, and a create that would put the host over it destroys
 	// members first (a member never takes a sandbox's place).
 	Warm []sandbox.PoolSpec
-	// Node, if set, makes this the service of a cluster node of that
-	// name (airlock node): it runs only the sandboxes the cluster binds
-	// to it, which other servers admit and it takes up with Realize;
-	// recovery and leases touch only sandboxes recorded on this node,
-	// and it admits no creates of its own.
-	Node string
-	// Front, if set, makes this the service of a cluster's API replica
-	// (airlock serve --cluster kubernetes): it runs no VM. A create is
-	// recorded for the cluster to place and a node to make, and Admitted
-	// is told of it; the calls on a sandbox that a node runs are routed to
-	// that node before they reach the service (internal/api's Forward).
-	// It recovers nothing at start and leaves leases to the nodes.
-	Front bool
-	// Admitted is called after a Front service records a sandbox.
-	Admitted func()
-	// NodeDown, for a Front service, says why a node cannot be reached
-	// now ("" when it can); a sandbox on such a node is shown with
-	// Unavailable set to the reason.
-	NodeDown func(node string) string
-	// Unplaced, for a Front service, says why a sandbox no node has taken
-	// up waits ("" when it does not, as far as it knows); the sandbox is
-	// shown with Unavailable set to the reason.
-	Unplaced func(ctx context.Context, id string) string
-	// FetchTemplate, for a Node service, gets a template image the node
-	// lacks, by digest, from the cluster (cluster.TemplateFetcher), so
-	// that a sandbox of any ready template can be made on any node.
-	FetchTemplate func(ctx context.Context, digest string) (template.Template, error)
+	// NodeConfig, with its Node set, makes this the service of a
+	// cluster node (airlock node).
+	NodeConfig
+	// FrontConfig, with its Front set, makes this the service of a
+	// cluster's API replica (airlock serve --cluster kubernetes). With
+	// neither, the service is a single host's.
+	FrontConfig
 }
 
 // Validate checks the configuration and fills in defaults.
@@ -226,6 +206,7 @@ type Service struct {
 	templates *template.Store
 	clock     Clock
 	cmds      *sessions.Commands // command sessions of the sandboxes looked after here
+	role      role // the part this server plays: one host, or a cluster's replica or node
 
 	ctx     context.Context // lifecycle work; cancelled by Close
 	cancel  context.CancelFunc
@@ -253,7 +234,8 @@ type creation struct {
 	memoryMiB int64 // what its VM will hold, for the memory budget
 }
 
-// New starts the service: it recovers what an earlier server left (adopts
+// New starts the service in the role cfg gives it: unless it runs no VMs
+// (an API replica), it recovers what an earlier server left (adopts
 // running VMs, ends operations that were in flight) before it returns.
 func New(ctx context.Context, cfg Config) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
@@ -262,7 +244,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	sctx, cancel := context.WithCancel(context.Background())
 	s := &Service{
 		cfg: cfg, log: cfg.Log, st: cfg.Store, rt: cfg.Runtime, m: cfg.Metrics,
-		templates: cfg.Templates, clock: cfg.Clock, catalogue: cfg.Catalogue,
+		templates: cfg.Templates, clock: cfg.Clock, catalogue: cfg.Catalogue, role: newRole(cfg),
 		ctx: sctx, cancel: cancel,
 		slots:    make(chan struct{}, cfg.MaxStarts),
 		closing:  make(chan struct{}),
@@ -276,7 +258,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	}
 	s.cmds = sessions.New(sessions.Config{Dir: cfg.Dir, Store: cfg.Store, Sandboxes: sandboxes{s}, Log: cfg.Log,
 		Now: s.now, Metrics: cfg.CommandMetrics, Streamed: s.m.streamed})
-	if cfg.Front {
+	if !s.role.holdsVMs() {
 		// The nodes hold the VMs, and each recovers and leases its own.
 		s.m.setStates(map[string]int{})
 		return s, nil

@@ -21,7 +21,7 @@ func keyService(t *testing.T) *Service {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	return &Service{st: st}
+	return &Service{role: localRole{}, st: st}
 }
 
 func TestKeys(t *testing.T) {
