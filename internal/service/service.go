@@ -206,7 +206,7 @@ type Service struct {
 	templates *template.Store
 	clock     Clock
 	cmds      *sessions.Commands // command sessions of the sandboxes looked after here
-	role      role // the part this server plays: one host, or a cluster's replica or node
+	role      role               // the part this server plays: one host, or a cluster's replica or node
 
 	ctx     context.Context // lifecycle work; cancelled by Close
 	cancel  context.CancelFunc
