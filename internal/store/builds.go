@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/errdefs"
 )
 
@@ -84,6 +85,9 @@ func (s *Store) FinishBuild(ctx context.Context, b Build, op Operation) error {
 			return classify(err)
 		}
 		if err := mustAffect(res, "build", b.ID); err != nil {
+			return err
+		}
+		if err := buildEvent(ctx, t, b); err != nil {
 			return err
 		}
 		return upsertOperation(ctx, t, op)
@@ -183,4 +187,24 @@ func (s *Store) TemplatesInUse(ctx context.Context) (map[string]bool, error) {
 		return nil, fmt.Errorf("list templates in use: %w", classify(err))
 	}
 	return out, nil
+}
+
+// buildEvent records the end of build b, which t has just written:
+// build.succeeded or build.failed; nothing for a build still going.
+func buildEvent(ctx context.Context, t *tx, b Build) error {
+	ty := map[string]string{apiv1.TemplateReady: apiv1.EventBuildSucceeded, apiv1.TemplateFailed: apiv1.EventBuildFailed}[b.Status]
+	if ty == "" {
+		return nil
+	}
+	var owner, name, tag string
+	if err := t.QueryRowContext(ctx, "SELECT owner, name, tag FROM builds WHERE id = ?", b.ID).Scan(&owner, &name, &tag); err != nil {
+		return classify(err)
+	}
+	data, _ := json.Marshal(struct { // strings: cannot fail
+		BuildID  string `json:"build_id"`
+		Template string `json:"template"`
+		Digest   string `json:"digest,omitempty"`
+		Error    *Error `json:"error,omitempty"`
+	}{b.ID, name + ":" + tag, b.Digest, b.Error})
+	return appendEvent(ctx, t, Event{Owner: owner, Type: ty, Data: data})
 }

@@ -68,6 +68,11 @@ var conformance = []struct {
 	test func(t *testing.T, b backend)
 }{
 	{"Builds", testBuilds},
+	{"EventsOfSandboxes", testEventsOfSandboxes},
+	{"EventsOnlyWithTheirChange", testEventsOnlyWithTheirChange},
+	{"EventsOfBuilds", testEventsOfBuilds},
+	{"EventsNeverSkip", testEventsNeverSkip},
+	{"PruneEvents", testPruneEvents},
 	{"TemplateTags", testTemplateTags},
 	{"BuildContextNodes", testBuildContextNodes},
 	{"TemplatesInUse", testTemplatesInUse},
@@ -340,8 +345,8 @@ func walkPages(t *testing.T, list func(after string) ([]string, error)) []string
 	}
 }
 
-// ids maps records to their IDs.
-func ids[T any](records []T, id func(T) string) []string {
+// idsOf maps records to their IDs.
+func idsOf[T any](records []T, id func(T) string) []string {
 	out := make([]string, len(records))
 	for i, r := range records {
 		out[i] = id(r)
@@ -388,11 +393,11 @@ func testPagesNeverSkip(t *testing.T, b backend) {
 		w := walk{
 			sandboxes: walkPages(t, func(after string) ([]string, error) {
 				page, err := stores[0].ListSandboxes(ctx, SandboxFilter{After: after, Limit: 7})
-				return ids(page, func(sb Sandbox) string { return sb.ID }), err
+				return idsOf(page, func(sb Sandbox) string { return sb.ID }), err
 			}),
 			commands: walkPages(t, func(after string) ([]string, error) {
 				page, err := stores[0].ListCommands(ctx, "sbxcmds", after, 7)
-				return ids(page, func(c Command) string { return c.ID }), err
+				return idsOf(page, func(c Command) string { return c.ID }), err
 			}),
 		}
 		walks = append(walks, w)
@@ -406,12 +411,12 @@ func testPagesNeverSkip(t *testing.T, b backend) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	final := ids(all, func(sb Sandbox) string { return sb.ID })
+	final := idsOf(all, func(sb Sandbox) string { return sb.ID })
 	cmds, err := stores[0].ListCommands(ctx, "sbxcmds", "", 1000)
 	if err != nil {
 		t.Fatal(err)
 	}
-	finalCmds := ids(cmds, func(c Command) string { return c.ID })
+	finalCmds := idsOf(cmds, func(c Command) string { return c.ID })
 	if len(final) != 1+writers*each || len(finalCmds) != writers*each {
 		t.Fatalf("%d sandboxes and %d commands, want %d and %d", len(final), len(finalCmds), 1+writers*each, writers*each)
 	}

@@ -173,8 +173,9 @@ func (c *conn) begin(ctx context.Context) (*tx, error) {
 
 // tx is a transaction of a conn.
 type tx struct {
-	tx  *sql.Tx
-	eng engine
+	tx     *sql.Tx
+	eng    engine
+	events int // events written (appendEvent): the Store is told on commit
 }
 
 func (t *tx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {

@@ -387,6 +387,34 @@ CREATE TABLE template_settings (
 	updated_at BIGINT NOT NULL
 );
 `},
+	{13, "create events", `
+-- The outbox: each change of state of a sandbox or a build callers are
+-- told of, written in the transaction that makes the change. Read in seq
+-- order (GET /v1/events), per owner; pruned after a week.
+CREATE TABLE events (
+	seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+	id         TEXT    NOT NULL UNIQUE,
+	owner      TEXT    NOT NULL,
+	type       TEXT    NOT NULL,
+	sandbox_id TEXT    NOT NULL,
+	data       TEXT    NOT NULL,
+	created_at INTEGER NOT NULL
+) STRICT;
+CREATE INDEX events_owner ON events (owner, seq);
+CREATE INDEX events_created_at ON events (created_at);
+`, `
+CREATE TABLE events (
+	seq        BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	id         TEXT   NOT NULL UNIQUE,
+	owner      TEXT   NOT NULL,
+	type       TEXT   NOT NULL,
+	sandbox_id TEXT   NOT NULL,
+	data       TEXT   NOT NULL,
+	created_at BIGINT NOT NULL
+);
+CREATE INDEX events_owner ON events (owner, seq);
+CREATE INDEX events_created_at ON events (created_at);
+`},
 }
 
 // schemaVersion reads the version of the schema: SQLite's PRAGMA

@@ -39,6 +39,7 @@ var migrationTests = []migrationTest{
 	{version: 10, before: fillBuilds9, after: checkSchema10},
 	{version: 11, before: fillKeys3, after: checkSchema11},
 	{version: 12, before: fillKeys3, after: checkSchema12},
+	{version: 13, before: fillSchema1, after: checkSchema13},
 }
 
 // fillBuilds9 stores a build as servers before migration 10 did.
@@ -94,6 +95,27 @@ func checkSchema12(t *testing.T, db *sql.DB) {
 	}
 	if err := s.RegisterClusterNode(ctx, "host-a", "http://10.0.0.5:7701"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// checkSchema13: sandboxes from before have no events (none is made up),
+// and the next change of state records one.
+func checkSchema13(t *testing.T, db *sql.DB) {
+	s := &Store{db: &conn{db: db, eng: sqliteEngine}}
+	ctx := context.Background()
+	if got, err := s.ListEvents(ctx, EventFilter{Limit: 10}); err != nil || len(got) != 0 {
+		t.Fatalf("events after migration 13: %v, %v", got, err)
+	}
+	sb, err := s.GetSandbox(ctx, "sbx0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb.State = "paused"
+	if err := s.UpdateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.ListEvents(ctx, EventFilter{Limit: 10}); err != nil || len(got) != 1 || got[0].Type != "sandbox.paused" || got[0].Owner != "key1" {
+		t.Fatalf("events after a pause: %+v, %v", got, err)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/errdefs"
 )
 
@@ -119,6 +120,10 @@ func (s *Store) insertSandbox(ctx context.Context, sb Sandbox, op Operation, che
 		}
 		if err != nil {
 			return fmt.Errorf("insert sandbox %s: %w", sb.ID, classify(err))
+		}
+		if err := appendEvent(ctx, t, Event{Owner: sb.Owner, Type: apiv1.EventSandboxCreated, SandboxID: sb.ID,
+			Data: sandboxEventData("", sb)}); err != nil {
+			return err
 		}
 		return insertOperation(ctx, t, op)
 	})
@@ -231,7 +236,7 @@ func (s *Store) SandboxNodes(ctx context.Context, states ...string) (map[string]
 // sets its UpdatedAt to now. Owner and CreatedAt are fixed at insert and are
 // not changed.
 func (s *Store) UpdateSandbox(ctx context.Context, sb Sandbox) error {
-	return updateSandbox(ctx, s.db, sb)
+	return s.inTx(ctx, func(t *tx) error { return updateSandbox(ctx, t, sb) })
 }
 
 // TransitionSandbox records one lifecycle step in one transaction: it
@@ -333,7 +338,22 @@ func (s *Store) operationInFlight(ctx context.Context, id string) (string, error
 }
 
 // updateSandbox is UpdateSandbox through q, which may be a transaction.
-func updateSandbox(ctx context.Context, q queryer, sb Sandbox) error {
+//
+// A change of state that callers are told of is recorded as an event in
+// the same transaction.
+func updateSandbox(ctx context.Context, t *tx, sb Sandbox) error {
+	lock := ""
+	if t.eng == postgresEngine {
+		lock = " FOR UPDATE"
+	}
+	var from, owner string
+	err := t.QueryRowContext(ctx, "SELECT state, owner FROM sandboxes WHERE id = ?"+lock, sb.ID).Scan(&from, &owner)
+	if errors.Is(err, sql.ErrNoRows) {
+		return fmt.Errorf("sandbox %s: %w", sb.ID, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return fmt.Errorf("update sandbox %s: %w", sb.ID, classify(err))
+	}
 	sb.UpdatedAt = now()
 	row, err := sandboxRow(sb)
 	if err != nil {
@@ -352,11 +372,17 @@ func updateSandbox(ctx context.Context, q queryer, sb Sandbox) error {
 		args = append(args, row[i])
 	}
 	args = append(args, sb.ID)
-	res, err := q.ExecContext(ctx, "UPDATE sandboxes SET "+strings.Join(set, ", ")+" WHERE id = ?", args...)
+	res, err := t.ExecContext(ctx, "UPDATE sandboxes SET "+strings.Join(set, ", ")+" WHERE id = ?", args...)
 	if err != nil {
 		return fmt.Errorf("update sandbox %s: %w", sb.ID, classify(err))
 	}
-	return mustAffect(res, "sandbox", sb.ID)
+	if err := mustAffect(res, "sandbox", sb.ID); err != nil {
+		return err
+	}
+	if ty := sandboxEvent(from, sb.State); ty != "" {
+		return appendEvent(ctx, t, Event{Owner: owner, Type: ty, SandboxID: sb.ID, Data: sandboxEventData(from, sb)})
+	}
+	return nil
 }
 
 // SandboxFilter selects sandboxes in a list.

@@ -26,6 +26,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"modernc.org/sqlite"
@@ -51,6 +52,9 @@ type Store struct {
 	// exclusive is the connection that holds the session lock of Exclusive,
 	// nil until it is taken (PostgreSQL only).
 	exclusive *exclusiveLock
+
+	evMu sync.Mutex
+	evCh chan struct{} // closed when events commit (EventsWritten); nil if no one waits
 }
 
 // Open opens the database at path, creating it with mode 0600 (and its
@@ -156,6 +160,9 @@ func (s *Store) inTx(ctx context.Context, fn func(t *tx) error) error {
 	}
 	if err := t.tx.Commit(); err != nil {
 		return classify(err)
+	}
+	if t.events > 0 {
+		s.eventsCommitted()
 	}
 	return nil
 }
