@@ -73,6 +73,7 @@ var conformance = []struct {
 	{"EventsOfBuilds", testEventsOfBuilds},
 	{"EventsNeverSkip", testEventsNeverSkip},
 	{"PruneEvents", testPruneEvents},
+	{"AnnounceExpiring", testAnnounceExpiring},
 	{"TemplateTags", testTemplateTags},
 	{"BuildContextNodes", testBuildContextNodes},
 	{"TemplatesInUse", testTemplatesInUse},

@@ -174,6 +174,69 @@ func (s *Store) LastEventSeq(ctx context.Context) (int64, error) {
 	return seq, nil
 }
 
+// AnnounceExpiring writes a sandbox.expiring event for each sandbox in
+// one of states whose lease ends after now and within the next within,
+// once per lease end, and returns how many it wrote. Of several servers
+// that announce at once, one writes each event.
+func (s *Store) AnnounceExpiring(ctx context.Context, now time.Time, within time.Duration, states []string) (int, error) {
+	if len(states) == 0 || within <= 0 {
+		return 0, fmt.Errorf("announce expiring leases: need states and a positive window: %w", errdefs.ErrInvalid)
+	}
+	args := []any{nanos(now), nanos(now.Add(within))}
+	for _, st := range states {
+		args = append(args, st)
+	}
+	rows, err := s.db.QueryContext(ctx, "SELECT id, owner, state, expires_at FROM sandboxes"+
+		" WHERE expires_at IS NOT NULL AND expires_at > ? AND expires_at <= ? AND expiry_told <> expires_at"+
+		" AND state IN ("+placeholders(len(states))+") ORDER BY expires_at LIMIT 100", args...)
+	if err != nil {
+		return 0, fmt.Errorf("announce expiring leases: %w", classify(err))
+	}
+	type due struct {
+		id, owner, state string
+		expires          int64
+	}
+	var all []due
+	for rows.Next() {
+		var d due
+		if err := rows.Scan(&d.id, &d.owner, &d.state, &d.expires); err != nil {
+			rows.Close()
+			return 0, fmt.Errorf("announce expiring leases: %w", classify(err))
+		}
+		all = append(all, d)
+	}
+	if err := rows.Close(); err != nil {
+		return 0, fmt.Errorf("announce expiring leases: %w", classify(err))
+	}
+	n := 0
+	for _, d := range all {
+		err := s.inTx(ctx, func(t *tx) error {
+			// The row, not the read above, decides: another server may
+			// have told this lease end, or a keep moved it, meanwhile.
+			res, err := t.ExecContext(ctx, "UPDATE sandboxes SET expiry_told = expires_at WHERE id = ? AND expires_at = ? AND expiry_told <> expires_at", d.id, d.expires)
+			if err != nil {
+				return classify(err)
+			}
+			if k, err := res.RowsAffected(); err != nil || k == 0 {
+				return err
+			}
+			data, _ := json.Marshal(struct { // a string and a time: cannot fail
+				State     string    `json:"state"`
+				ExpiresAt time.Time `json:"expires_at"`
+			}{d.state, fromNanos(d.expires)})
+			if err := appendEvent(ctx, t, Event{Owner: d.owner, Type: apiv1.EventSandboxExpiring, SandboxID: d.id, Data: data}); err != nil {
+				return err
+			}
+			n++
+			return nil
+		})
+		if err != nil {
+			return n, fmt.Errorf("announce the lease end of sandbox %s: %w", d.id, err)
+		}
+	}
+	return n, nil
+}
+
 // PruneEvents deletes the events recorded before before and returns how
 // many there were.
 func (s *Store) PruneEvents(ctx context.Context, before time.Time) (int64, error) {

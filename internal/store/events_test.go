@@ -240,3 +240,60 @@ func testPruneEvents(t *testing.T, b backend) {
 		t.Fatalf("after prune: %v, %v", eventTypes(got), err)
 	}
 }
+
+// A lease that ends within the window is told once, by one of the
+// servers that look at once; a keep that moves it is told again; a lease
+// further off, already past, or of a sandbox in another state is not.
+func testAnnounceExpiring(t *testing.T, b backend) {
+	ctx := context.Background()
+	stores := b.openN(t, racers)
+	s := stores[0]
+	now := time.Now()
+	lease := func(id, state string, in time.Duration) Sandbox {
+		sb := mustInsertSandbox(t, s, id, "key1")
+		exp := now.Add(in)
+		sb.State, sb.ExpiresAt = state, &exp
+		if err := s.UpdateSandbox(ctx, sb); err != nil {
+			t.Fatal(err)
+		}
+		return sb
+	}
+	soon := lease("sbxsoon", apiv1.StateRunning, 30*time.Second)
+	lease("sbxlater", apiv1.StateRunning, 10*time.Minute)
+	lease("sbxpast", apiv1.StateRunning, -time.Second)
+	lease("sbxdeleting", apiv1.StateDeleting, 30*time.Second)
+	states := []string{apiv1.StateRunning, apiv1.StatePaused, apiv1.StateSuspended}
+	for _, err := range race(t, stores, func(s *Store) error {
+		_, err := s.AnnounceExpiring(ctx, now, time.Minute, states)
+		return err
+	}) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	expiring := func() []string {
+		got, err := s.ListEvents(ctx, EventFilter{Types: []string{apiv1.EventSandboxExpiring}, Limit: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return eventTypes(got)
+	}
+	if got := expiring(); !slices.Equal(got, []string{"sandbox.expiring sbxsoon"}) {
+		t.Fatalf("after %d servers looked: %v; want sbxsoon's once", racers, got)
+	}
+	if n, err := s.AnnounceExpiring(ctx, now, time.Minute, states); err != nil || n != 0 {
+		t.Fatalf("a second look: %d, %v; want none", n, err)
+	}
+	// A keep moves the lease end: the new one is told when it nears.
+	exp := now.Add(45 * time.Second)
+	soon.ExpiresAt = &exp
+	if err := s.UpdateSandbox(ctx, soon); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.AnnounceExpiring(ctx, now, time.Minute, states); err != nil || n != 1 {
+		t.Fatalf("after a keep: %d, %v; want 1", n, err)
+	}
+	if _, err := s.AnnounceExpiring(ctx, now, time.Minute, nil); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Fatalf("no states: %v", err)
+	}
+}

@@ -402,6 +402,9 @@ CREATE TABLE events (
 ) STRICT;
 CREATE INDEX events_owner ON events (owner, seq);
 CREATE INDEX events_created_at ON events (created_at);
+-- The lease end (expires_at) a sandbox.expiring event was written for:
+-- each lease end is told once; a keep that moves it is told again.
+ALTER TABLE sandboxes ADD COLUMN expiry_told INTEGER NOT NULL DEFAULT 0;
 `, `
 CREATE TABLE events (
 	seq        BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -414,6 +417,7 @@ CREATE TABLE events (
 );
 CREATE INDEX events_owner ON events (owner, seq);
 CREATE INDEX events_created_at ON events (created_at);
+ALTER TABLE sandboxes ADD COLUMN expiry_told BIGINT NOT NULL DEFAULT 0;
 `},
 }
 
