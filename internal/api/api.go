@@ -23,6 +23,7 @@ import (
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/builds"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/events"
 	"github.com/airlockhq/airlock/internal/secrets"
 	"github.com/airlockhq/airlock/internal/service"
 	"github.com/airlockhq/airlock/internal/sessions"
@@ -39,6 +40,8 @@ type Config struct {
 	// Builds does the work on templates: builds, saves, build contexts
 	// and the catalogue.
 	Builds *builds.Service
+	// Events serves GET /v1/events. Default: one over Store.
+	Events *events.Service
 	// Forward, if set, is offered every call on one sandbox (but reading
 	// its record) and on one command, once the caller is authenticated:
 	// in cluster mode it routes the call to the node that runs the
@@ -126,6 +129,7 @@ func (s *Server) routes() []route {
 		{"DELETE", "/v1/keys/{id}", authKey, nil, s.deleteKey},
 
 		{"GET", "/v1/operations/{id}", authKey, []string{"wait_s"}, s.getOperation},
+		{"GET", "/v1/events", authKey, []string{"after_seq", "limit", "wait_s", "type"}, s.listEvents},
 
 		{"POST", "/v1/sandboxes", authKey, nil, jsonCall(http.StatusAccepted, s.createSandbox)},
 		{"GET", "/v1/sandboxes", authKey, append([]string{"state", "metadata."}, page...), s.listSandboxes},
@@ -206,6 +210,9 @@ func New(cfg Config) *Server {
 	}
 	if cfg.Commands == nil {
 		cfg.Commands = cfg.Service.Commands()
+	}
+	if cfg.Events == nil {
+		cfg.Events = events.New(events.Config{Store: cfg.Store, Log: cfg.Log})
 	}
 	s := &Server{cfg: cfg, svc: cfg.Service, cmds: cfg.Commands, bld: cfg.Builds, log: cfg.Log, mux: http.NewServeMux(), done: make(chan struct{})}
 	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -18,6 +18,7 @@ import (
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/builds"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/events"
 	"github.com/airlockhq/airlock/internal/fields"
 	"github.com/airlockhq/airlock/internal/service"
 )
@@ -561,5 +562,38 @@ func (s *Server) sandboxMetrics(w http.ResponseWriter, r *http.Request, p servic
 		return err
 	}
 	writeJSON(w, http.StatusOK, m)
+	return nil
+}
+
+// Events.
+
+func (s *Server) listEvents(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	q := r.URL.Query()
+	var eq events.Query
+	var err error
+	if v := q.Get("after_seq"); v != "" {
+		if eq.AfterSeq, err = strconv.ParseInt(v, 10, 64); err != nil {
+			return fmt.Errorf("after_seq must be an integer, not %q: %w", truncate(v, 20), errdefs.ErrInvalid)
+		}
+	}
+	if eq.Limit, err = intParam(q, "limit", 0); err != nil {
+		return err
+	}
+	wait, err := intParam(q, "wait_s", 0)
+	if err != nil {
+		return err
+	}
+	if wait < 0 || wait > MaxWait {
+		return fmt.Errorf("wait_s %d is out of bounds: use 0 to %d: %w", wait, MaxWait, errdefs.ErrInvalid)
+	}
+	eq.Wait = time.Duration(wait) * time.Second
+	for _, v := range q["type"] {
+		eq.Types = append(eq.Types, strings.Split(v, ",")...)
+	}
+	evs, err := s.cfg.Events.List(r.Context(), p, eq)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, evs)
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
 )
@@ -413,4 +414,32 @@ func (c *Client) ListSecrets(ctx context.Context, lo ListOptions) (apiv1.List[ap
 // DeleteSecret removes a secret of the client's key.
 func (c *Client) DeleteSecret(ctx context.Context, name string, opts ...CallOption) error {
 	return c.call(ctx, http.MethodDelete, p("v1", "secrets", name), nil, nil, nil, opts)
+}
+
+// EventQuery selects events in ListEvents.
+type EventQuery struct {
+	AfterSeq int64
+	Limit    int      // 0: the server's default
+	WaitS    int      // hold the call up to this long for an event
+	Types    []string // "kind.*" for every type of a kind
+}
+
+// ListEvents returns the caller's events after q.AfterSeq, in order.
+func (c *Client) ListEvents(ctx context.Context, q EventQuery) (apiv1.Events, error) {
+	v := url.Values{}
+	if q.AfterSeq > 0 {
+		v.Set("after_seq", strconv.FormatInt(q.AfterSeq, 10))
+	}
+	if q.Limit > 0 {
+		v.Set("limit", strconv.Itoa(q.Limit))
+	}
+	if q.WaitS > 0 {
+		v.Set("wait_s", strconv.Itoa(q.WaitS))
+	}
+	if len(q.Types) > 0 {
+		v.Set("type", strings.Join(q.Types, ","))
+	}
+	var out apiv1.Events
+	err := c.call(ctx, http.MethodGet, p("v1", "events"), v, nil, &out, nil)
+	return out, err
 }

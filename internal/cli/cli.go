@@ -89,6 +89,7 @@ func commands() []command {
 		{"cp", "copy files between this machine and a sandbox on a server", runCp},
 		{"secret", "store, list and remove secrets for credential rules on a server", runSecret},
 		{"op", "show or wait for an operation on a server", runOp},
+		{"events", "print, or follow, the changes of state of sandboxes and builds on a server", runEvents},
 		{"key", "create, list, limit and remove API keys on a server", runKey},
 		{"network", "change a sandbox's egress policy and show its egress log on a server", runNetwork},
 		{"port-forward", "forward a local TCP port to a port in a sandbox on a server", runPortForward},

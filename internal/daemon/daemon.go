@@ -23,6 +23,7 @@ import (
 	"github.com/airlockhq/airlock/internal/e2b"
 	"github.com/airlockhq/airlock/internal/e2b/envd"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/events"
 	"github.com/airlockhq/airlock/internal/gateway"
 	"github.com/airlockhq/airlock/internal/node"
 	"github.com/airlockhq/airlock/internal/sandbox"
@@ -47,6 +48,7 @@ type Daemon struct {
 	rt       *sandbox.Runtime
 	svc      *service.Service
 	builds   *builds.Service
+	events   *events.Service
 	box      *secrets.Box
 	adminKey string // the admin key made on this start, else ""
 
@@ -170,7 +172,8 @@ func (d *Daemon) buildServe(ctx context.Context, r resolved) error {
 		d.front.router.BuildNode = d.builds.BuildNode
 		forward = d.front.router.Forward
 	}
-	d.apiSrv = api.New(api.Config{Service: d.svc, Commands: d.svc.Commands(), Builds: d.builds, Store: d.st, Log: log, Registry: reg, Secrets: box,
+	d.events = events.New(events.Config{Store: d.st, Log: log})
+	d.apiSrv = api.New(api.Config{Service: d.svc, Commands: d.svc.Commands(), Builds: d.builds, Events: d.events, Store: d.st, Log: log, Registry: reg, Secrets: box,
 		MetricsOpen: isLoopback(d.ln.Addr()), PingInterval: cfg.PingInterval, Forward: forward})
 	d.httpSrv = &http.Server{Handler: d.apiSrv, ReadHeaderTimeout: 10 * time.Second}
 	return d.buildServeEdges(r)
@@ -316,7 +319,8 @@ func (d *Daemon) buildNode(ctx context.Context, r resolved) error {
 		return err
 	}
 
-	d.apiSrv = api.New(api.Config{Service: d.svc, Commands: d.svc.Commands(), Builds: d.builds, Store: d.st, Log: log, Registry: reg, Secrets: box, PingInterval: cfg.PingInterval})
+	d.events = events.New(events.Config{Store: d.st, Log: log})
+	d.apiSrv = api.New(api.Config{Service: d.svc, Commands: d.svc.Commands(), Builds: d.builds, Events: d.events, Store: d.st, Log: log, Registry: reg, Secrets: box, PingInterval: cfg.PingInterval})
 	d.envd = envd.New(d.svc, d.svc.Commands(), log)
 	e2bSrv, err := e2b.New(e2b.Config{Service: d.svc, Log: log, Domain: cfg.E2BDomain, Envd: d.envd})
 	if err != nil {
@@ -423,6 +427,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		fmt.Fprintf(d.stdout, "airlock serving template images to the cluster's nodes on https://%s\n", d.internalLn.Addr())
 	}
 	go purgeIdempotent(d.bg, d.st, d.log)
+	go d.events.Run(d.bg)
 	if d.e2bSrv != nil {
 		go func() { errc <- d.e2bSrv.Serve(d.e2bLn) }()
 		fmt.Fprintf(d.stdout, "airlock serving E2B's API on http://%s\n", d.e2bLn.Addr())
