@@ -1556,7 +1556,44 @@ func TestReliabilityKillServer(t *testing.T) {
 	for _, id := range []string{keep.ID, susp.ID, cr.Sandbox.ID} {
 		s.deleteSandbox(t, s.key, id)
 	}
+	t.Run("events", func(t *testing.T) {
+		checkEventsAcrossCrash(t, s, keep.ID, susp.ID, del.ID, cr.Sandbox.ID)
+	})
 	s.checkNoLeaks(t, base, 5)
+}
+
+// checkEventsAcrossCrash reads every event of the sandboxes of a server
+// that was killed and restarted: they are in seq order, none twice, and
+// each sandbox's tell its history, from sandbox.created to
+// sandbox.deleted, the changes before the crash kept.
+func checkEventsAcrossCrash(t *testing.T, s *server, keep, susp, del, cr string) {
+	var evs apiv1.Events
+	s.must(t, 200, "GET", "/v1/events?limit=1000", s.key, nil, &evs)
+	of := map[string][]string{}
+	seen := map[string]bool{}
+	var last int64
+	for _, ev := range evs.Items {
+		if ev.Seq <= last || seen[ev.ID] {
+			t.Fatalf("event %+v after seq %d, or twice", ev, last)
+		}
+		last, seen[ev.ID] = ev.Seq, true
+		of[ev.SandboxID] = append(of[ev.SandboxID], ev.Type)
+	}
+	want := "sandbox.created sandbox.running sandbox.deleted"
+	for _, id := range []string{keep, del} {
+		if got := strings.Join(of[id], " "); got != want {
+			t.Errorf("sandbox %s's events: %s; want %s", id, got, want)
+		}
+	}
+	for _, id := range []string{susp, cr} {
+		got := of[id]
+		if len(got) < 3 || got[0] != apiv1.EventSandboxCreated || got[len(got)-1] != apiv1.EventSandboxDeleted {
+			t.Errorf("sandbox %s's events: %v; want sandbox.created first and sandbox.deleted last", id, got)
+		}
+	}
+	if got := strings.Join(of[susp], " "); strings.Contains(got, apiv1.EventSandboxSuspended) && !strings.Contains(got, apiv1.EventSandboxWoken) {
+		t.Errorf("the sandbox suspended and woken: %s", got)
+	}
 }
 
 func fileExists(p string) bool {
