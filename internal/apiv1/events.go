@@ -57,3 +57,38 @@ type Events struct {
 	Items   []Event `json:"items"`
 	LastSeq int64   `json:"last_seq"`
 }
+
+// CreateWebhook is the body of POST /v1/webhooks.
+type CreateWebhook struct {
+	URL   string   `json:"url"`
+	Types []string `json:"types,omitempty"`
+	// Secret signs the deliveries; left out, one is made and shown once.
+	Secret string `json:"secret,omitempty"`
+}
+
+// Webhook is a registered receiver of events.
+type Webhook struct {
+	ID        string    `json:"id"`
+	URL       string    `json:"url"`
+	Types     []string  `json:"types"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// WebhookCreated answers POST /v1/webhooks: the webhook, and the secret
+// when the server made it (shown this once).
+type WebhookCreated struct {
+	Webhook
+	Secret string `json:"secret,omitempty"`
+}
+
+// Delivery is one attempt to deliver an event to a webhook.
+type Delivery struct {
+	ID         string    `json:"id"`
+	EventID    string    `json:"event_id"`
+	EventType  string    `json:"event_type"`
+	Attempt    int       `json:"attempt"`
+	Status     int       `json:"status"`
+	Error      string    `json:"error,omitempty"`
+	DurationMS int64     `json:"duration_ms"`
+	CreatedAt  time.Time `json:"created_at"`
+}

@@ -419,6 +419,76 @@ CREATE INDEX events_owner ON events (owner, seq);
 CREATE INDEX events_created_at ON events (created_at);
 ALTER TABLE sandboxes ADD COLUMN expiry_told BIGINT NOT NULL DEFAULT 0;
 `},
+	{14, "create webhooks and webhook_deliveries", `
+-- A key's webhooks: where its events (an admin key's: every key's, when
+-- all_owners is 1) are POSTed, in order. after_seq is the
+-- seq of the last event settled (delivered, or given up after a day of
+-- failures); the event after it is tried next, at next_at, by the server
+-- that holds the lease (lease_until) so that one delivers at a time.
+CREATE TABLE webhooks (
+	seq           INTEGER PRIMARY KEY AUTOINCREMENT,
+	id            TEXT    NOT NULL UNIQUE,
+	owner         TEXT    NOT NULL,
+	all_owners    INTEGER NOT NULL,
+	url           TEXT    NOT NULL,
+	types         TEXT    NOT NULL,
+	secret        BLOB    NOT NULL,
+	created_at    INTEGER NOT NULL,
+	after_seq     INTEGER NOT NULL,
+	attempts      INTEGER NOT NULL DEFAULT 0,
+	failing_since INTEGER NOT NULL DEFAULT 0,
+	next_at       INTEGER NOT NULL DEFAULT 0,
+	lease_until   INTEGER NOT NULL DEFAULT 0
+) STRICT;
+CREATE INDEX webhooks_owner ON webhooks (owner, seq);
+-- Every attempt at a delivery: the event, the answer's status (0 for
+-- none) or the error.
+CREATE TABLE webhook_deliveries (
+	seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+	id          TEXT    NOT NULL UNIQUE,
+	webhook_id  TEXT    NOT NULL,
+	event_id    TEXT    NOT NULL,
+	event_type  TEXT    NOT NULL,
+	attempt     INTEGER NOT NULL,
+	status      INTEGER NOT NULL,
+	error       TEXT    NOT NULL,
+	duration_ms INTEGER NOT NULL,
+	created_at  INTEGER NOT NULL
+) STRICT;
+CREATE INDEX webhook_deliveries_webhook ON webhook_deliveries (webhook_id, seq);
+CREATE INDEX webhook_deliveries_created_at ON webhook_deliveries (created_at);
+`, `
+CREATE TABLE webhooks (
+	seq           BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	id            TEXT   NOT NULL UNIQUE,
+	owner         TEXT   NOT NULL,
+	all_owners    BIGINT NOT NULL,
+	url           TEXT   NOT NULL,
+	types         TEXT   NOT NULL,
+	secret        BYTEA  NOT NULL,
+	created_at    BIGINT NOT NULL,
+	after_seq     BIGINT NOT NULL,
+	attempts      BIGINT NOT NULL DEFAULT 0,
+	failing_since BIGINT NOT NULL DEFAULT 0,
+	next_at       BIGINT NOT NULL DEFAULT 0,
+	lease_until   BIGINT NOT NULL DEFAULT 0
+);
+CREATE INDEX webhooks_owner ON webhooks (owner, seq);
+CREATE TABLE webhook_deliveries (
+	seq         BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	id          TEXT   NOT NULL UNIQUE,
+	webhook_id  TEXT   NOT NULL,
+	event_id    TEXT   NOT NULL,
+	event_type  TEXT   NOT NULL,
+	attempt     BIGINT NOT NULL,
+	status      BIGINT NOT NULL,
+	error       TEXT   NOT NULL,
+	duration_ms BIGINT NOT NULL,
+	created_at  BIGINT NOT NULL
+);
+CREATE INDEX webhook_deliveries_webhook ON webhook_deliveries (webhook_id, seq);
+CREATE INDEX webhook_deliveries_created_at ON webhook_deliveries (created_at);
+`},
 }
 
 // schemaVersion reads the version of the schema: SQLite's PRAGMA
