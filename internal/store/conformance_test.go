@@ -74,6 +74,7 @@ var conformance = []struct {
 	{"EventsNeverSkip", testEventsNeverSkip},
 	{"PruneEvents", testPruneEvents},
 	{"AnnounceExpiring", testAnnounceExpiring},
+	{"Webhooks", testWebhooks},
 	{"TemplateTags", testTemplateTags},
 	{"BuildContextNodes", testBuildContextNodes},
 	{"TemplatesInUse", testTemplatesInUse},

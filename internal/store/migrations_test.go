@@ -40,6 +40,7 @@ var migrationTests = []migrationTest{
 	{version: 11, before: fillKeys3, after: checkSchema11},
 	{version: 12, before: fillKeys3, after: checkSchema12},
 	{version: 13, before: fillSchema1, after: checkSchema13},
+	{version: 14, before: fillSchema1, after: checkSchema14},
 }
 
 // fillBuilds9 stores a build as servers before migration 10 did.
@@ -94,6 +95,18 @@ func checkSchema12(t *testing.T, db *sql.DB) {
 		t.Fatalf("nodes after migration 12: %v, %v", got, err)
 	}
 	if err := s.RegisterClusterNode(ctx, "host-a", "http://10.0.0.5:7701"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkSchema14: there are no webhooks, and one can be stored.
+func checkSchema14(t *testing.T, db *sql.DB) {
+	s := &Store{db: &conn{db: db, eng: sqliteEngine}}
+	ctx := context.Background()
+	if got, err := s.ListWebhooks(ctx, "", 10); err != nil || len(got) != 0 {
+		t.Fatalf("webhooks after migration 14: %v, %v", got, err)
+	}
+	if err := s.InsertWebhook(ctx, Webhook{ID: "whk1", Owner: "key1", URL: "https://example.com/"}); err != nil {
 		t.Fatal(err)
 	}
 }
