@@ -28,6 +28,7 @@ import (
 	"github.com/airlockhq/airlock/internal/service"
 	"github.com/airlockhq/airlock/internal/sessions"
 	"github.com/airlockhq/airlock/internal/store"
+	"github.com/airlockhq/airlock/internal/webhooks"
 )
 
 // MaxJSONBody bounds the body of a JSON request.
@@ -42,6 +43,9 @@ type Config struct {
 	Builds *builds.Service
 	// Events serves GET /v1/events. Default: one over Store.
 	Events *events.Service
+	// Webhooks serves /v1/webhooks. Default: one over Store and Secrets
+	// that opens no range egress denies.
+	Webhooks *webhooks.Service
 	// Forward, if set, is offered every call on one sandbox (but reading
 	// its record) and on one command, once the caller is authenticated:
 	// in cluster mode it routes the call to the node that runs the
@@ -130,6 +134,10 @@ func (s *Server) routes() []route {
 
 		{"GET", "/v1/operations/{id}", authKey, []string{"wait_s"}, s.getOperation},
 		{"GET", "/v1/events", authKey, []string{"after_seq", "limit", "wait_s", "type"}, s.listEvents},
+		{"POST", "/v1/webhooks", authKey, nil, jsonCall(http.StatusCreated, s.createWebhook)},
+		{"GET", "/v1/webhooks", authKey, nil, s.listWebhooks},
+		{"DELETE", "/v1/webhooks/{id}", authKey, nil, s.deleteWebhook},
+		{"GET", "/v1/webhooks/{id}/deliveries", authKey, nil, s.webhookDeliveries},
 
 		{"POST", "/v1/sandboxes", authKey, nil, jsonCall(http.StatusAccepted, s.createSandbox)},
 		{"GET", "/v1/sandboxes", authKey, append([]string{"state", "metadata."}, page...), s.listSandboxes},
@@ -213,6 +221,9 @@ func New(cfg Config) *Server {
 	}
 	if cfg.Events == nil {
 		cfg.Events = events.New(events.Config{Store: cfg.Store, Log: cfg.Log})
+	}
+	if cfg.Webhooks == nil {
+		cfg.Webhooks = webhooks.New(webhooks.Config{Store: cfg.Store, Secrets: cfg.Secrets, Log: cfg.Log})
 	}
 	s := &Server{cfg: cfg, svc: cfg.Service, cmds: cfg.Commands, bld: cfg.Builds, log: cfg.Log, mux: http.NewServeMux(), done: make(chan struct{})}
 	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{

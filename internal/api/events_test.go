@@ -75,3 +75,52 @@ func TestEventsAPI(t *testing.T) {
 	}
 	s.must(t, 401, "GET", "/v1/events", "alk_nope", "", nil)
 }
+
+// /v1/webhooks as a user key would attack it: addresses egress denies,
+// bad bodies, another key's webhook, more than a key may have.
+func TestWebhooksAPI(t *testing.T) {
+	s := newSecretServer(t)
+	for _, u := range []string{"http://169.254.169.254/latest/meta-data/", "http://127.0.0.1:7700/v1/keys", "http://[::1]/", "http://10.0.0.5/"} {
+		a := s.must(t, 403, "POST", "/v1/webhooks", s.user, fmt.Sprintf(`{"url": %q}`, u), nil)
+		if !strings.Contains(string(a.body), "--webhook-private") {
+			t.Errorf("%s refused without saying how to open it: %s", u, a.body)
+		}
+	}
+	for _, body := range []string{`{"url": 5}`, `{"url": "https://example.com/", "extra": 1}`, `{}`, `{"url": "file:///etc/passwd"}`,
+		`{"url": "https://example.com/", "types": ["x"]}`, `not json`, `{"url": "https://example.com/` + strings.Repeat("a", 2<<20) + `"}`} {
+		if a := s.do(t, "POST", "/v1/webhooks", s.user, body); a.status != 400 && a.status != 413 {
+			t.Errorf("body %.60q: %d %s", body, a.status, a.body)
+		}
+	}
+	var created apiv1.WebhookCreated
+	s.must(t, 201, "POST", "/v1/webhooks", s.user, `{"url": "https://hooks.example.com/a", "types": ["sandbox.*"]}`, &created)
+	if !strings.HasPrefix(created.ID, "whk") || !strings.HasPrefix(created.Secret, "whsec_") || created.Types[0] != "sandbox.*" {
+		t.Fatalf("created %+v", created)
+	}
+	var k apiv1.KeyCreated
+	s.must(t, 201, "POST", "/v1/keys", s.admin, `{"name": "other"}`, &k)
+	s.must(t, 404, "GET", "/v1/webhooks/"+created.ID+"/deliveries", k.Key, "", nil)
+	s.must(t, 404, "DELETE", "/v1/webhooks/"+created.ID, k.Key, "", nil)
+	var theirs apiv1.List[apiv1.Webhook]
+	s.must(t, 200, "GET", "/v1/webhooks", k.Key, "", &theirs)
+	if len(theirs.Items) != 0 {
+		t.Fatalf("another key lists %+v", theirs.Items)
+	}
+	var mine apiv1.List[apiv1.Webhook]
+	a := s.must(t, 200, "GET", "/v1/webhooks", s.user, "", &mine)
+	if len(mine.Items) != 1 || strings.Contains(string(a.body), created.Secret) || strings.Contains(string(a.body), "secret") {
+		t.Fatalf("the list: %s", a.body)
+	}
+	var ds apiv1.List[apiv1.Delivery]
+	s.must(t, 200, "GET", "/v1/webhooks/"+created.ID+"/deliveries", s.user, "", &ds)
+	if ds.Items == nil || len(ds.Items) != 0 {
+		t.Fatalf("deliveries of a new webhook: %+v", ds)
+	}
+	for i := 1; i < 10; i++ {
+		s.must(t, 201, "POST", "/v1/webhooks", s.user, `{"url": "https://hooks.example.com/more"}`, nil)
+	}
+	s.must(t, 429, "POST", "/v1/webhooks", s.user, `{"url": "https://hooks.example.com/one-too-many"}`, nil)
+	s.must(t, 204, "DELETE", "/v1/webhooks/"+created.ID, s.user, "", nil)
+	s.must(t, 404, "DELETE", "/v1/webhooks/"+created.ID, s.user, "", nil)
+	s.must(t, 404, "DELETE", "/v1/webhooks/whk..%2F..%2Fkeys", s.user, "", nil)
+}

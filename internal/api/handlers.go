@@ -597,3 +597,35 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request, p service.Pr
 	writeJSON(w, http.StatusOK, evs)
 	return nil
 }
+
+// Webhooks.
+
+func (s *Server) createWebhook(ctx context.Context, p service.Principal, _ string, req apiv1.CreateWebhook) (apiv1.WebhookCreated, error) {
+	return s.cfg.Webhooks.Create(ctx, p, req)
+}
+
+func (s *Server) listWebhooks(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	l, err := s.cfg.Webhooks.List(r.Context(), p)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, l)
+	return nil
+}
+
+func (s *Server) deleteWebhook(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	if err := s.cfg.Webhooks.Delete(r.Context(), p, r.PathValue("id")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) webhookDeliveries(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	l, err := s.cfg.Webhooks.Deliveries(r.Context(), p, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, l)
+	return nil
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/gateway/policy"
 	"github.com/airlockhq/airlock/internal/sandbox"
+	"github.com/airlockhq/airlock/internal/webhooks"
 )
 
 const serveAbout = `Serves airlock's HTTP API (see docs/api.md) until SIGTERM or SIGINT.
@@ -100,6 +101,7 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	defaultLimits := fs.String("default-limits", "", "`limits` of user keys where they have none of their own, NAME=N[,NAME=N…] (sandboxes, vcpus, memory_mib, disk_mib, suspended_mib, checkpoints, builds, build_context_mib; default: none)")
 	fs.Var((*sizeFlag)(&cfg.MemoryBudgetBytes), "memory-budget", "most memory (`size`, like 16GiB) this host's sandboxes' VMs may hold: creates and wakes past it are refused (default: the host's RAM less 1 GiB)")
 	egressPrivate := fs.String("egress-private", "", "comma-separated private `CIDRs` (within 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, 100.64.0.0/10) a sandbox's policy may open by naming an address in them (default: none)")
+	webhookPrivate := fs.String("webhook-private", "", "comma-separated `CIDRs` webhooks may point into though egress denies them (loopback, private, link-local): your own receivers (default: none)")
 	fs.StringVar(&cfg.DNSUpstream, "dns-upstream", "", "resolver `HOST:PORT` the gateways ask (default: the host's, from /etc/resolv.conf)")
 	fs.StringVar(&cfg.E2BListen, "e2b-listen", "", "`address` to serve E2B's API on (default: not served)")
 	fs.StringVar(&cfg.E2BDomain, "e2b-domain", "", "sandbox `domain` returned to E2B SDKs (default: none, the SDK's own E2B_DOMAIN)")
@@ -123,7 +125,7 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	err := serveFlags(fs, &cfg, jailOpts, *defaultLimits, *egressPrivate, *trusted, *clusterMode)
+	err := serveFlags(fs, &cfg, jailOpts, *defaultLimits, *egressPrivate, *webhookPrivate, *trusted, *clusterMode)
 	if err == nil {
 		err = runDaemon(ctx, cfg)
 	}
@@ -134,7 +136,7 @@ func runServe(ctx context.Context, env *Env, args []string) error {
 }
 
 // serveFlags reads into cfg what serve's flags say beyond their values.
-func serveFlags(fs *flagSet, cfg *daemon.Config, jailOpts jailOptions, defaultLimits, egressPrivate, trusted, clusterMode string) (err error) {
+func serveFlags(fs *flagSet, cfg *daemon.Config, jailOpts jailOptions, defaultLimits, egressPrivate, webhookPrivate, trusted, clusterMode string) (err error) {
 	if cfg.Unjailed, cfg.UIDs, err = jailOpts.parse(); err != nil {
 		return err
 	}
@@ -146,6 +148,9 @@ func serveFlags(fs *flagSet, cfg *daemon.Config, jailOpts jailOptions, defaultLi
 	}
 	if cfg.EgressPrivate, err = policy.ParsePrivate(egressPrivate); err != nil {
 		return fmt.Errorf("--egress-private: %w", err)
+	}
+	if cfg.WebhookPrivate, err = webhooks.ParsePrivate(webhookPrivate); err != nil {
+		return fmt.Errorf("--webhook-private: %w", err)
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q: %w", fs.Arg(0), errdefs.ErrInvalid)

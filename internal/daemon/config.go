@@ -135,6 +135,11 @@ type Config struct {
 	// policy may open by naming an address in them (--egress-private,
 	// read by policy.ParsePrivate). Default: none.
 	EgressPrivate []netip.Prefix
+	// WebhookPrivate are the ranges egress always denies (loopback,
+	// private, link-local…) where webhooks may still point: the
+	// operator's own receivers (--webhook-private, read by
+	// webhooks.ParsePrivate). Default: none.
+	WebhookPrivate []netip.Prefix
 	// DNSUpstream is the resolver, HOST:PORT, the gateways ask
 	// (--dns-upstream). Default "": the host's, from /etc/resolv.conf.
 	DNSUpstream string

@@ -32,6 +32,7 @@ import (
 	"github.com/airlockhq/airlock/internal/sessions"
 	"github.com/airlockhq/airlock/internal/store"
 	"github.com/airlockhq/airlock/internal/template"
+	"github.com/airlockhq/airlock/internal/webhooks"
 )
 
 // shutdownGrace bounds how long Run waits for requests in flight.
@@ -49,6 +50,7 @@ type Daemon struct {
 	svc      *service.Service
 	builds   *builds.Service
 	events   *events.Service
+	webhooks *webhooks.Service
 	box      *secrets.Box
 	adminKey string // the admin key made on this start, else ""
 
@@ -173,7 +175,10 @@ func (d *Daemon) buildServe(ctx context.Context, r resolved) error {
 		forward = d.front.router.Forward
 	}
 	d.events = events.New(events.Config{Store: d.st, Log: log})
-	d.apiSrv = api.New(api.Config{Service: d.svc, Commands: d.svc.Commands(), Builds: d.builds, Events: d.events, Store: d.st, Log: log, Registry: reg, Secrets: box,
+	if d.webhooks, err = d.newWebhooks(box); err != nil {
+		return err
+	}
+	d.apiSrv = api.New(api.Config{Service: d.svc, Commands: d.svc.Commands(), Builds: d.builds, Events: d.events, Webhooks: d.webhooks, Store: d.st, Log: log, Registry: reg, Secrets: box,
 		MetricsOpen: isLoopback(d.ln.Addr()), PingInterval: cfg.PingInterval, Forward: forward})
 	d.httpSrv = &http.Server{Handler: d.apiSrv, ReadHeaderTimeout: 10 * time.Second}
 	return d.buildServeEdges(r)
@@ -320,7 +325,10 @@ func (d *Daemon) buildNode(ctx context.Context, r resolved) error {
 	}
 
 	d.events = events.New(events.Config{Store: d.st, Log: log})
-	d.apiSrv = api.New(api.Config{Service: d.svc, Commands: d.svc.Commands(), Builds: d.builds, Events: d.events, Store: d.st, Log: log, Registry: reg, Secrets: box, PingInterval: cfg.PingInterval})
+	if d.webhooks, err = d.newWebhooks(box); err != nil {
+		return err
+	}
+	d.apiSrv = api.New(api.Config{Service: d.svc, Commands: d.svc.Commands(), Builds: d.builds, Events: d.events, Webhooks: d.webhooks, Store: d.st, Log: log, Registry: reg, Secrets: box, PingInterval: cfg.PingInterval})
 	d.envd = envd.New(d.svc, d.svc.Commands(), log)
 	e2bSrv, err := e2b.New(e2b.Config{Service: d.svc, Log: log, Domain: cfg.E2BDomain, Envd: d.envd})
 	if err != nil {
@@ -428,6 +436,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	go purgeIdempotent(d.bg, d.st, d.log)
 	go d.events.Run(d.bg)
+	go d.webhooks.Run(d.bg)
 	if d.e2bSrv != nil {
 		go func() { errc <- d.e2bSrv.Serve(d.e2bLn) }()
 		fmt.Fprintf(d.stdout, "airlock serving E2B's API on http://%s\n", d.e2bLn.Addr())
@@ -562,4 +571,14 @@ func newRegistry() *prometheus.Registry {
 func isLoopback(a net.Addr) bool {
 	ta, ok := a.(*net.TCPAddr)
 	return ok && ta.IP.IsLoopback()
+}
+
+// newWebhooks is the webhooks service: its receivers may not be the
+// host's own addresses, nor any range egress denies but those opened.
+func (d *Daemon) newWebhooks(box *secrets.Box) (*webhooks.Service, error) {
+	host, err := gateway.HostAddrs()
+	if err != nil {
+		return nil, err
+	}
+	return webhooks.New(webhooks.Config{Store: d.st, Secrets: box, Private: d.cfg.WebhookPrivate, Host: host, Log: d.log}), nil
 }
