@@ -89,6 +89,10 @@ const (
 	ScenarioPGCreate  = "postgres_create_to_first_output"
 	ScenarioPGExecRTT = "postgres_exec_rtt"
 
+	// ScenarioEventLatency prices a change of state to its webhook
+	// delivery.
+	ScenarioEventLatency = "event_latency"
+
 	ScenarioClusterCreate  = "cluster_create_to_first_output"
 	ScenarioClusterExecRTT = "cluster_exec_rtt"
 	ScenarioClusterCreates = "cluster_creates_per_second"
@@ -99,7 +103,7 @@ func Scenarios() []string {
 	return []string{ScenarioBoot, ScenarioSnapshot, ScenarioCloneBoot, ScenarioWarmPool, ScenarioWarmTemplate, ScenarioJail, ScenarioExecRTT, ScenarioThroughput,
 		ScenarioNetThroughput, ScenarioNetConnect, ScenarioNetDNS, ScenarioNetHTTPKeepAlive, ScenarioNetHTTPConnect, ScenarioPause,
 		ScenarioSuspend, ScenarioIdlePSS, ScenarioConcurrent, ScenarioTemplateBuild, ScenarioImageCreate,
-		ScenarioE2BCreate, ScenarioE2BExecRTT, ScenarioPGCreate, ScenarioPGExecRTT,
+		ScenarioE2BCreate, ScenarioE2BExecRTT, ScenarioPGCreate, ScenarioPGExecRTT, ScenarioEventLatency,
 		ScenarioClusterCreate, ScenarioClusterExecRTT, ScenarioClusterCreates, ScenarioAPICreate, ScenarioAPIExecRTT, ScenarioAPILimits}
 }
 
@@ -416,6 +420,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		{ScenarioE2BExecRTT, r.e2bExecRTT},
 		{ScenarioPGCreate, r.pgCreate},
 		{ScenarioPGExecRTT, r.pgExecRTT},
+		{ScenarioEventLatency, r.eventLatency},
 		{ScenarioClusterCreate, r.clusterCreate},
 		{ScenarioClusterExecRTT, r.clusterExecRTT},
 		{ScenarioClusterCreates, r.clusterCreates},
