@@ -160,9 +160,9 @@ func TestDeliversInOrderSigned(t *testing.T) {
 	f.sandbox(t, "sbxbob", bob.KeyID)
 	f.sandbox(t, "sbxone", alice.KeyID)
 	f.sandbox(t, "sbxtwo", alice.KeyID)
-	got := rcv.wait(t, 4)
+	rcv.wait(t, 4)
 	time.Sleep(300 * time.Millisecond) // nothing more comes
-	got = rcv.wait(t, 4)
+	got := rcv.wait(t, 4)
 	var seq []string
 	for i, rc := range got {
 		checkSigned(t, rc, created.Secret)
@@ -368,9 +368,9 @@ func TestServersShareTheWork(t *testing.T) {
 	for _, id := range []string{"sbxa", "sbxb", "sbxc", "sbxd", "sbxe"} {
 		f.sandbox(t, id, alice.KeyID)
 	}
+	rcv.wait(t, 10)
+	time.Sleep(500 * time.Millisecond) // nothing more comes
 	got := rcv.wait(t, 10)
-	time.Sleep(500 * time.Millisecond)
-	got = rcv.wait(t, 10)
 	if len(got) != 10 {
 		t.Fatalf("%d deliveries of 10 events", len(got))
 	}
