@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"io"
 	"context"
 	"encoding/json"
 	"strings"
@@ -62,22 +63,24 @@ func TestEvents(t *testing.T) {
 
 	// -f prints what comes while it waits, and ends when interrupted.
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan string, 1)
+	defer cancel()
+	var followed lockedBuffer
+	done := make(chan error, 1)
 	go func() {
-		out, _, err := run(ctx, "-f", "--after", "2")
-		if err != nil {
-			out += "error: " + err.Error()
-		}
-		done <- out
+		env := &Env{Stdout: &followed, Stderr: io.Discard, Dir: datadir.Dir{Root: t.TempDir()}}
+		done <- Run(ctx, env, []string{"events", "--url", d.URL, "-f", "--after", "2"})
 	}()
 	time.Sleep(300 * time.Millisecond)
 	recordSandbox(t, d.Store(), "sbxtwo", p.KeyID)
-	time.Sleep(500 * time.Millisecond)
+	for deadline := time.Now().Add(20 * time.Second); strings.Count(followed.String(), "\n") < 2 && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
 	cancel()
 	select {
-	case out := <-done:
-		if strings.Count(out, "\n") != 2 || !strings.Contains(out, "sbxtwo") || strings.Contains(out, "sbxone") || strings.Contains(out, "error") {
-			t.Fatalf("-f printed:\n%s", out)
+	case err := <-done:
+		out := followed.String()
+		if err != nil || strings.Count(out, "\n") != 2 || !strings.Contains(out, "sbxtwo") || strings.Contains(out, "sbxone") {
+			t.Fatalf("-f printed (%v):\n%s", err, out)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("-f did not end when interrupted")

@@ -129,6 +129,24 @@ func (r *receiver) wait(t *testing.T, n int) []received {
 	return nil
 }
 
+// deliveries returns webhook id's recorded attempts once there are n,
+// failing after 20 s: an attempt is recorded just after its receiver
+// answers.
+func deliveries(t *testing.T, s *Service, p tenancy.Principal, id string, n int) []apiv1.Delivery {
+	t.Helper()
+	var ds apiv1.List[apiv1.Delivery]
+	var err error
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if ds, err = s.Deliveries(context.Background(), p, id); err != nil || len(ds.Items) >= n {
+			break
+		}
+	}
+	if err != nil || len(ds.Items) < n {
+		t.Fatalf("deliveries of %s: %+v, %v; want %d", id, ds.Items, err, n)
+	}
+	return ds.Items
+}
+
 func checkSigned(t *testing.T, rc received, secret string) {
 	t.Helper()
 	sig := rc.header.Get("Airlock-Signature")
@@ -174,9 +192,9 @@ func TestDeliversInOrderSigned(t *testing.T) {
 	if want := "sandbox.created sbxone,sandbox.running sbxone,sandbox.created sbxtwo,sandbox.running sbxtwo"; strings.Join(seq, ",") != want {
 		t.Fatalf("delivered %v, want %s", seq, want)
 	}
-	ds, err := s.Deliveries(context.Background(), alice, created.ID)
-	if err != nil || len(ds.Items) != 4 || ds.Items[0].Status != 200 || ds.Items[0].Attempt != 1 || ds.Items[0].Error != "" {
-		t.Fatalf("deliveries %+v, %v", ds, err)
+	ds := deliveries(t, s, alice, created.ID, 4)
+	if len(ds) != 4 || ds[0].Status != 200 || ds[0].Attempt != 1 || ds[0].Error != "" {
+		t.Fatalf("deliveries %+v", ds)
 	}
 }
 
@@ -203,16 +221,16 @@ func TestRetriesInOrder(t *testing.T) {
 	if took := time.Since(start); took < Backoff(1)+Backoff(2)-time.Second || took > 20*time.Second {
 		t.Errorf("three attempts and the next event took %s; backoffs %s and %s", took, Backoff(1), Backoff(2))
 	}
-	ds, err := s.Deliveries(context.Background(), alice, created.ID)
-	if err != nil || len(ds.Items) != 4 {
-		t.Fatalf("deliveries %+v, %v", ds, err)
+	ds := deliveries(t, s, alice, created.ID, 4)
+	if len(ds) != 4 {
+		t.Fatalf("deliveries %+v", ds)
 	}
 	// Newest first: the running event, then the created one's third,
 	// second and first attempts.
-	if d := ds.Items[3]; d.Attempt != 1 || d.Status != 500 || !strings.Contains(d.Error, "500") {
+	if d := ds[3]; d.Attempt != 1 || d.Status != 500 || !strings.Contains(d.Error, "500") {
 		t.Errorf("first attempt recorded as %+v", d)
 	}
-	if d := ds.Items[1]; d.Attempt != 3 || d.Status != 200 || d.Error != "" {
+	if d := ds[1]; d.Attempt != 3 || d.Status != 200 || d.Error != "" {
 		t.Errorf("third attempt recorded as %+v", d)
 	}
 }
@@ -234,9 +252,9 @@ func TestGivesUp(t *testing.T) {
 	if got[0].event.SandboxID != "sbxone" || got[1].event.SandboxID != "sbxtwo" {
 		t.Fatalf("after giving up on sbxone's event: %+v", got[1].event)
 	}
-	ds, _ := s.Deliveries(context.Background(), alice, created.ID)
-	if len(ds.Items) < 2 || !strings.Contains(ds.Items[len(ds.Items)-1].Error, "given up") {
-		t.Fatalf("deliveries %+v", ds.Items)
+	ds := deliveries(t, s, alice, created.ID, 2)
+	if !strings.Contains(ds[len(ds)-1].Error, "given up") {
+		t.Fatalf("deliveries %+v", ds)
 	}
 }
 
