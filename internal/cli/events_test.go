@@ -2,9 +2,9 @@ package cli
 
 import (
 	"bytes"
-	"io"
 	"context"
 	"encoding/json"
+	"io"
 	"strings"
 	"testing"
 	"time"
