@@ -98,7 +98,7 @@ e2e: setup
 	@scripts/ensure-node.sh >/dev/null
 	@cd e2e/e2bsdk && { [ node_modules/.package-lock.json -nt package-lock.json ] || PATH="$$(../../scripts/ensure-node.sh)$$PATH" npm ci --no-audit --no-fund; }
 	@scripts/timed.sh "the control plane's build" tools/kube/build.sh >/dev/null
-	AIRLOCK_BIN=$(CURDIR)/$(BIN) PATH="$$(scripts/ensure-node.sh)$$PATH" AIRLOCK_KUBE_BIN=$$(tools/kube/build.sh) scripts/timed.sh e2e $(GO) test -trimpath -count=1 -timeout 20m ./e2e/...
+	AIRLOCK_BIN=$(CURDIR)/$(BIN) PATH="$$(scripts/ensure-node.sh)$$PATH" AIRLOCK_KUBE_BIN=$$(tools/kube/build.sh) scripts/timed.sh e2e $(GO) test -trimpath -count=1 -timeout 30m ./e2e/...
 
 # The reliability suite alone (e2e/reliability_test.go), long: 500
 # create/exec/delete cycles instead of 50, with the attacks from inside a
