@@ -120,25 +120,16 @@ func New(cfg Config) *Service {
 // ParsePrivate reads --webhook-private: comma-separated CIDRs or
 // addresses, IPv4 or IPv6, none wider than a /8 (IPv6: /32).
 func ParsePrivate(list string) ([]netip.Prefix, error) {
-	var out []netip.Prefix
-	for _, s := range strings.Split(list, ",") {
-		if s = strings.TrimSpace(s); s == "" {
-			continue
-		}
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			a, aerr := netip.ParseAddr(s)
-			if aerr != nil {
-				return nil, fmt.Errorf("%q is not a CIDR or an address: %w", s, errdefs.ErrInvalid)
-			}
-			p = netip.PrefixFrom(a, a.BitLen())
-		}
-		if min := map[bool]int{true: 8, false: 32}[p.Addr().Is4()]; p.Bits() < min {
-			return nil, fmt.Errorf("%q is wider than a /%d: open the receivers' ranges only: %w", s, min, errdefs.ErrInvalid)
-		}
-		out = append(out, p.Masked())
+	prefixes, err := policy.ParsePrefixes(list)
+	if err != nil {
+		return nil, err
 	}
-	return out, nil
+	for _, p := range prefixes {
+		if min := map[bool]int{true: 8, false: 32}[p.Addr().Is4()]; p.Bits() < min {
+			return nil, fmt.Errorf("%q is wider than a /%d: open the receivers' ranges only: %w", p, min, errdefs.ErrInvalid)
+		}
+	}
+	return prefixes, nil
 }
 
 // checkAddr refuses an address egress always denies (loopback, private,

@@ -620,6 +620,25 @@ func containsAddr(list []netip.Addr, a netip.Addr) bool {
 // (100.64.0.0/10): nothing else can be opened. Errors wrap
 // errdefs.ErrInvalid.
 func ParsePrivate(list string) ([]netip.Prefix, error) {
+	prefixes, err := ParsePrefixes(list)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range prefixes {
+		if !p.Addr().Is4() {
+			return nil, fmt.Errorf("%q is not IPv4: sandboxes have IPv4 only: %w", p, errdefs.ErrInvalid)
+		}
+		if _, bits, private, denied := deniedRange(p.Addr(), nil); !private || !denied || p.Bits() < bits {
+			return nil, fmt.Errorf("%q is not within a private range (10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, 100.64.0.0/10): only those can be opened: %w", p, errdefs.ErrInvalid)
+		}
+	}
+	return prefixes, nil
+}
+
+// ParsePrefixes reads an operator's list CIDR[,CIDR…], IPv4 or IPv6, an
+// address alone standing for itself (/32, /128), each masked; blanks
+// around the commas are ignored. Errors wrap errdefs.ErrInvalid.
+func ParsePrefixes(list string) ([]netip.Prefix, error) {
 	var out []netip.Prefix
 	for _, s := range strings.Split(list, ",") {
 		if s = strings.TrimSpace(s); s == "" {
@@ -629,18 +648,11 @@ func ParsePrivate(list string) ([]netip.Prefix, error) {
 		if err != nil {
 			a, aerr := netip.ParseAddr(s)
 			if aerr != nil {
-				return nil, fmt.Errorf("%q is not an IPv4 CIDR or address: %w", s, errdefs.ErrInvalid)
+				return nil, fmt.Errorf("%q is not a CIDR or an address: %w", s, errdefs.ErrInvalid)
 			}
 			p = netip.PrefixFrom(a, a.BitLen())
 		}
-		if !p.Addr().Is4() {
-			return nil, fmt.Errorf("%q is not IPv4: sandboxes have IPv4 only: %w", s, errdefs.ErrInvalid)
-		}
-		p = p.Masked()
-		if _, bits, private, denied := deniedRange(p.Addr(), nil); !private || !denied || p.Bits() < bits {
-			return nil, fmt.Errorf("%q is not within a private range (10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, 100.64.0.0/10): only those can be opened: %w", s, errdefs.ErrInvalid)
-		}
-		out = append(out, p)
+		out = append(out, p.Masked())
 	}
 	return out, nil
 }
