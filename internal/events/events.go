@@ -177,10 +177,11 @@ func (s *Service) Run(ctx context.Context) {
 	defer tick.Stop()
 	var pruned time.Time
 	for {
-		s.Tick(ctx, time.Since(pruned) >= time.Hour)
-		if time.Since(pruned) >= time.Hour {
+		prune := time.Since(pruned) >= time.Hour
+		if prune {
 			pruned = time.Now()
 		}
+		s.Tick(ctx, prune)
 		select {
 		case <-ctx.Done():
 			return
