@@ -58,6 +58,13 @@ func (d Dir) Sandboxes() string { return filepath.Join(d.Root, "sandboxes") }
 // Sandbox is the directory of one sandbox.
 func (d Dir) Sandbox(id string) string { return filepath.Join(d.Sandboxes(), id) }
 
+// Checkpoints is the parent of the checkpoint directories, one per
+// checkpoint of a sandbox.
+func (d Dir) Checkpoints() string { return filepath.Join(d.Root, "checkpoints") }
+
+// Checkpoint is the directory of one checkpoint.
+func (d Dir) Checkpoint(id string) string { return filepath.Join(d.Checkpoints(), id) }
+
 // Snapshots is the parent of the template snapshot directories, one per
 // template, vCPU count and memory size.
 func (d Dir) Snapshots() string { return filepath.Join(d.Root, "snapshots") }

@@ -43,18 +43,19 @@ func (r *Runtime) cloneVM(ctx context.Context, spec Spec, tpl template.Template,
 	steps := []step{
 		{"take template snapshot", func(ctx context.Context) error {
 			var err error
-			if held, err = r.acquireSnapshot(ctx, tpl, spec); err != nil {
+			if spec.Checkpoint != "" {
+				held.snap, err = r.checkpointSnapshot(spec.Checkpoint)
+			} else if held, err = r.acquireSnapshot(ctx, tpl, spec); err == nil {
+				release = sync.OnceFunc(held.release)
+			}
+			if err != nil {
 				return err
 			}
-			release = sync.OnceFunc(held.release)
 			cfg = held.snap.VM
 			cfg.Dir, cfg.Disk, cfg.Detach = sb.Dir, overlay, spec.Detach
 			cfg.MemoryFile, cfg.MemoryShared, cfg.Incoming = held.snap.MemFile, false, false
 			sb.Snapshot, sb.Warm, layer = held.snap.Dir, held.snap.Warm, held.snap.Disk
-			cfg.Backing = []string{tpl.Image}
-			if layer != "" {
-				cfg.Backing = []string{layer, tpl.Image}
-			}
+			cfg.Backing = held.snap.chain(tpl.Image)
 			return nil
 		}, func() { release() }},
 		r.dirStep(sb),
@@ -107,6 +108,10 @@ func (r *Runtime) cloneVM(ctx context.Context, spec Spec, tpl template.Template,
 		steps = append(steps, step{"mark pool member", func(context.Context) error {
 			return os.WriteFile(filepath.Join(sb.Dir, poolMarkName), nil, 0o600)
 		}, nil}, warmUpStep(sb))
+	} else if spec.Checkpoint != "" {
+		// The checkpointed sandbox's processes come as they were; the
+		// guest becomes this sandbox.
+		steps = append(steps, reinitStep(sb), checkDiskStep(sb))
 	} else if startsWarm(spec, tpl) {
 		steps = append(steps, r.identitySteps(sb, &serverErr)...)
 	} else {
@@ -116,7 +121,7 @@ func (r *Runtime) cloneVM(ctx context.Context, spec Spec, tpl template.Template,
 		if serverErr != nil {
 			snapErr = serverErr
 		}
-		if snapErr != nil && ctx.Err() == nil {
+		if snapErr != nil && ctx.Err() == nil && spec.Checkpoint == "" {
 			r.breakSnapshot(held, snapErr)
 			if serverErr != nil {
 				// Made again now, it would likely fail the same way:

@@ -260,6 +260,11 @@ type Spec struct {
 	// AuxPort gives the VM vm.Config.AuxPort, for the bench. It needs
 	// ColdBoot: a clone has its template snapshot's devices.
 	AuxPort bool `json:"aux_port,omitempty"`
+	// Checkpoint makes the sandbox from that checkpoint (Runtime.Checkpoint)
+	// instead of its template's snapshot: its memory, processes and disk
+	// as they were, with the sandbox's own identity. Template, VCPUs and
+	// MemoryMiB must be the checkpoint's (CheckpointSpec).
+	Checkpoint string `json:"checkpoint,omitempty"`
 }
 
 // Limits bound what one sandbox may ask for, to protect the host.
@@ -457,6 +462,9 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (*Sandbox, error) {
 		spec.ID = NewID()
 	} else if !ValidID(spec.ID) {
 		return nil, invalidID(spec.ID)
+	}
+	if spec.Checkpoint != "" {
+		return r.fromCheckpoint(ctx, spec)
 	}
 	if sb, _ := r.takeClaimed(spec.ID); sb != nil {
 		spec, _, err := r.Resolve(spec)

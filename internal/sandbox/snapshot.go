@@ -112,6 +112,22 @@ type TemplateSnapshot struct {
 	Warm    bool
 	Disk    string
 	DiskMiB int
+	// Backing is the chain under Disk, nearest first; nil means the
+	// template image alone, as for a warm snapshot. A checkpoint's
+	// (checkpointSnapshot) is the checkpointed sandbox's chain.
+	Backing []string
+}
+
+// chain is the backing chain of a clone's disk of the snapshot, whose
+// template image is image.
+func (s TemplateSnapshot) chain(image string) []string {
+	if s.Disk == "" {
+		return []string{image}
+	}
+	if s.Backing != nil {
+		return append([]string{s.Disk}, s.Backing...)
+	}
+	return []string{s.Disk, image}
 }
 
 // snapshotRecord is what snapshotRecordName holds.

@@ -1,0 +1,217 @@
+package vm
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"time"
+
+	"github.com/airlockhq/airlock/internal/errdefs"
+)
+
+// livePollInterval is how often a live save's progress is asked for while
+// the guest runs: the moment QEMU stops the vCPUs is seen within it, and
+// the stop lasts at least that long.
+const livePollInterval = time.Millisecond
+
+// SaveLive writes the machine's state (RAM and devices) to path as
+// SaveState does, but while the guest runs on: QEMU copies the RAM with
+// the vCPUs running (precopy), then stops them for what the guest wrote
+// meanwhile and for the device state. With the vCPUs stopped, before the
+// last of the state is written, atStop runs: whatever it does (cutting the
+// disk, SwitchDisk) happens at the instant the saved state describes. An
+// error from atStop cancels the save. A machine that ran before runs
+// again afterwards; a paused one stays paused.
+//
+// It returns how long the vCPUs stood still. path is absent or whole, as
+// with SaveState.
+func (m *Machine) SaveLive(ctx context.Context, path string, atStop func(context.Context) error) (stall time.Duration, err error) {
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("save vm state live: %w", err)
+		}
+	}()
+	q, err := m.control()
+	if err != nil {
+		return 0, err
+	}
+	st, err := status(ctx, q)
+	if err != nil {
+		return 0, err
+	}
+	if st == StatusInMigrate {
+		return 0, fmt.Errorf("the vm is waiting for a restore: %w", errdefs.ErrConflict)
+	}
+	ran := st == StatusRunning
+	caps := map[string]any{"capabilities": []map[string]any{
+		{"capability": "x-ignore-shared", "state": false},
+		{"capability": "pause-before-switchover", "state": true},
+	}}
+	if err := q.Execute(ctx, "migrate-set-capabilities", caps, nil); err != nil {
+		return 0, err
+	}
+	defer func() {
+		// A later SaveState must not stop at the switchover.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		off := map[string]any{"capabilities": []map[string]any{{"capability": "pause-before-switchover", "state": false}}}
+		if cerr := q.Execute(cctx, "migrate-set-capabilities", off, nil); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
+	if err := q.Execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(1) << 40}, nil); err != nil {
+		return 0, err
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-")
+	if err != nil {
+		return 0, err
+	}
+	defer func() {
+		f.Close()
+		if err != nil {
+			os.Remove(f.Name())
+		}
+	}()
+	if err := q.executeFile(ctx, "getfd", map[string]any{"fdname": migrationFD}, f, nil); err != nil {
+		return 0, err
+	}
+	if err := q.Execute(ctx, "migrate", map[string]any{"uri": "fd:" + migrationFD}, nil); err != nil {
+		q.Execute(ctx, "closefd", map[string]any{"fdname": migrationFD}, nil)
+		return 0, err
+	}
+	// Whatever goes wrong from here, a machine that ran runs again.
+	defer func() {
+		if err != nil && ran && !m.Exited() {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			if rerr := m.Resume(cctx); rerr != nil {
+				err = fmt.Errorf("%w; and resuming the vm failed: %w", err, rerr)
+			}
+		}
+	}()
+	stopped, err := m.waitSwitchover(ctx, q)
+	if err != nil {
+		return 0, err
+	}
+	if err := atStop(ctx); err != nil {
+		m.cancelMigration(q)
+		return 0, err
+	}
+	if err := q.Execute(ctx, "migrate-continue", map[string]any{"state": "pre-switchover"}, nil); err != nil {
+		m.cancelMigration(q)
+		return 0, err
+	}
+	if err := m.waitMigration(ctx, q); err != nil {
+		return 0, err
+	}
+	if ran {
+		if err := m.Resume(ctx); err != nil {
+			return 0, err
+		}
+	}
+	stall = time.Since(stopped)
+	if err := f.Sync(); err != nil {
+		return stall, err
+	}
+	if err := f.Close(); err != nil {
+		return stall, err
+	}
+	if err := os.Rename(f.Name(), path); err != nil {
+		return stall, err
+	}
+	return stall, nil
+}
+
+// waitSwitchover polls a live save until QEMU has stopped the vCPUs and
+// waits before the switchover; it returns when it saw that. A save that
+// fails or is cancelled first is an error; so is ctx's end, which cancels
+// the save.
+func (m *Machine) waitSwitchover(ctx context.Context, q *QMP) (time.Time, error) {
+	t := time.NewTicker(livePollInterval)
+	defer t.Stop()
+	for {
+		var info migrationInfo
+		qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		err := q.Execute(qctx, "query-migrate", nil, &info)
+		cancel()
+		if err != nil {
+			return time.Time{}, err
+		}
+		switch info.Status {
+		case "pre-switchover":
+			return time.Now(), nil
+		case "completed":
+			return time.Time{}, fmt.Errorf("the migration completed without stopping before the switchover")
+		case "failed", "cancelled":
+			return time.Time{}, fmt.Errorf("migration %s: %s", info.Status, orUnknown(info.ErrorDesc))
+		}
+		select {
+		case <-ctx.Done():
+			m.cancelMigration(q)
+			return time.Time{}, fmt.Errorf("migration %s: %w", info.Status, ctx.Err())
+		case <-m.done:
+			return time.Time{}, fmt.Errorf("qemu exited during the migration: %w", ErrNotRunning)
+		case <-t.C:
+		}
+	}
+}
+
+// cancelMigration cancels an outgoing migration and waits, a little, for
+// QEMU to have ended it.
+func (m *Machine) cancelMigration(q *QMP) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := q.Execute(ctx, "migrate_cancel", nil, nil); err != nil {
+		return
+	}
+	for ctx.Err() == nil {
+		var info migrationInfo
+		if q.Execute(ctx, "query-migrate", nil, &info) != nil {
+			return
+		}
+		if info.Status == "cancelled" || info.Status == "failed" || info.Status == "completed" {
+			return
+		}
+		time.Sleep(statePollInterval)
+	}
+}
+
+// overlaySeq names the block nodes SwitchDisk adds.
+var overlaySeq atomic.Int64
+
+// SwitchDisk puts overlay, a qcow2 image without a backing file open or
+// recorded, on top of the root disk (an external snapshot): the image the
+// guest wrote so far becomes its backing file and is no longer written,
+// and the guest's writes go to overlay. QEMU gets the file by descriptor,
+// so a jailed QEMU needs no path to it. Call it with the vCPUs stopped
+// (SaveLive's atStop), so that the image below holds the disk at that
+// instant.
+func (m *Machine) SwitchDisk(ctx context.Context, overlay *os.File) error {
+	q, err := m.control()
+	if err != nil {
+		return fmt.Errorf("switch disk: %w", err)
+	}
+	var fd struct {
+		FdsetID int `json:"fdset-id"`
+	}
+	if err := q.executeFile(ctx, "add-fd", map[string]any{"opaque": "airlock overlay"}, overlay, &fd); err != nil {
+		return fmt.Errorf("switch disk: %w", err)
+	}
+	// Once the node has its own copy of the descriptor, the set's goes.
+	defer q.Execute(context.WithoutCancel(ctx), "remove-fd", map[string]any{"fdset-id": fd.FdsetID}, nil)
+	node := fmt.Sprintf("overlay%d", overlaySeq.Add(1))
+	add := map[string]any{
+		"driver": "qcow2", "node-name": node, "backing": nil,
+		"file": map[string]any{"driver": "file", "filename": fmt.Sprintf("/dev/fdset/%d", fd.FdsetID)},
+	}
+	if err := q.Execute(ctx, "blockdev-add", add, nil); err != nil {
+		return fmt.Errorf("switch disk: %w", err)
+	}
+	if err := q.Execute(ctx, "blockdev-snapshot", map[string]any{"node": rootDrive, "overlay": node}, nil); err != nil {
+		q.Execute(context.WithoutCancel(ctx), "blockdev-del", map[string]any{"node-name": node}, nil)
+		return fmt.Errorf("switch disk: %w", err)
+	}
+	return nil
+}
