@@ -22,6 +22,7 @@ import (
 
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/builds"
+	"github.com/airlockhq/airlock/internal/checkpoint"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/events"
 	"github.com/airlockhq/airlock/internal/secrets"
@@ -43,6 +44,9 @@ type Config struct {
 	Builds *builds.Service
 	// Events serves GET /v1/events. Default: one over Store.
 	Events *events.Service
+	// Checkpoints serves checkpoints and forks. Default: one over Store
+	// and Service.
+	Checkpoints *checkpoint.Service
 	// Webhooks serves /v1/webhooks. Default: one over Store and Secrets
 	// that opens no range egress denies.
 	Webhooks *webhooks.Service
@@ -148,6 +152,11 @@ func (s *Server) routes() []route {
 		{"POST", "/v1/sandboxes/{id}/pause", authKey, nil, s.lifecycle(s.svc.Pause)},
 		{"POST", "/v1/sandboxes/{id}/suspend", authKey, nil, s.lifecycle(s.svc.Suspend)},
 		{"POST", "/v1/sandboxes/{id}/wake", authKey, nil, s.lifecycle(s.svc.Wake)},
+		{"POST", "/v1/sandboxes/{id}/checkpoints", authKey, nil, optionalJSON(http.StatusAccepted, s.createCheckpoint)},
+		{"POST", "/v1/sandboxes/{id}/fork", authKey, nil, jsonCall(http.StatusAccepted, s.fork)},
+		{"GET", "/v1/checkpoints", authKey, append([]string{"sandbox_id"}, page...), s.listCheckpoints},
+		{"GET", "/v1/checkpoints/{id}", authKey, nil, s.getCheckpoint},
+		{"DELETE", "/v1/checkpoints/{id}", authKey, nil, s.deleteCheckpoint},
 
 		{"POST", "/v1/sandboxes/{id}/commands", authKey, nil, jsonCall(http.StatusCreated, s.cmds.CreateCommand)},
 		{"GET", "/v1/sandboxes/{id}/commands", authKey, page, s.listCommands},
@@ -221,6 +230,9 @@ func New(cfg Config) *Server {
 	}
 	if cfg.Events == nil {
 		cfg.Events = events.New(events.Config{Store: cfg.Store, Log: cfg.Log})
+	}
+	if cfg.Checkpoints == nil {
+		cfg.Checkpoints = checkpoint.New(checkpoint.Config{Store: cfg.Store, Sandboxes: cfg.Service, Log: cfg.Log})
 	}
 	if cfg.Webhooks == nil {
 		cfg.Webhooks = webhooks.New(webhooks.Config{Store: cfg.Store, Secrets: cfg.Secrets, Log: cfg.Log})

@@ -55,6 +55,12 @@ const (
 	OpWake    = "wake"
 	OpDelete  = "delete"
 	OpBuild   = "build"
+	// OpCheckpoint makes a checkpoint of a sandbox, OpFork a checkpoint
+	// and sandboxes from it, OpRollback returns a sandbox to one of its
+	// checkpoints.
+	OpCheckpoint = "checkpoint"
+	OpFork       = "fork"
+	OpRollback   = "rollback"
 
 	OpPending   = "pending"
 	OpRunning   = "running"
@@ -109,6 +115,67 @@ type CreateSandbox struct {
 	Env       map[string]string `json:"env,omitempty"`
 	Metadata  map[string]string `json:"metadata,omitempty"`
 	Network   json.RawMessage   `json:"network,omitempty"`
+	// Checkpoint makes the sandbox from a checkpoint of another: its
+	// memory, processes and disk, with an identity of its own. Template,
+	// vCPUs and memory are then the checkpoint's.
+	Checkpoint string `json:"checkpoint,omitempty"`
+}
+
+// Checkpoint states.
+const (
+	CheckpointCreating = "creating"
+	CheckpointReady    = "ready"
+	CheckpointFailed   = "failed"
+)
+
+// Checkpoint is a sandbox's memory, devices and disk at one instant, kept
+// apart from the sandbox (POST /v1/sandboxes/{id}/checkpoints).
+type Checkpoint struct {
+	ID        string      `json:"id"`
+	SandboxID string      `json:"sandbox_id"`
+	Name      string      `json:"name"`
+	State     string      `json:"state"`
+	Template  TemplateRef `json:"template"`
+	VCPUs     int         `json:"vcpus"`
+	MemoryMiB int         `json:"memory_mib"`
+	DiskMiB   int         `json:"disk_mib"`
+	SizeBytes int64       `json:"size_bytes"`
+	CreatedAt time.Time   `json:"created_at"`
+	LastError *Status     `json:"last_error"`
+}
+
+// CreateCheckpoint is the body of POST /v1/sandboxes/{id}/checkpoints.
+type CreateCheckpoint struct {
+	Name string `json:"name,omitempty"`
+}
+
+// CheckpointOperation answers a checkpoint's creation.
+type CheckpointOperation struct {
+	Checkpoint Checkpoint `json:"checkpoint"`
+	Operation  Operation  `json:"operation"`
+}
+
+// Fork is the body of POST /v1/sandboxes/{id}/fork.
+type Fork struct {
+	Count    int               `json:"count"`
+	TimeoutS *int              `json:"timeout_s,omitempty"`
+	Metadata map[string]string `json:"metadata,omitempty"`
+}
+
+// MaxForks bounds Fork.Count.
+const MaxForks = 100
+
+// Forked answers a fork: the sandboxes being made, and the fork's
+// operation, which ends when the checkpoint they are made from does.
+type Forked struct {
+	Sandboxes  []Sandbox `json:"sandboxes"`
+	Checkpoint string    `json:"checkpoint"`
+	Operation  Operation `json:"operation"`
+}
+
+// Rollback is the body of POST /v1/sandboxes/{id}/rollback.
+type Rollback struct {
+	Checkpoint string `json:"checkpoint"`
 }
 
 // TemplateRef names the template a sandbox was made from.

@@ -19,14 +19,18 @@ const (
 	EventSandboxExpiring  = "sandbox.expiring"
 	EventSandboxIdle      = "sandbox.idle"
 	EventCheckpointReady  = "checkpoint.ready"
-	EventBuildSucceeded   = "build.succeeded"
-	EventBuildFailed      = "build.failed"
+	// EventCheckpointFailed and EventCheckpointDeleted end a checkpoint
+	// that never became ready, and one that was deleted.
+	EventCheckpointFailed  = "checkpoint.failed"
+	EventCheckpointDeleted = "checkpoint.deleted"
+	EventBuildSucceeded    = "build.succeeded"
+	EventBuildFailed       = "build.failed"
 )
 
 // EventTypes lists every event type.
 var EventTypes = []string{EventSandboxCreated, EventSandboxRunning, EventSandboxPaused, EventSandboxSuspended,
 	EventSandboxWoken, EventSandboxDeleted, EventSandboxFailed, EventSandboxExpiring, EventSandboxIdle,
-	EventCheckpointReady, EventBuildSucceeded, EventBuildFailed}
+	EventCheckpointReady, EventCheckpointFailed, EventCheckpointDeleted, EventBuildSucceeded, EventBuildFailed}
 
 // ValidEventType reports whether t names event types: one of EventTypes,
 // or a kind followed by ".*" ("sandbox.*": every sandbox event).

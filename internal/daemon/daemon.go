@@ -19,6 +19,7 @@ import (
 
 	"github.com/airlockhq/airlock/internal/api"
 	"github.com/airlockhq/airlock/internal/builds"
+	"github.com/airlockhq/airlock/internal/checkpoint"
 	"github.com/airlockhq/airlock/internal/cluster"
 	"github.com/airlockhq/airlock/internal/e2b"
 	"github.com/airlockhq/airlock/internal/e2b/envd"
@@ -51,8 +52,11 @@ type Daemon struct {
 	builds   *builds.Service
 	events   *events.Service
 	webhooks *webhooks.Service
-	box      *secrets.Box
-	adminKey string // the admin key made on this start, else ""
+	// checkpoints keeps the checkpoints of the sandboxes here; it sweeps
+	// their files in a single host's Run.
+	checkpoints *checkpoint.Service
+	box         *secrets.Box
+	adminKey    string // the admin key made on this start, else ""
 
 	ln, e2bLn, internalLn net.Listener
 	apiSrv                *api.Server
@@ -178,7 +182,9 @@ func (d *Daemon) buildServe(ctx context.Context, r resolved) error {
 	if d.webhooks, err = d.newWebhooks(box); err != nil {
 		return err
 	}
-	d.apiSrv = api.New(api.Config{Service: d.svc, Commands: d.svc.Commands(), Builds: d.builds, Events: d.events, Webhooks: d.webhooks, Store: d.st, Log: log, Registry: reg, Secrets: box,
+	d.checkpoints = checkpoint.New(checkpoint.Config{Store: d.st, Sandboxes: d.svc, Log: log})
+	d.apiSrv = api.New(api.Config{Service: d.svc, Commands: d.svc.Commands(), Builds: d.builds, Events: d.events, Webhooks: d.webhooks,
+		Checkpoints: d.checkpoints, Store: d.st, Log: log, Registry: reg, Secrets: box,
 		MetricsOpen: isLoopback(d.ln.Addr()), PingInterval: cfg.PingInterval, Forward: forward})
 	d.httpSrv = &http.Server{Handler: d.apiSrv, ReadHeaderTimeout: 10 * time.Second}
 	return d.buildServeEdges(r)
@@ -437,6 +443,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	go purgeIdempotent(d.bg, d.st, d.log)
 	go d.events.Run(d.bg)
 	go d.webhooks.Run(d.bg)
+	if d.front == nil {
+		go d.checkpoints.Run(d.bg)
+	}
 	if d.e2bSrv != nil {
 		go func() { errc <- d.e2bSrv.Serve(d.e2bLn) }()
 		fmt.Fprintf(d.stdout, "airlock serving E2B's API on http://%s\n", d.e2bLn.Addr())

@@ -29,6 +29,9 @@ var allowedFrom = map[string][]string{
 	apiv1.OpPause:   {apiv1.StateRunning},
 	apiv1.OpSuspend: {apiv1.StateRunning, apiv1.StatePaused},
 	apiv1.OpWake:    {apiv1.StatePaused, apiv1.StateSuspended},
+	// A checkpoint (or a fork's) leaves the state as it is.
+	apiv1.OpCheckpoint: {apiv1.StateRunning, apiv1.StatePaused},
+	apiv1.OpFork:       {apiv1.StateRunning, apiv1.StatePaused},
 }
 
 // inflight is a lifecycle operation running on a sandbox.

@@ -168,7 +168,7 @@ func within(key string, l apiv1.Limits, u store.Usage, w want) error {
 // usageView is u as the API shows it.
 func usageView(u store.Usage) *apiv1.Usage {
 	return &apiv1.Usage{Sandboxes: u.Sandboxes, VCPUs: u.VCPUs, MemoryMiB: u.MemoryMiB, DiskMiB: u.DiskMiB,
-		SuspendedMiB: u.SuspendedMiB, Builds: u.Builds}
+		SuspendedMiB: u.SuspendedMiB, Builds: u.Builds, Checkpoints: u.Checkpoints}
 }
 
 // hostMemoryMiB is the host's RAM (MemTotal), 0 if unknown.

@@ -29,6 +29,12 @@ func (s *Service) CreateSandbox(ctx context.Context, p Principal, req apiv1.Crea
 	if err := s.role.mayCreate(); err != nil {
 		return apiv1.SandboxOperation{}, err
 	}
+	if req.Checkpoint != "" {
+		var err error
+		if req, err = s.fromCheckpoint(ctx, p, req); err != nil {
+			return apiv1.SandboxOperation{}, err
+		}
+	}
 	if req.Template == "" {
 		return apiv1.SandboxOperation{}, fmt.Errorf("template is required (for example \"base\"): %w", errdefs.ErrInvalid)
 	}
@@ -64,12 +70,17 @@ func (s *Service) CreateSandbox(ctx context.Context, p Principal, req apiv1.Crea
 		return apiv1.SandboxOperation{}, err
 	}
 	spec.Template = tpl.Digest
+	spec.Checkpoint = req.Checkpoint
 
 	// A warm pool member that fits gives the sandbox its ID; one taken
 	// and not used is given back on every way out below.
 	want := spec
 	want.Env, want.Detach = req.Env, true // as runCreate creates it
-	id, pooled := s.rt.Claim(want)
+	var id string
+	pooled := false
+	if spec.Checkpoint == "" {
+		id, pooled = s.rt.Claim(want)
+	}
 	if !pooled {
 		id = ids.New("sbx")
 	}
@@ -100,6 +111,47 @@ func (s *Service) CreateSandbox(ctx context.Context, p Principal, req apiv1.Crea
 	so, err := s.role.admit(ctx, s, newSandbox{sb: sb, op: op, spec: spec, tpl: tpl, admit: admit})
 	keep = err == nil
 	return so, err
+}
+
+// fromCheckpoint fills a create from a checkpoint with what the
+// checkpoint fixes (template, vCPUs, memory, the least disk) and what it
+// gives by default (environment, network policy); what the caller asks
+// of those must agree with it.
+func (s *Service) fromCheckpoint(ctx context.Context, p Principal, req apiv1.CreateSandbox) (apiv1.CreateSandbox, error) {
+	if err := s.mayCheckpoint(); err != nil {
+		return req, err
+	}
+	c, err := s.checkpointOf(ctx, p, req.Checkpoint)
+	if err != nil {
+		return req, err
+	}
+	var bad []string
+	if req.Template != "" && req.Template != c.TemplateRef && req.Template != c.TemplateDigest {
+		bad = append(bad, fmt.Sprintf("template %s", c.TemplateRef))
+	}
+	if req.VCPUs != 0 && req.VCPUs != c.VCPUs {
+		bad = append(bad, fmt.Sprintf("vcpus %d", c.VCPUs))
+	}
+	if req.MemoryMiB != 0 && req.MemoryMiB != c.MemoryMiB {
+		bad = append(bad, fmt.Sprintf("memory_mib %d", c.MemoryMiB))
+	}
+	if req.DiskMiB != 0 && req.DiskMiB < c.DiskMiB {
+		bad = append(bad, fmt.Sprintf("disk_mib of at least %d", c.DiskMiB))
+	}
+	if len(bad) > 0 {
+		return req, fmt.Errorf("a sandbox from checkpoint %s has its %s: leave them out: %w", c.ID, strings.Join(bad, ", "), errdefs.ErrInvalid)
+	}
+	req.Template, req.VCPUs, req.MemoryMiB = c.TemplateDigest, c.VCPUs, c.MemoryMiB
+	if req.DiskMiB == 0 {
+		req.DiskMiB = c.DiskMiB
+	}
+	if req.Env == nil {
+		req.Env = c.Env
+	}
+	if len(req.Network) == 0 {
+		req.Network = c.Network
+	}
+	return req, nil
 }
 
 // keyAdmits returns the check of a create of sb against its owner's
@@ -174,6 +226,12 @@ func (s *Service) runCreate(ctx context.Context, c *creation, sb store.Sandbox, 
 	clock.Lap("admit and record")
 
 	err := func() error {
+		if spec.Checkpoint != "" {
+			if err := s.waitCheckpoint(ctx, spec.Checkpoint); err != nil {
+				return err
+			}
+			clock.Lap("wait for the checkpoint")
+		}
 		select {
 		case s.slots <- struct{}{}:
 		case <-ctx.Done():

@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"time"
 
@@ -31,6 +32,9 @@ type Runtime interface {
 	Adopt(ctx context.Context, id string, spec sandbox.Spec) (VM, error)
 	// Wake restores a suspended sandbox's VM.
 	Wake(ctx context.Context, id string) (VM, error)
+	// Checkpoint makes checkpoint id of a VM this runtime handed out,
+	// which runs on (sandbox.Runtime.Checkpoint).
+	Checkpoint(ctx context.Context, box VM, id string) (sandbox.Checkpoint, error)
 	RuntimeOps
 }
 
@@ -41,6 +45,7 @@ type VMRuntime[V VM] interface {
 	Create(ctx context.Context, spec sandbox.Spec) (V, error)
 	Adopt(ctx context.Context, id string, spec sandbox.Spec) (V, error)
 	Wake(ctx context.Context, id string) (V, error)
+	Checkpoint(ctx context.Context, box V, id string) (sandbox.Checkpoint, error)
 	RuntimeOps
 }
 
@@ -77,6 +82,11 @@ type RuntimeOps interface {
 	SetNetworkRecord(id string, p policy.Policy) error
 	// EgressLog reads the egress log of a sandbox without a VM.
 	EgressLog(id string, limit int) ([]gateway.Event, error)
+	// RemoveCheckpoint removes a checkpoint's files unless a sandbox
+	// stands on them, and says whether it did; Checkpoints lists those
+	// on this host.
+	RemoveCheckpoint(id string) (bool, error)
+	Checkpoints() ([]string, error)
 	// BuildTools are the image tools of a template build in dir. Template
 	// builds need the real runtime's: a fake's refuse.
 	BuildTools(dir string) (sandbox.ImageTools, func(), error)
@@ -161,6 +171,14 @@ func (r runtimeOf[V]) Wake(ctx context.Context, id string) (VM, error) {
 		return nil, err
 	}
 	return box, nil
+}
+
+func (r runtimeOf[V]) Checkpoint(ctx context.Context, box VM, id string) (sandbox.Checkpoint, error) {
+	v, ok := box.(V)
+	if !ok {
+		return sandbox.Checkpoint{}, fmt.Errorf("a VM of type %T is not this runtime's", box)
+	}
+	return r.VMRuntime.Checkpoint(ctx, v, id)
 }
 
 var (

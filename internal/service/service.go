@@ -223,6 +223,7 @@ type Service struct {
 	busy     map[string]*inflight // lifecycle operations in flight, by sandbox
 	watchers map[string]map[chan apiv1.Sandbox]struct{}
 	opWait   map[string]chan struct{} // closed when the operation finishes
+	making   map[string]chan struct{} // checkpoints being made here: closed once recorded
 	states   map[string]int           // sandboxes per state, for metrics
 	closed   bool
 }
@@ -254,6 +255,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		busy:     map[string]*inflight{},
 		watchers: map[string]map[chan apiv1.Sandbox]struct{}{},
 		opWait:   map[string]chan struct{}{},
+		making:   map[string]chan struct{}{},
 		states:   map[string]int{},
 	}
 	s.cmds = sessions.New(sessions.Config{Dir: cfg.Dir, Store: cfg.Store, Sandboxes: sandboxes{s}, Log: cfg.Log,

@@ -167,10 +167,10 @@ func scanBuild(r scanner) (Build, error) {
 }
 
 // TemplatesInUse returns the template digests of every sandbox that is not
-// deleted: their disks are overlays of those images, and their suspended
-// states may need the images' snapshots.
+// deleted and of every checkpoint: their disks are overlays of those
+// images, and their suspended states may need the images' snapshots.
 func (s *Store) TemplatesInUse(ctx context.Context) (map[string]bool, error) {
-	rows, err := s.db.QueryContext(ctx, "SELECT DISTINCT template_digest FROM sandboxes WHERE state != ?", "deleted")
+	rows, err := s.db.QueryContext(ctx, "SELECT DISTINCT template_digest FROM sandboxes WHERE state != ? UNION SELECT DISTINCT template_digest FROM checkpoints", "deleted")
 	if err != nil {
 		return nil, fmt.Errorf("list templates in use: %w", classify(err))
 	}

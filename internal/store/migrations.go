@@ -489,6 +489,55 @@ CREATE TABLE webhook_deliveries (
 CREATE INDEX webhook_deliveries_webhook ON webhook_deliveries (webhook_id, seq);
 CREATE INDEX webhook_deliveries_created_at ON webhook_deliveries (created_at);
 `},
+	{15, "create checkpoints", `
+-- A sandbox's memory, devices and disk at one instant, kept apart from it
+-- on the host that made it (node; "" for a single host). It belongs to
+-- its owner and outlives its sandbox; env and network are the sandbox's
+-- at the instant, the defaults of sandboxes made from it.
+CREATE TABLE checkpoints (
+	seq             INTEGER PRIMARY KEY AUTOINCREMENT,
+	id              TEXT    NOT NULL UNIQUE,
+	owner           TEXT    NOT NULL,
+	sandbox_id      TEXT    NOT NULL,
+	name            TEXT    NOT NULL,
+	state           TEXT    NOT NULL,
+	template_ref    TEXT    NOT NULL,
+	template_digest TEXT    NOT NULL,
+	vcpus           INTEGER NOT NULL,
+	memory_mib      INTEGER NOT NULL,
+	disk_mib        INTEGER NOT NULL,
+	size_bytes      INTEGER NOT NULL,
+	env             TEXT    NOT NULL,
+	network         TEXT,
+	node            TEXT    NOT NULL,
+	error           TEXT,
+	created_at      INTEGER NOT NULL
+) STRICT;
+CREATE INDEX checkpoints_owner ON checkpoints (owner, seq);
+CREATE INDEX checkpoints_sandbox ON checkpoints (sandbox_id, seq);
+`, `
+CREATE TABLE checkpoints (
+	seq             BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	id              TEXT   NOT NULL UNIQUE,
+	owner           TEXT   NOT NULL,
+	sandbox_id      TEXT   NOT NULL,
+	name            TEXT   NOT NULL,
+	state           TEXT   NOT NULL,
+	template_ref    TEXT   NOT NULL,
+	template_digest TEXT   NOT NULL,
+	vcpus           BIGINT NOT NULL,
+	memory_mib      BIGINT NOT NULL,
+	disk_mib        BIGINT NOT NULL,
+	size_bytes      BIGINT NOT NULL,
+	env             TEXT   NOT NULL,
+	network         TEXT,
+	node            TEXT   NOT NULL,
+	error           TEXT,
+	created_at      BIGINT NOT NULL
+);
+CREATE INDEX checkpoints_owner ON checkpoints (owner, seq);
+CREATE INDEX checkpoints_sandbox ON checkpoints (sandbox_id, seq);
+`},
 }
 
 // schemaVersion reads the version of the schema: SQLite's PRAGMA

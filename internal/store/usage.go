@@ -19,6 +19,8 @@ type Usage struct {
 	SuspendedMiB int64
 	// Builds counts the builds still building.
 	Builds int64
+	// Checkpoints counts the checkpoints, of any state.
+	Checkpoints int64
 }
 
 // MemoryStates are the states of a sandbox whose VM holds memory, or is
@@ -41,6 +43,9 @@ func usageOf(ctx context.Context, q queryer, owner string) (Usage, error) {
 		Scan(&u.Sandboxes, &u.DiskMiB, &u.VCPUs, &u.MemoryMiB, &u.SuspendedMiB)
 	if err == nil {
 		err = q.QueryRowContext(ctx, "SELECT count(*) FROM builds WHERE owner = ? AND status = 'building'", owner).Scan(&u.Builds)
+	}
+	if err == nil {
+		err = q.QueryRowContext(ctx, "SELECT count(*) FROM checkpoints WHERE owner = ?", owner).Scan(&u.Checkpoints)
 	}
 	if err != nil {
 		return Usage{}, fmt.Errorf("usage of key %s: %w", owner, classify(err))

@@ -59,6 +59,8 @@ const (
 	StepResume  Step = "resume"
 	StepDestroy Step = "destroy"
 	StepRemove  Step = "remove"
+	// StepCheckpoint is Checkpoint's.
+	StepCheckpoint Step = "checkpoint"
 )
 
 // Runtime is an in-memory sandbox runtime. Make it with New.
@@ -72,7 +74,11 @@ type Runtime struct {
 	holds   map[Step]*hold    // steps that wait
 	calls   map[Step]int      // how often each step ran
 	network map[string]policy.Policy
-	closed  bool
+	// checkpoints are the checkpoints made, by ID, with the spec of the
+	// sandbox each is of. A sandbox made from one is a new guest: the
+	// fake keeps no memory or disk to carry over.
+	checkpoints map[string]sandbox.Spec
+	closed      bool
 }
 
 // New returns a runtime whose sandboxes' directories and templates are
@@ -86,6 +92,8 @@ func New(t testing.TB, dir datadir.Dir) *Runtime {
 		holds:     map[Step]*hold{},
 		calls:     map[Step]int{},
 		network:   map[string]policy.Policy{},
+
+		checkpoints: map[string]sandbox.Spec{},
 	}
 	t.Cleanup(r.Close)
 	return r
@@ -235,6 +243,14 @@ func (r *Runtime) Create(ctx context.Context, spec sandbox.Spec) (*VM, error) {
 		spec.ID = sandbox.NewID()
 	} else if !sandbox.ValidID(spec.ID) {
 		return nil, fmt.Errorf("sandbox ID %q is not valid: %w", spec.ID, errdefs.ErrInvalid)
+	}
+	if spec.Checkpoint != "" {
+		r.mu.Lock()
+		_, ok := r.checkpoints[spec.Checkpoint]
+		r.mu.Unlock()
+		if !ok {
+			return nil, fmt.Errorf("checkpoint %s is not on this host: %w", spec.Checkpoint, errdefs.ErrNotFound)
+		}
 	}
 	dir := r.dir.Sandbox(spec.ID)
 	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
@@ -447,6 +463,42 @@ func (r *Runtime) Network(id string) (policy.Policy, bool) {
 
 // EgressLog is empty: the fake's sandboxes have no gateway.
 func (r *Runtime) EgressLog(id string, limit int) ([]gateway.Event, error) { return nil, nil }
+
+// Checkpoint records checkpoint id of box's sandbox.
+func (r *Runtime) Checkpoint(ctx context.Context, box *VM, id string) (sandbox.Checkpoint, error) {
+	if err := r.step(ctx, StepCheckpoint); err != nil {
+		return sandbox.Checkpoint{}, err
+	}
+	if !sandbox.ValidCheckpointID(id) {
+		return sandbox.Checkpoint{}, fmt.Errorf("checkpoint ID %q is not valid: %w", id, errdefs.ErrInvalid)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.checkpoints[id]; ok {
+		return sandbox.Checkpoint{}, fmt.Errorf("checkpoint %s exists: %w", id, errdefs.ErrConflict)
+	}
+	r.checkpoints[id] = box.g.spec
+	return sandbox.Checkpoint{ID: id, Dir: r.dir.Checkpoint(id), Sandbox: box.g.id, Spec: box.g.spec, SizeBytes: 1 << 20}, nil
+}
+
+// RemoveCheckpoint forgets checkpoint id.
+func (r *Runtime) RemoveCheckpoint(id string) (bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.checkpoints, id)
+	return true, nil
+}
+
+// Checkpoints lists the checkpoints made and not removed.
+func (r *Runtime) Checkpoints() ([]string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for id := range r.checkpoints {
+		out = append(out, id)
+	}
+	return out, nil
+}
 
 // BuildTools refuses: template builds need the real runtime.
 func (r *Runtime) BuildTools(dir string) (sandbox.ImageTools, func(), error) {

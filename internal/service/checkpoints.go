@@ -1,0 +1,147 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/sandbox"
+	"github.com/airlockhq/airlock/internal/store"
+)
+
+// checkpointTimeout bounds the making of one checkpoint.
+const checkpointTimeout = 10 * time.Minute
+
+// checkpointPoll is how often a create from a checkpoint that another
+// process makes looks at its row.
+const checkpointPoll = 100 * time.Millisecond
+
+// Owned returns sandbox id as the store has it, when p may use it.
+func (s *Service) Owned(ctx context.Context, p Principal, id string) (store.Sandbox, error) {
+	return s.getOwned(ctx, p, id)
+}
+
+// mayCheckpoint refuses checkpoints where this server cannot make them:
+// in cluster mode a checkpoint would bind the sandboxes made from it to
+// the node that holds it, which placement does not know yet.
+func (s *Service) mayCheckpoint() error {
+	if s.cfg.Front || s.cfg.Node != "" {
+		return fmt.Errorf("checkpoints and forks are not available in cluster mode yet (docs/kubernetes.md): %w", errdefs.ErrPrecondition)
+	}
+	return nil
+}
+
+// CheckpointVM begins a lifecycle operation of kind (apiv1.OpCheckpoint or
+// OpFork) on sandbox id, running or paused, that makes checkpoint chkID of
+// its VM, which runs on. done is told the outcome before the operation
+// ends; creates from chkID that wait for it (waitCheckpoint) go on once
+// done has returned.
+func (s *Service) CheckpointVM(ctx context.Context, p Principal, id, kind, chkID string, done func(sandbox.Checkpoint, error)) (store.Operation, error) {
+	if err := s.mayCheckpoint(); err != nil {
+		return store.Operation{}, err
+	}
+	sb, op, f, from, err := s.beginOp(ctx, p, id, kind, "")
+	if err != nil {
+		return op, err
+	}
+	made := make(chan struct{})
+	s.mu.Lock()
+	s.making[chkID] = made
+	s.mu.Unlock()
+	go func(sb store.Sandbox, op store.Operation) {
+		start := time.Now()
+		s.markRunning(&op)
+		cp, err := s.checkpointVM(id, chkID)
+		done(cp, err)
+		s.mu.Lock()
+		delete(s.making, chkID)
+		s.mu.Unlock()
+		close(made)
+		s.endOp(f, sb, from, op, err, time.Since(start))
+	}(sb, op)
+	return op, nil
+}
+
+func (s *Service) checkpointVM(id, chkID string) (sandbox.Checkpoint, error) {
+	_, box, err := s.liveVM(id)
+	if err != nil {
+		return sandbox.Checkpoint{}, err
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, checkpointTimeout)
+	defer cancel()
+	return s.rt.Checkpoint(ctx, box, chkID)
+}
+
+// checkpointOf returns checkpoint id for a create by p: one p may use
+// that has not failed.
+func (s *Service) checkpointOf(ctx context.Context, p Principal, id string) (store.Checkpoint, error) {
+	if !sandbox.ValidCheckpointID(id) {
+		return store.Checkpoint{}, fmt.Errorf("checkpoint %q is not a checkpoint ID (chk…): %w", truncateID(id), errdefs.ErrInvalid)
+	}
+	c, err := s.st.GetCheckpoint(ctx, id)
+	if errors.Is(err, errdefs.ErrNotFound) || err == nil && !p.Owns(c.Owner) {
+		return store.Checkpoint{}, fmt.Errorf("checkpoint %s not found: %w", id, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return c, err
+	}
+	if c.State == apiv1.CheckpointFailed {
+		return c, fmt.Errorf("checkpoint %s failed; nothing can be made from it: %w", id, errdefs.ErrConflict)
+	}
+	return c, nil
+}
+
+// truncateID shortens what a caller gave as an ID for an error message.
+func truncateID(id string) string {
+	if len(id) > 40 {
+		return id[:40] + "…"
+	}
+	return id
+}
+
+// waitCheckpoint waits until checkpoint id is ready, for a create from
+// it: at once when it is, on its making when this process makes it, or
+// by looking at its row.
+func (s *Service) waitCheckpoint(ctx context.Context, id string) error {
+	for {
+		s.mu.Lock()
+		made := s.making[id]
+		s.mu.Unlock()
+		if made != nil {
+			select {
+			case <-made:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		c, err := s.st.GetCheckpoint(ctx, id)
+		if err != nil {
+			return fmt.Errorf("checkpoint %s: %w", id, err)
+		}
+		switch c.State {
+		case apiv1.CheckpointReady:
+			return nil
+		case apiv1.CheckpointFailed:
+			msg := "no reason was recorded"
+			if c.Error != nil {
+				msg = c.Error.Message
+			}
+			return fmt.Errorf("checkpoint %s failed: %s: %w", id, msg, errdefs.ErrConflict)
+		}
+		select {
+		case <-time.After(checkpointPoll):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// RemoveCheckpoint removes checkpoint id's files from this host unless a
+// sandbox stands on them (sandbox.Runtime.RemoveCheckpoint).
+func (s *Service) RemoveCheckpoint(id string) (bool, error) { return s.rt.RemoveCheckpoint(id) }
+
+// CheckpointsOnHost lists the checkpoints whose files this host holds.
+func (s *Service) CheckpointsOnHost() ([]string, error) { return s.rt.Checkpoints() }
