@@ -105,6 +105,21 @@ func TestCheckpointVM(t *testing.T) {
 		checkClock(ctx, t, child)
 	}
 
+	// A second checkpoint of the same source, now on the first's layer.
+	id2 := NewCheckpointID()
+	if _, err := rt.Checkpoint(ctx, src, id2); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.RemoveCheckpoint(id2) })
+	second, err := rt.Create(ctx, Spec{Checkpoint: id2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { second.Destroy(context.Background()) })
+	if got := shell(ctx, t, second, "cat /data.txt"); got != "after" {
+		t.Errorf("a sandbox from the second checkpoint has /data.txt %q, want %q", got, "after")
+	}
+
 	// The checkpoint is the source's disk's layer now: it stays.
 	if removed, err := rt.RemoveCheckpoint(id); err != nil || removed {
 		t.Fatalf("RemoveCheckpoint while the source stands on it: %v, %v", removed, err)

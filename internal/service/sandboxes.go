@@ -127,7 +127,9 @@ func (s *Service) fromCheckpoint(ctx context.Context, p Principal, req apiv1.Cre
 	}
 	var bad []string
 	if req.Template != "" && req.Template != c.TemplateRef && req.Template != c.TemplateDigest {
-		bad = append(bad, fmt.Sprintf("template %s", c.TemplateRef))
+		if _, tpl, err := s.resolveSpec(ctx, sandbox.Spec{Template: req.Template}); err != nil || tpl.Digest != c.TemplateDigest {
+			bad = append(bad, fmt.Sprintf("template %s", c.TemplateRef))
+		}
 	}
 	if req.VCPUs != 0 && req.VCPUs != c.VCPUs {
 		bad = append(bad, fmt.Sprintf("vcpus %d", c.VCPUs))

@@ -204,7 +204,12 @@ func (m *Machine) SwitchDisk(ctx context.Context, overlay *os.File) error {
 	node := fmt.Sprintf("overlay%d", overlaySeq.Add(1))
 	add := map[string]any{
 		"driver": "qcow2", "node-name": node, "backing": nil,
-		"file": map[string]any{"driver": "file", "filename": fmt.Sprintf("/dev/fdset/%d", fd.FdsetID)},
+		// Without image locks: the overlay is this QEMU's alone while it
+		// writes it, and once the next SwitchDisk makes it a backing file
+		// (a checkpoint's layer) others open it too. QEMU cannot reopen
+		// a descriptor it was given read-only, so a lock taken for
+		// writing would stay and shut them out.
+		"file": map[string]any{"driver": "file", "filename": fmt.Sprintf("/dev/fdset/%d", fd.FdsetID), "locking": "off"},
 	}
 	if err := q.Execute(ctx, "blockdev-add", add, nil); err != nil {
 		return fmt.Errorf("switch disk: %w", err)
