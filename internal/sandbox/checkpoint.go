@@ -232,7 +232,11 @@ func (r *Runtime) materialise(ctx context.Context, dir string, rec record, chain
 	if err := os.Mkdir(work, 0o700); err != nil {
 		return err
 	}
-	defer removeDir(work)
+	defer func() {
+		if err := removeDir(work); err != nil {
+			sb.log.Warn("remove the checkpoint helper's directory", "dir", work, "err", err)
+		}
+	}()
 	cfg := rec.VM
 	cfg.Dir, cfg.Detach, cfg.Incoming = work, false, true
 	cfg.MemoryFile, cfg.MemoryShared = filepath.Join(dir, snapshotMemName), true
@@ -259,14 +263,20 @@ func (r *Runtime) materialise(ctx context.Context, dir string, rec record, chain
 	}
 	defer func() {
 		if cg != nil {
-			cg.Delete()
+			if err := cg.Delete(); err != nil {
+				sb.log.Warn("remove the checkpoint helper's cgroup", "err", err)
+			}
 		}
 	}()
 	m, err := vm.Start(ctx, cfg, sb.log.With("helper", "checkpoint"))
 	if err != nil {
 		return err
 	}
-	defer m.Stop(context.WithoutCancel(ctx))
+	defer func() {
+		if err := m.Stop(context.WithoutCancel(ctx)); err != nil {
+			sb.log.Warn("stop the checkpoint helper", "err", err)
+		}
+	}()
 	live := filepath.Join(dir, checkpointLiveName)
 	if err := m.RestoreState(ctx, live, false); err != nil {
 		return err

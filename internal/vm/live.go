@@ -78,7 +78,9 @@ func (m *Machine) SaveLive(ctx context.Context, path string, atStop func(context
 		return 0, err
 	}
 	if err := q.Execute(ctx, "migrate", map[string]any{"uri": "fd:" + migrationFD}, nil); err != nil {
-		q.Execute(ctx, "closefd", map[string]any{"fdname": migrationFD}, nil)
+		if cerr := q.Execute(ctx, "closefd", map[string]any{"fdname": migrationFD}, nil); cerr != nil {
+			m.log.Warn("close the migration descriptor after a failed save", "err", cerr)
+		}
 		return 0, err
 	}
 	// Whatever goes wrong from here, a machine that ran runs again.
@@ -200,7 +202,11 @@ func (m *Machine) SwitchDisk(ctx context.Context, overlay *os.File) error {
 		return fmt.Errorf("switch disk: %w", err)
 	}
 	// Once the node has its own copy of the descriptor, the set's goes.
-	defer q.Execute(context.WithoutCancel(ctx), "remove-fd", map[string]any{"fdset-id": fd.FdsetID}, nil)
+	defer func() {
+		if err := q.Execute(context.WithoutCancel(ctx), "remove-fd", map[string]any{"fdset-id": fd.FdsetID}, nil); err != nil {
+			m.log.Warn("remove the overlay's descriptor set", "fdset", fd.FdsetID, "err", err)
+		}
+	}()
 	node := fmt.Sprintf("overlay%d", overlaySeq.Add(1))
 	add := map[string]any{
 		"driver": "qcow2", "node-name": node, "backing": nil,
@@ -215,7 +221,9 @@ func (m *Machine) SwitchDisk(ctx context.Context, overlay *os.File) error {
 		return fmt.Errorf("switch disk: %w", err)
 	}
 	if err := q.Execute(ctx, "blockdev-snapshot", map[string]any{"node": rootDrive, "overlay": node}, nil); err != nil {
-		q.Execute(context.WithoutCancel(ctx), "blockdev-del", map[string]any{"node-name": node}, nil)
+		if derr := q.Execute(context.WithoutCancel(ctx), "blockdev-del", map[string]any{"node-name": node}, nil); derr != nil {
+			m.log.Warn("remove the overlay's block node after a failed switch", "node", node, "err", derr)
+		}
 		return fmt.Errorf("switch disk: %w", err)
 	}
 	return nil
