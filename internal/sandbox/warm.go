@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -221,29 +222,46 @@ func createLayeredOverlay(ctx context.Context, layer, path string, sizeMiB int) 
 	return qemuImgCreate(ctx, layer, "qcow2", path, int64(sizeMiB)<<20)
 }
 
-// layersInUse returns the disk layers (by path) that the disks of the
-// sandboxes in the data directory stand on, as their records say.
+// layersInUse returns the disk layers (by path) that disks stand on, as
+// the records say: each sandbox's in the data directory (its warm layer
+// and its whole chain), and each checkpoint's chain, which sandboxes made
+// from it later stand on too.
 func (r *Runtime) layersInUse() (map[string]bool, error) {
-	ents, err := os.ReadDir(r.cfg.Dir.Sandboxes())
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
 	used := map[string]bool{}
-	for _, e := range ents {
-		if !e.IsDir() {
+	// Only the chain is read, so that no record a wake would refuse for
+	// another reason costs a disk its layer.
+	var rec struct {
+		Layer string `json:"layer"`
+		VM    struct {
+			Backing []string `json:"backing"`
+		} `json:"vm"`
+		Backing []string `json:"backing"` // a checkpoint's
+	}
+	for _, root := range []struct{ dir, name string }{
+		{r.cfg.Dir.Sandboxes(), RecordName},
+		{r.cfg.Dir.Checkpoints(), checkpointRecordName},
+	} {
+		ents, err := os.ReadDir(root.dir)
+		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}
-		// Only the layer is read, so that no record a wake would refuse
-		// for another reason costs a disk its layer.
-		var rec struct {
-			Layer string `json:"layer"`
+		if err != nil {
+			return nil, err
 		}
-		b, err := os.ReadFile(filepath.Join(r.cfg.Dir.Sandboxes(), e.Name(), RecordName))
-		if err == nil && json.Unmarshal(b, &rec) == nil && rec.Layer != "" {
-			used[rec.Layer] = true
+		for _, e := range ents {
+			if !e.IsDir() {
+				continue
+			}
+			rec.Layer, rec.VM.Backing, rec.Backing = "", nil, nil
+			b, err := os.ReadFile(filepath.Join(root.dir, e.Name(), root.name))
+			if err != nil || json.Unmarshal(b, &rec) != nil {
+				continue
+			}
+			for _, p := range slices.Concat([]string{rec.Layer}, rec.VM.Backing, rec.Backing) {
+				if p != "" {
+					used[p] = true
+				}
+			}
 		}
 	}
 	return used, nil
