@@ -16,8 +16,10 @@ import (
 // checkpoint and forks the source twice: the source's count and stream go
 // on through each; every sandbox made has the disk of its instant, the
 // counting process running on, its own hostname and random bytes; another
-// key finds none of it; and once the sandboxes are gone, deleting the
-// checkpoints removes their files.
+// key finds none of it; the source rolled back to the checkpoint has its
+// disk and counter again, new random bytes, and its stream ends rolled
+// back; and once the sandboxes are gone, deleting the checkpoints
+// removes their files.
 func TestCheckpointsAndForks(t *testing.T) {
 	s := sharedServer(t)
 	src := s.createSandbox(t, s.key, apiv1.CreateSandbox{})
@@ -99,8 +101,32 @@ func TestCheckpointsAndForks(t *testing.T) {
 	out += more
 	checkCounter(t, out, strings.Count(out, "\n"))
 
-	// Another key finds nothing of it.
+	// The source rolls back to the checkpoint under its own ID: the disk
+	// and the counting process of that instant, fresh random bytes, and
+	// its command's stream ends rolled back, with no exit code.
+	var rb apiv1.SandboxOperation
+	s.must(t, 202, "POST", p+"/rollback", s.key, apiv1.Rollback{Checkpoint: chk}, &rb)
+	if op := s.waitOp(t, s.key, rb.Operation.ID); op.Status != apiv1.OpSucceeded {
+		t.Fatalf("rollback failed: %+v", op.Error)
+	}
+	for {
+		ev, err := r.next()
+		if err != nil {
+			t.Fatalf("the source's stream ended without an exit after the rollback: %v", err)
+		}
+		if ev.name == "exit" {
+			if !strings.Contains(ev.data, `"exit_code":null`) || !strings.Contains(ev.data, `"rolled_back":true`) {
+				t.Fatalf("the exit after the rollback: %s", ev.data)
+			}
+			break
+		}
+	}
+	check(src.ID, "at the checkpoint")
 	other := userKey(t, s, "checkpoint-other")
+	s.must(t, 404, "POST", p+"/rollback", other, apiv1.Rollback{Checkpoint: chk}, nil)
+	s.must(t, 400, "POST", "/v1/sandboxes/"+child.ID+"/rollback", s.key, apiv1.Rollback{Checkpoint: chk}, nil)
+
+	// Another key finds nothing of it.
 	s.must(t, 404, "GET", "/v1/checkpoints/"+chk, other, nil, nil)
 	s.must(t, 404, "POST", "/v1/sandboxes", other, apiv1.CreateSandbox{Checkpoint: chk}, nil)
 	s.must(t, 404, "POST", p+"/fork", other, apiv1.Fork{Count: 1}, nil)

@@ -154,6 +154,7 @@ func (s *Server) routes() []route {
 		{"POST", "/v1/sandboxes/{id}/wake", authKey, nil, s.lifecycle(s.svc.Wake)},
 		{"POST", "/v1/sandboxes/{id}/checkpoints", authKey, nil, optionalJSON(http.StatusAccepted, s.createCheckpoint)},
 		{"POST", "/v1/sandboxes/{id}/fork", authKey, nil, jsonCall(http.StatusAccepted, s.fork)},
+		{"POST", "/v1/sandboxes/{id}/rollback", authKey, nil, jsonCall(http.StatusAccepted, s.rollback)},
 		{"GET", "/v1/checkpoints", authKey, append([]string{"sandbox_id"}, page...), s.listCheckpoints},
 		{"GET", "/v1/checkpoints/{id}", authKey, nil, s.getCheckpoint},
 		{"DELETE", "/v1/checkpoints/{id}", authKey, nil, s.deleteCheckpoint},

@@ -34,6 +34,10 @@ func (s *Server) fork(ctx context.Context, p service.Principal, id string, req a
 	return s.cfg.Checkpoints.Fork(ctx, p, id, req)
 }
 
+func (s *Server) rollback(ctx context.Context, p service.Principal, id string, req apiv1.Rollback) (apiv1.SandboxOperation, error) {
+	return s.cfg.Checkpoints.Rollback(ctx, p, id, req)
+}
+
 func (s *Server) listCheckpoints(w http.ResponseWriter, r *http.Request, p service.Principal) error {
 	q, limit, token, err := pageParams(r)
 	if err != nil {

@@ -88,6 +88,17 @@ func TestCheckpointsAPI(t *testing.T) {
 	}
 	s.waitState(t, s.user, child.Sandbox.ID, apiv1.StateRunning)
 
+	// The source rolls back to its checkpoint, under the same ID.
+	var rb apiv1.SandboxOperation
+	s.must(t, 202, "POST", "/v1/sandboxes/"+src+"/rollback", s.user, `{"checkpoint": "`+c.ID+`"}`, &rb)
+	if rb.Operation.Kind != apiv1.OpRollback || rb.Sandbox.ID != src || rb.Sandbox.State != apiv1.StateWaking {
+		t.Fatalf("rollback answer %+v", rb)
+	}
+	if op := s.waitOp(t, s.user, rb.Operation.ID); op.Status != apiv1.OpSucceeded {
+		t.Fatalf("rollback operation %+v", op)
+	}
+	s.waitState(t, s.user, src, apiv1.StateRunning)
+
 	// A fork: a checkpoint and three sandboxes in one call.
 	var f apiv1.Forked
 	s.must(t, 202, "POST", "/v1/sandboxes/"+src+"/fork", s.user, `{"count": 3, "timeout_s": 600, "metadata": {"run": "a"}}`, &f)
@@ -123,6 +134,7 @@ func TestCheckpointsAPI(t *testing.T) {
 	s.must(t, 404, "POST", "/v1/sandboxes", k.Key, `{"checkpoint": "`+c.ID+`"}`, nil)
 	s.must(t, 404, "POST", "/v1/sandboxes/"+src+"/checkpoints", k.Key, "", nil)
 	s.must(t, 404, "POST", "/v1/sandboxes/"+src+"/fork", k.Key, `{"count": 1}`, nil)
+	s.must(t, 404, "POST", "/v1/sandboxes/"+src+"/rollback", k.Key, `{"checkpoint": "`+c.ID+`"}`, nil)
 	var theirs apiv1.List[apiv1.Checkpoint]
 	s.must(t, 200, "GET", "/v1/checkpoints", k.Key, "", &theirs)
 	if len(theirs.Items) != 0 {
@@ -143,6 +155,11 @@ func TestCheckpointsAPI(t *testing.T) {
 		{"POST", "/v1/sandboxes", `{"checkpoint": "` + c.ID + `", "vcpus": 2}`},
 		{"POST", "/v1/sandboxes", `{"checkpoint": "` + c.ID + `", "template": "other"}`},
 		{"POST", "/v1/sandboxes", `{"checkpoint": "` + c.ID + `", "disk_mib": 100}`},
+		{"POST", "/v1/sandboxes/" + src + "/rollback", `{}`},
+		{"POST", "/v1/sandboxes/" + src + "/rollback", `{"checkpoint": 5}`},
+		{"POST", "/v1/sandboxes/" + src + "/rollback", `{"checkpoint": "chk../../etc"}`},
+		{"POST", "/v1/sandboxes/" + src + "/rollback", `{"checkpoint": "` + c.ID + `", "at": 1}`},
+		{"POST", "/v1/sandboxes/" + child.Sandbox.ID + "/rollback", `{"checkpoint": "` + c.ID + `"}`},
 		{"GET", "/v1/checkpoints?page_token=zzz", ""},
 		{"GET", "/v1/checkpoints?limit=5000", ""},
 		{"GET", "/v1/checkpoints?state=ready", ""},
@@ -155,6 +172,8 @@ func TestCheckpointsAPI(t *testing.T) {
 	s.must(t, 404, "GET", "/v1/checkpoints/chk"+strings.Repeat("a", 5000), s.user, "", nil)
 	s.must(t, 404, "GET", "/v1/checkpoints?sandbox_id=sbx%00", s.user, "", nil)
 	s.must(t, 404, "POST", "/v1/sandboxes", s.user, `{"checkpoint": "chkmissing00000000000"}`, nil)
+	s.must(t, 404, "POST", "/v1/sandboxes/"+src+"/rollback", s.user, `{"checkpoint": "chkmissing00000000000"}`, nil)
+	s.must(t, 404, "POST", "/v1/sandboxes/sbxmissing/rollback", s.user, `{"checkpoint": "`+c.ID+`"}`, nil)
 	s.must(t, 200, "GET", "/v1/checkpoints", s.user, "", &list)
 	if len(list.Items) != 2 {
 		t.Fatalf("bad input changed the checkpoints: %+v", list)

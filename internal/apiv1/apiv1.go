@@ -307,6 +307,41 @@ type ExitEvent struct {
 	Signal     *string `json:"signal"`
 	TimedOut   bool    `json:"timed_out"`
 	DurationMS int64   `json:"duration_ms"`
+	// RolledBack says the command's sandbox was rolled back to a
+	// checkpoint under it: it has no exit status, and exit_code is null
+	// on the wire (ExitCode is -1 here).
+	RolledBack bool `json:"rolled_back,omitempty"`
+}
+
+// exitWire is ExitEvent as JSON has it.
+type exitWire struct {
+	ExitCode   *int    `json:"exit_code"`
+	Signal     *string `json:"signal"`
+	TimedOut   bool    `json:"timed_out"`
+	DurationMS int64   `json:"duration_ms"`
+	RolledBack bool    `json:"rolled_back,omitempty"`
+}
+
+// MarshalJSON writes exit_code null for a rolled back command.
+func (e ExitEvent) MarshalJSON() ([]byte, error) {
+	w := exitWire{ExitCode: &e.ExitCode, Signal: e.Signal, TimedOut: e.TimedOut, DurationMS: e.DurationMS, RolledBack: e.RolledBack}
+	if e.RolledBack {
+		w.ExitCode = nil
+	}
+	return json.Marshal(w)
+}
+
+// UnmarshalJSON reads what MarshalJSON writes: a null exit_code is -1.
+func (e *ExitEvent) UnmarshalJSON(b []byte) error {
+	var w exitWire
+	if err := json.Unmarshal(b, &w); err != nil {
+		return err
+	}
+	*e = ExitEvent{ExitCode: -1, Signal: w.Signal, TimedOut: w.TimedOut, DurationMS: w.DurationMS, RolledBack: w.RolledBack}
+	if w.ExitCode != nil {
+		e.ExitCode = *w.ExitCode
+	}
+	return nil
 }
 
 // GapEvent says output before this point was dropped: the server keeps

@@ -34,6 +34,9 @@ type Sandboxes interface {
 	// that makes checkpoint chkID of its VM; done is told the outcome
 	// before the operation ends.
 	CheckpointVM(ctx context.Context, p tenancy.Principal, id, kind, chkID string, done func(sandbox.Checkpoint, error)) (store.Operation, error)
+	// RollbackVM begins a lifecycle operation that returns sandbox id to
+	// its checkpoint chkID.
+	RollbackVM(ctx context.Context, p tenancy.Principal, id, chkID string) (apiv1.SandboxOperation, error)
 	// CreateSandbox and DeleteSandbox are the service's, for forks.
 	CreateSandbox(ctx context.Context, p tenancy.Principal, req apiv1.CreateSandbox) (apiv1.SandboxOperation, error)
 	DeleteSandbox(ctx context.Context, p tenancy.Principal, id string) (apiv1.SandboxOperation, error)
@@ -295,6 +298,33 @@ func (s *Service) Fork(ctx context.Context, p tenancy.Principal, id string, req 
 	}
 	out.Operation = op.View()
 	return out, nil
+}
+
+// Rollback returns sandbox id to req.Checkpoint, one of its own
+// checkpoints that is ready: its memory and disk as they were then,
+// under the same ID.
+func (s *Service) Rollback(ctx context.Context, p tenancy.Principal, id string, req apiv1.Rollback) (apiv1.SandboxOperation, error) {
+	var none apiv1.SandboxOperation
+	if !sandbox.ValidCheckpointID(req.Checkpoint) {
+		return none, fmt.Errorf("checkpoint must be the ID (chk…) of one of the sandbox's checkpoints: %w", errdefs.ErrInvalid)
+	}
+	if _, err := s.sbx.Owned(ctx, p, id); err != nil {
+		return none, err
+	}
+	c, err := s.owned(ctx, p, req.Checkpoint)
+	if err != nil {
+		return none, err
+	}
+	if c.SandboxID != id {
+		return none, fmt.Errorf("checkpoint %s is of sandbox %s: a sandbox rolls back only to its own checkpoints: %w", c.ID, c.SandboxID, errdefs.ErrInvalid)
+	}
+	switch c.State {
+	case apiv1.CheckpointCreating:
+		return none, fmt.Errorf("checkpoint %s is being made: wait for its operation and retry: %w", c.ID, errdefs.ErrConflict)
+	case apiv1.CheckpointFailed:
+		return none, fmt.Errorf("checkpoint %s failed; nothing can be rolled back to it: %w", c.ID, errdefs.ErrConflict)
+	}
+	return s.sbx.RollbackVM(ctx, p, id, c.ID)
 }
 
 // Run removes, every SweepEvery until ctx ends, the files of checkpoints

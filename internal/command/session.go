@@ -216,13 +216,30 @@ func (s *Session) Process() *agentclient.Process {
 // "airlock: reason" on stderr and an exit with code -1, and lets go of
 // its process. The log's readers end even when a write fails.
 func (s *Session) End(reason string) error {
+	return s.end(reason, lostExit)
+}
+
+// RolledBack ends the stream as End does, for a command whose sandbox
+// was rolled back to a checkpoint: its exit says rolled_back.
+func (s *Session) RolledBack(reason string) error {
+	return s.end(reason, rolledBackExit)
+}
+
+func (s *Session) end(reason string, exit apiv1.ExitEvent) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	err := endLog(s.log, s.cursor, reason)
+	err := endLog(s.log, s.cursor, reason, exit)
 	s.log.Finish()
 	s.proc = nil
 	return err
 }
+
+// The exits of commands whose processes can no longer be followed: lost
+// (code -1), or gone with a rollback of their sandbox.
+var (
+	lostExit       = apiv1.ExitEvent{ExitCode: -1}
+	rolledBackExit = apiv1.ExitEvent{ExitCode: -1, RolledBack: true}
+)
 
 // LastSeq is the number of the last event logged, 0 if none.
 func (s *Session) LastSeq() int64 {
@@ -251,10 +268,10 @@ func (s *Session) Stream(after int64, onExit func()) *Stream {
 	return &Stream{r: s.log.NewReader(after), onExit: onExit}
 }
 
-// EndLog closes the log at path of a command whose sandbox is gone, as End
-// does, so that its readers end; a log that is missing or empty is left
-// alone.
-func EndLog(path, reason string) error {
+// EndLog closes the log at path of a command whose sandbox is gone (or
+// rolled back), as End (or RolledBack) does, so that its readers end; a
+// log that is missing or empty is left alone.
+func EndLog(path, reason string, rolledBack bool) error {
 	log, err := eventlog.Open(path, 0)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -262,17 +279,21 @@ func EndLog(path, reason string) error {
 	if err != nil {
 		return err
 	}
-	return errors.Join(endLog(log, log.Last().Cursor, reason), log.Close())
+	exit := lostExit
+	if rolledBack {
+		exit = rolledBackExit
+	}
+	return errors.Join(endLog(log, log.Last().Cursor, reason, exit), log.Close())
 }
 
-// endLog logs "airlock: reason" on stderr and an exit with code -1, at
-// cursor, unless the log is empty or ends with an exit.
-func endLog(log *eventlog.Log, cursor int64, reason string) error {
+// endLog logs "airlock: reason" on stderr and exit, at cursor, unless the
+// log is empty or ends with an exit.
+func endLog(log *eventlog.Log, cursor int64, reason string, exit apiv1.ExitEvent) error {
 	if last := log.Last(); last.Seq == 0 || last.Type == recExit {
 		return nil
 	}
 	_, err := log.Append(recStderr, cursor, []byte("airlock: "+reason+"\n"))
-	return errors.Join(err, appendExit(log, cursor, apiv1.ExitEvent{ExitCode: -1}))
+	return errors.Join(err, appendExit(log, cursor, exit))
 }
 
 func appendExit(log *eventlog.Log, cursor int64, ev apiv1.ExitEvent) error {

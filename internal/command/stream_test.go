@@ -216,13 +216,43 @@ func TestStreamEnds(t *testing.T) {
 					t.Fatal(err)
 				}
 				s.Close()
-				EndLog(path, "the sandbox VM exited")
-				EndLog(path, "twice")
+				EndLog(path, "the sandbox VM exited", false)
+				EndLog(path, "twice", false)
 			},
 			want: []want{
 				{id: 1, kind: Start, pid: 1},
 				{id: 2, kind: Stderr, data: "airlock: the sandbox VM exited\n"},
 				{id: 3, kind: Exit, exit: &apiv1.ExitEvent{ExitCode: -1}},
+			},
+		},
+		{
+			name: "rolled back",
+			do: func(t *testing.T, s *Session, path string) {
+				if err := s.Started(&agentclient.Process{PID: 1}); err != nil {
+					t.Fatal(err)
+				}
+				s.RolledBack("the sandbox was rolled back")
+				s.End("after")
+			},
+			want: []want{
+				{id: 1, kind: Start, pid: 1},
+				{id: 2, kind: Stderr, data: "airlock: the sandbox was rolled back\n"},
+				{id: 3, kind: Exit, exit: &apiv1.ExitEvent{ExitCode: -1, RolledBack: true}},
+			},
+		},
+		{
+			name: "rolled back with its sandbox gone",
+			do: func(t *testing.T, s *Session, path string) {
+				if err := s.Started(&agentclient.Process{PID: 1}); err != nil {
+					t.Fatal(err)
+				}
+				s.Close()
+				EndLog(path, "rolled back", true)
+			},
+			want: []want{
+				{id: 1, kind: Start, pid: 1},
+				{id: 2, kind: Stderr, data: "airlock: rolled back\n"},
+				{id: 3, kind: Exit, exit: &apiv1.ExitEvent{ExitCode: -1, RolledBack: true}},
 			},
 		},
 		{
@@ -367,7 +397,7 @@ func TestEndReportsFailedWrite(t *testing.T) {
 	}
 
 	path := filepath.Join(t.TempDir(), "gone", "cmd.log")
-	if err := EndLog(path, "the sandbox is gone"); err != nil {
+	if err := EndLog(path, "the sandbox is gone", false); err != nil {
 		t.Fatalf("EndLog of a missing log: %v", err)
 	}
 }

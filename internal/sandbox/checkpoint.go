@@ -343,9 +343,10 @@ func (r *Runtime) checkpointSnapshot(id string) (TemplateSnapshot, error) {
 }
 
 // RemoveCheckpoint removes checkpoint id's directory unless a sandbox on
-// this host still stands on it (its disk chain or memory file is in it);
-// it reports whether it removed it. One that is needed is removed by a
-// later call, once nothing is.
+// this host still stands on it (its disk chain or memory file is in it)
+// or a sandbox is being made from a checkpoint (or rolled back to one)
+// right now; it reports whether it removed it. One that is kept is
+// removed by a later call, once nothing needs it.
 func (r *Runtime) RemoveCheckpoint(id string) (bool, error) {
 	if !ValidCheckpointID(id) {
 		return false, fmt.Errorf("checkpoint ID %q is not valid: %w", id, errdefs.ErrInvalid)
@@ -354,6 +355,10 @@ func (r *Runtime) RemoveCheckpoint(id string) (bool, error) {
 	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
 		return true, nil
 	}
+	if !r.chkUse.TryLock() {
+		return false, nil // a sandbox is being made from a checkpoint
+	}
+	defer r.chkUse.Unlock()
 	used, err := r.checkpointsInUse()
 	if err != nil {
 		return false, err
@@ -420,6 +425,8 @@ func (r *Runtime) checkpointsInUse() (map[string]bool, error) {
 
 // fromCheckpoint creates the sandbox of spec as a clone of its checkpoint.
 func (r *Runtime) fromCheckpoint(ctx context.Context, spec Spec) (*Sandbox, error) {
+	r.chkUse.RLock()
+	defer r.chkUse.RUnlock()
 	want, err := r.CheckpointSpec(spec.Checkpoint)
 	if err != nil {
 		return nil, fmt.Errorf("create sandbox: %w", err)

@@ -1,10 +1,16 @@
 package sandbox
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+
+	"github.com/airlockhq/airlock/internal/errdefs"
 )
 
 // writeJSON writes v as JSON to path, making its directory.
@@ -47,5 +53,60 @@ func TestLayersInUseFollowsChains(t *testing.T) {
 		if !used[p] {
 			t.Errorf("layer %s is not counted in use: %v", p, used)
 		}
+	}
+}
+
+// A sandbox rolls back to its own checkpoints only, and a checkpoint ID
+// that is not one names nothing: each refused before anything changes.
+func TestRollbackRefusesOthersCheckpoints(t *testing.T) {
+	r := testRuntime(t)
+	id := NewCheckpointID()
+	dir := r.cfg.Dir.Checkpoint(id)
+	writeJSON(t, filepath.Join(dir, checkpointRecordName),
+		checkpointRecord{ID: id, Sandbox: "sbxother", Spec: Spec{DiskMiB: 512}, Backing: []string{filepath.Join(dir, checkpointDiskName)}})
+	mine := r.cfg.Dir.Sandbox("sbxmine")
+	writeJSON(t, filepath.Join(mine, StateName), "a saved state")
+	check := func(what string, err error, want error) {
+		t.Helper()
+		if !errors.Is(err, want) {
+			t.Errorf("%s: %v, want %v", what, err, want)
+		}
+		if !SuspendedState(mine) {
+			t.Fatalf("%s removed the sandbox's saved state", what)
+		}
+	}
+	_, err := r.Rollback(context.Background(), "sbxmine", nil, id)
+	check("rollback to another sandbox's checkpoint", err, errdefs.ErrInvalid)
+	for _, bad := range []string{"chk../../x", "sbxabc", "chk", "chk\\x00a", "", "chk" + strings.Repeat("a", 70)} {
+		_, err := r.Rollback(context.Background(), "sbxmine", nil, bad)
+		check(fmt.Sprintf("rollback to %q", bad), err, errdefs.ErrInvalid)
+		if _, err := r.RemoveCheckpoint(bad); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("remove checkpoint %q: %v, want invalid", bad, err)
+		}
+	}
+	_, err = r.Rollback(context.Background(), "sbxmine", nil, NewCheckpointID())
+	check("rollback to a missing checkpoint", err, errdefs.ErrNotFound)
+	_, err = r.Rollback(context.Background(), "../sbxmine", nil, id)
+	check("rollback of a bad sandbox ID", err, errdefs.ErrInvalid)
+}
+
+// A checkpoint that a sandbox is being made from (or rolled back to) is
+// not removed under it, even before the sandbox's record names it: it is
+// left for a later removal.
+func TestRemoveCheckpointWaitsForItsUsers(t *testing.T) {
+	r := testRuntime(t)
+	id := NewCheckpointID()
+	writeJSON(t, filepath.Join(r.cfg.Dir.Checkpoint(id), checkpointRecordName), checkpointRecord{ID: id})
+	r.chkUse.RLock()
+	removed, err := r.RemoveCheckpoint(id)
+	r.chkUse.RUnlock()
+	if err != nil || removed {
+		t.Fatalf("RemoveCheckpoint during a create from a checkpoint: %v, %v; want it kept", removed, err)
+	}
+	if _, err := os.Stat(r.cfg.Dir.Checkpoint(id)); err != nil {
+		t.Fatalf("the checkpoint's files went: %v", err)
+	}
+	if removed, err := r.RemoveCheckpoint(id); err != nil || !removed {
+		t.Fatalf("RemoveCheckpoint once nothing uses it: %v, %v", removed, err)
 	}
 }

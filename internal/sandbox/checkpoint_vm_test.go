@@ -138,4 +138,39 @@ func TestCheckpointVM(t *testing.T) {
 		t.Errorf("the woken source has /data.txt %q, want %q", got, "after")
 	}
 	counts(woken, counter(woken))
+
+	// Rolled back to the first checkpoint: its disk and processes, the
+	// same name, fresh random state; the second checkpoint's layer, which
+	// stood on the disk left behind, stays whole.
+	rolled, err := rt.Rollback(ctx, srcID, woken, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur = rolled
+	if _, err := woken.Exec(ctx, agentproto.ExecRequest{Argv: []string{"true"}}, agentclient.Stdio{}); err == nil {
+		t.Error("the VM rolled back from still runs commands")
+	}
+	if got := shell(ctx, t, rolled, "cat /data.txt; hostname"); got != "before\n"+srcID {
+		t.Errorf("the rolled back source has /data.txt and hostname %q, want %q", got, "before\n"+srcID)
+	}
+	at := counter(rolled)
+	counts(rolled, at)
+	if r := shell(ctx, t, rolled, "head -c 16 /dev/urandom | od -An -tx1"); r == srcRandom {
+		t.Errorf("the rolled back source drew the random bytes it drew after the checkpoint: %s", r)
+	}
+	checkClock(ctx, t, rolled)
+	// A suspended sandbox rolls back too, to the second checkpoint.
+	if err := rolled.Suspend(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cur = nil
+	if cur, err = rt.Rollback(ctx, srcID, nil, id2); err != nil {
+		t.Fatal(err)
+	}
+	if got := shell(ctx, t, cur, "cat /data.txt"); got != "after" {
+		t.Errorf("rolled back to the second checkpoint, /data.txt is %q, want %q", got, "after")
+	}
+	if SuspendedState(cur.Dir) {
+		t.Error("the saved state of the suspended sandbox outlived its rollback")
+	}
 }

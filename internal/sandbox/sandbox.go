@@ -116,6 +116,12 @@ type Runtime struct {
 
 	built atomic.Int64 // template snapshots this runtime made
 
+	// chkUse is held shared by each create and rollback from a
+	// checkpoint until it is done, by when the sandbox's record names
+	// what it stands on, and exclusively by RemoveCheckpoint, which
+	// leaves a checkpoint it cannot take it for to a later call.
+	chkUse sync.RWMutex
+
 	mu sync.Mutex // guards failedBuilds and pools
 	// failedBuilds holds, per template snapshot, when and how this
 	// runtime last failed to make it; another try waits for
@@ -383,6 +389,7 @@ type Sandbox struct {
 	agent     *agentclient.Client
 	paused    bool // the vCPUs are stopped (Pause, or found so by Adopt)
 	suspended bool // Suspend saved the sandbox and ended its VM
+	replaced  bool // Rollback ended its VM for another
 	// gw is the sandbox's gateway, with its CA and egress log; nil when
 	// the VM has no network device, or it is suspended.
 	gw     *gateway.Gateway

@@ -116,12 +116,16 @@ func SuspendedState(dir string) bool {
 	return err == nil
 }
 
-// usable refuses a sandbox that was suspended: its Sandbox is spent.
+// usable refuses a sandbox that was suspended or rolled back: its Sandbox
+// is spent.
 func (s *Sandbox) usable() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.suspended {
 		return fmt.Errorf("sandbox %s is suspended: wake it: %w", s.ID, errdefs.ErrConflict)
+	}
+	if s.replaced {
+		return fmt.Errorf("sandbox %s was rolled back: its VM is another now: %w", s.ID, errdefs.ErrConflict)
 	}
 	return nil
 }

@@ -75,6 +75,90 @@ func (s *Service) checkpointVM(id, chkID string) (sandbox.Checkpoint, error) {
 	return s.rt.Checkpoint(ctx, box, chkID)
 }
 
+// RollbackVM begins a lifecycle operation that returns sandbox id to its
+// checkpoint chkID (internal/checkpoint checked that it is the sandbox's
+// and ready): the sandbox is waking meanwhile, and running after. Its
+// command sessions end with rolled_back; a rollback that fails before
+// the VM was replaced leaves the sandbox as it was, one that fails after
+// fails it.
+func (s *Service) RollbackVM(ctx context.Context, p Principal, id, chkID string) (apiv1.SandboxOperation, error) {
+	if err := s.mayCheckpoint(); err != nil {
+		return apiv1.SandboxOperation{}, err
+	}
+	cur, err := s.getOwned(ctx, p, id)
+	if err != nil {
+		return apiv1.SandboxOperation{}, err
+	}
+	if err := s.checkFreeDisk(s.sandboxDir(id)); err != nil {
+		return apiv1.SandboxOperation{}, err
+	}
+	if cur.State == apiv1.StateSuspended {
+		// It takes its memory and vCPUs back, as a wake does.
+		if err := s.admitWake(ctx, cur); err != nil {
+			return apiv1.SandboxOperation{}, err
+		}
+	}
+	sb, op, f, from, err := s.beginOp(ctx, p, id, apiv1.OpRollback, apiv1.StateWaking)
+	if err != nil {
+		s.endWake(id)
+		return apiv1.SandboxOperation{}, err
+	}
+	go func(sb store.Sandbox, op store.Operation) {
+		defer s.endWake(id)
+		start := time.Now()
+		s.markRunning(&op)
+		err := s.rollbackVM(id, chkID)
+		switch {
+		case err == nil:
+			sb.State = apiv1.StateRunning
+		case errors.Is(err, sandbox.ErrVMExited):
+			st := store.ErrorOf(err)
+			sb.State, sb.LastError = apiv1.StateFailed, &st
+		default:
+			sb.State = from
+		}
+		s.endOp(f, sb, apiv1.StateWaking, op, err, time.Since(start))
+	}(sb, op)
+	return apiv1.SandboxOperation{Sandbox: s.sandboxView(sb), Operation: op.View()}, nil
+}
+
+// rollbackVM has the runtime replace sandbox id's VM (or saved state)
+// with one from checkpoint chkID.
+func (s *Service) rollbackVM(id, chkID string) error {
+	lv := s.getLive(id)
+	if lv == nil {
+		return fmt.Errorf("sandbox %s is not known to this server: %w", id, errdefs.ErrConflict)
+	}
+	select {
+	case s.slots <- struct{}{}:
+	case <-s.ctx.Done():
+		return fmt.Errorf("the server is shutting down: %w", errdefs.ErrUnavailable)
+	}
+	defer func() { <-s.slots }()
+	// The VM's context ends first, so the command pumps let go of their
+	// processes as for a suspend.
+	box := lv.dropBox()
+	s.cmds.Wait(id)
+	ctx, cancel := context.WithTimeout(s.ctx, 5*time.Minute)
+	defer cancel()
+	nb, err := s.rt.Rollback(ctx, id, box, chkID)
+	switch {
+	case err == nil:
+		s.cmds.RolledBack(id, "the sandbox was rolled back to checkpoint "+chkID)
+		lv.setBox(nb)
+		return nil
+	case errors.Is(err, sandbox.ErrVMExited):
+		s.cmds.Lost(id, "the sandbox was lost in its rollback")
+		return err
+	}
+	// Nothing changed: the VM, if it had one, goes on.
+	if box != nil {
+		lv.setBox(box)
+	}
+	s.cmds.Resume(id)
+	return err
+}
+
 // checkpointOf returns checkpoint id for a create by p: one p may use
 // that has not failed.
 func (s *Service) checkpointOf(ctx context.Context, p Principal, id string) (store.Checkpoint, error) {

@@ -20,6 +20,7 @@ import (
 //	pause:   running → paused
 //	suspend: running | paused → suspending → suspended
 //	wake:    paused → running; suspended → waking → running
+//	rollback: running | paused | suspended → waking → running
 //	delete:  any but deleting, deleted → deleting → deleted
 //	keep:    any but deleting, deleted, failed (sets the lease only)
 //
@@ -32,6 +33,7 @@ var allowedFrom = map[string][]string{
 	// A checkpoint (or a fork's) leaves the state as it is.
 	apiv1.OpCheckpoint: {apiv1.StateRunning, apiv1.StatePaused},
 	apiv1.OpFork:       {apiv1.StateRunning, apiv1.StatePaused},
+	apiv1.OpRollback:   {apiv1.StateRunning, apiv1.StatePaused, apiv1.StateSuspended},
 }
 
 // inflight is a lifecycle operation running on a sandbox.

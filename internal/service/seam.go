@@ -35,6 +35,9 @@ type Runtime interface {
 	// Checkpoint makes checkpoint id of a VM this runtime handed out,
 	// which runs on (sandbox.Runtime.Checkpoint).
 	Checkpoint(ctx context.Context, box VM, id string) (sandbox.Checkpoint, error)
+	// Rollback returns sandbox id to its checkpoint chkID in a new VM;
+	// box is its VM, nil when it is suspended (sandbox.Runtime.Rollback).
+	Rollback(ctx context.Context, id string, box VM, chkID string) (VM, error)
 	RuntimeOps
 }
 
@@ -46,6 +49,7 @@ type VMRuntime[V VM] interface {
 	Adopt(ctx context.Context, id string, spec sandbox.Spec) (V, error)
 	Wake(ctx context.Context, id string) (V, error)
 	Checkpoint(ctx context.Context, box V, id string) (sandbox.Checkpoint, error)
+	Rollback(ctx context.Context, id string, box V, chkID string) (V, error)
 	RuntimeOps
 }
 
@@ -179,6 +183,21 @@ func (r runtimeOf[V]) Checkpoint(ctx context.Context, box VM, id string) (sandbo
 		return sandbox.Checkpoint{}, fmt.Errorf("a VM of type %T is not this runtime's", box)
 	}
 	return r.VMRuntime.Checkpoint(ctx, v, id)
+}
+
+func (r runtimeOf[V]) Rollback(ctx context.Context, id string, box VM, chkID string) (VM, error) {
+	var v V // nil: no VM
+	if box != nil {
+		var ok bool
+		if v, ok = box.(V); !ok {
+			return nil, fmt.Errorf("a VM of type %T is not this runtime's", box)
+		}
+	}
+	nb, err := r.VMRuntime.Rollback(ctx, id, v, chkID)
+	if err != nil {
+		return nil, err
+	}
+	return nb, nil
 }
 
 var (

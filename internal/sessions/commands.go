@@ -388,11 +388,12 @@ func (c *Commands) endCommand(sess *command.Session, rec store.Command, reason s
 	if err := sess.End(reason); err != nil {
 		c.log.Error("log command's end", "command", rec.ID, "err", err)
 	}
-	c.markEnded(rec.ID)
+	c.markEnded(rec.ID, false)
 }
 
-// markEnded records a command that ended without an exit status.
-func (c *Commands) markEnded(id string) {
+// markEnded records a command that ended without an exit status: code
+// -1, or none for one rolled back.
+func (c *Commands) markEnded(id string, rolledBack bool) {
 	rec, err := c.st.GetCommand(context.Background(), id)
 	if err != nil || rec.State == apiv1.CommandExited {
 		return
@@ -400,20 +401,29 @@ func (c *Commands) markEnded(id string) {
 	now := c.now()
 	code := -1
 	rec.State, rec.ExitCode, rec.FinishedAt = apiv1.CommandExited, &code, &now
+	if rolledBack {
+		rec.ExitCode = nil
+	}
 	if rec.StartedAt == nil {
 		rec.StartedAt = &now
 	}
 	if err := c.st.UpdateCommand(context.Background(), rec); err != nil {
 		c.log.Error("record lost command", "command", id, "err", err)
 	}
-	c.m.commandEnded("lost")
+	if rolledBack {
+		c.m.commandEnded("rolled_back")
+	} else {
+		c.m.commandEnded("lost")
+	}
 }
 
 // End ends every unfinished command of sandbox sbx, which lost its VM or
 // is gone: each is recorded as exited with code -1, and the log of one
 // that ran gets "airlock: reason" on stderr and its exit, so that its
 // readers end.
-func (c *Commands) End(sbx, reason string) {
+func (c *Commands) End(sbx, reason string) { c.end(sbx, reason, false) }
+
+func (c *Commands) end(sbx, reason string, rolledBack bool) {
 	for _, state := range []string{apiv1.CommandRunning, apiv1.CommandCreated} {
 		rows, err := c.st.ListCommandsByState(context.Background(), state)
 		if err != nil {
@@ -426,11 +436,11 @@ func (c *Commands) End(sbx, reason string) {
 			}
 			if state == apiv1.CommandRunning {
 				// Readers of the log, if it is still there, end.
-				if err := command.EndLog(c.logPath(rec.SandboxID, rec.ID), reason); err != nil {
+				if err := command.EndLog(c.logPath(rec.SandboxID, rec.ID), reason, rolledBack); err != nil {
 					c.log.Error("log command's end", "command", rec.ID, "err", err)
 				}
 			}
-			c.markEnded(rec.ID)
+			c.markEnded(rec.ID, rolledBack)
 		}
 	}
 }
@@ -458,7 +468,7 @@ func (c *Commands) resume(rec store.Command) {
 	sess, err := c.openLive(rec)
 	if err != nil {
 		c.log.Warn("resume command", "command", rec.ID, "err", err)
-		c.markEnded(rec.ID)
+		c.markEnded(rec.ID, false)
 		return
 	}
 	ready := make(chan struct{})

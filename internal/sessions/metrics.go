@@ -14,7 +14,7 @@ type Metrics struct {
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		commands: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "airlock_commands_total", Help: "Commands that ended, by how: exited (with a status) or lost.",
+			Name: "airlock_commands_total", Help: "Commands that ended, by how: exited (with a status), lost, or rolled_back with their sandbox.",
 		}, []string{"result"}),
 		running: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "airlock_commands_running", Help: "Command processes this server follows now.",
@@ -36,8 +36,9 @@ func (m *Metrics) following(delta int) {
 	}
 }
 
-// commandEnded counts a command that ended: "exited" with a status, or
-// "lost" when its process could no longer be followed.
+// commandEnded counts a command that ended: "exited" with a status,
+// "lost" when its process could no longer be followed, or "rolled_back"
+// with its sandbox.
 func (m *Metrics) commandEnded(result string) {
 	if m != nil {
 		m.commands.WithLabelValues(result).Inc()

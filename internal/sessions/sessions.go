@@ -202,9 +202,15 @@ func (c *Commands) Wait(sbx string) {
 // EndOpen ends the stream of every open session of sandbox sbx, whose
 // processes can no longer be followed, so that their readers get an
 // exit; "airlock: reason" is on their stderr.
-func (c *Commands) EndOpen(sbx, reason string) {
+func (c *Commands) EndOpen(sbx, reason string) { c.endOpen(sbx, reason, false) }
+
+func (c *Commands) endOpen(sbx, reason string, rolledBack bool) {
 	for _, s := range c.sessions(sbx) {
-		if err := s.End(reason); err != nil {
+		end := s.End
+		if rolledBack {
+			end = s.RolledBack
+		}
+		if err := end(reason); err != nil {
 			c.log.Error("log command's end", "command", s.ID(), "err", err)
 		}
 	}
@@ -214,13 +220,21 @@ func (c *Commands) EndOpen(sbx, reason string) {
 // the service ended the VM's context: it waits for their pumps, ends
 // their open streams and their records (End), and forgets the sandbox's
 // sessions, leaving their logs to the readers still on them.
-func (c *Commands) Lost(sbx, reason string) {
+func (c *Commands) Lost(sbx, reason string) { c.endAll(sbx, reason, false) }
+
+// RolledBack ends the commands of sandbox sbx as Lost does, after the
+// service ended the VM's context for a rollback to a checkpoint: each
+// stream's exit says rolled_back, with no exit code, and so does each
+// record. Processes the checkpoint holds run on in the guest, unfollowed.
+func (c *Commands) RolledBack(sbx, reason string) { c.endAll(sbx, reason, true) }
+
+func (c *Commands) endAll(sbx, reason string, rolledBack bool) {
 	c.Wait(sbx)
-	c.EndOpen(sbx, reason)
+	c.endOpen(sbx, reason, rolledBack)
 	c.mu.Lock()
 	delete(c.boxes, sbx)
 	c.mu.Unlock()
-	c.End(sbx, reason)
+	c.end(sbx, reason, rolledBack)
 }
 
 // Close waits up to grace for the pumps of sandbox sbx's commands, after

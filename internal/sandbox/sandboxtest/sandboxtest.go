@@ -59,8 +59,9 @@ const (
 	StepResume  Step = "resume"
 	StepDestroy Step = "destroy"
 	StepRemove  Step = "remove"
-	// StepCheckpoint is Checkpoint's.
+	// StepCheckpoint is Checkpoint's, StepRollback Rollback's.
 	StepCheckpoint Step = "checkpoint"
+	StepRollback   Step = "rollback"
 )
 
 // Runtime is an in-memory sandbox runtime. Make it with New.
@@ -479,6 +480,51 @@ func (r *Runtime) Checkpoint(ctx context.Context, box *VM, id string) (sandbox.C
 	}
 	r.checkpoints[id] = box.g.spec
 	return sandbox.Checkpoint{ID: id, Dir: r.dir.Checkpoint(id), Sandbox: box.g.id, Spec: box.g.spec, SizeBytes: 1 << 20}, nil
+}
+
+// Rollback gives sandbox id a new guest in place of its VM (box) or its
+// saved state, for its own checkpoint chkID, as sandbox.Runtime.Rollback
+// does: the fake carries no memory or disk over. An injected failure
+// fails it before anything changes.
+func (r *Runtime) Rollback(ctx context.Context, id string, box *VM, chkID string) (*VM, error) {
+	if err := r.step(ctx, StepRollback); err != nil {
+		return nil, err
+	}
+	if !sandbox.ValidCheckpointID(chkID) {
+		return nil, fmt.Errorf("checkpoint ID %q is not valid: %w", chkID, errdefs.ErrInvalid)
+	}
+	r.mu.Lock()
+	spec, ok := r.checkpoints[chkID]
+	g := r.guests[id]
+	if ok && spec.ID == id && g != nil {
+		delete(r.guests, id)
+	}
+	r.mu.Unlock()
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("checkpoint %s is not on this host: %w", chkID, errdefs.ErrNotFound)
+	case spec.ID != id:
+		return nil, fmt.Errorf("checkpoint %s is of another sandbox: %w", chkID, errdefs.ErrInvalid)
+	case g == nil:
+		return nil, fmt.Errorf("sandbox %s has no guest: %w", id, errdefs.ErrNotFound)
+	}
+	if box != nil {
+		box.end(nil)
+	}
+	g.stop()
+	if err := os.Remove(filepath.Join(r.dir.Sandbox(id), sandbox.StateName)); err != nil && !os.IsNotExist(err) {
+		return nil, err
+	}
+	ng, err := r.boot(ctx, spec)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", err, sandbox.ErrVMExited)
+	}
+	vm, err := r.connect(ctx, ng, true)
+	if err != nil {
+		ng.stop()
+		return nil, fmt.Errorf("%w: %w", err, sandbox.ErrVMExited)
+	}
+	return vm, nil
 }
 
 // RemoveCheckpoint forgets checkpoint id.
