@@ -83,6 +83,7 @@ func commands() []command {
 		{"run", "boot a sandbox, run one command in it, and remove it", runRun},
 		{"bench", "measure boot, lifecycle, exec, throughput and the API against baselines", runBench},
 		{"sandbox", "create, list, show, save and remove sandboxes on a server", runSandbox},
+		{"checkpoint", "checkpoint sandboxes, list and remove checkpoints on a server", runCheckpoint},
 		{"template", "build, list, show and remove templates on a server", runTemplate},
 		{"exec", "run a command in a sandbox on a server", runExec},
 		{"shell", "open an interactive shell in a sandbox on a server", runShell},
@@ -205,4 +206,11 @@ func removeEach(env *Env, cmd string, names []string, remove func(string) error)
 		return &ExitError{Code: code}
 	}
 	return nil
+}
+
+// isSet reports whether the flag called name was given.
+func (fs *flagSet) isSet(name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }

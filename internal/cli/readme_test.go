@@ -69,6 +69,7 @@ func groups() map[string][]command {
 	return map[string][]command{
 		"sandbox": sandboxCommands(), "template": templateCommands(), "key": keyCommands(),
 		"network": networkCommands(), "op": opCommands(), "secret": secretCommands(),
+		"checkpoint": checkpointCommands(),
 	}
 }
 

@@ -26,6 +26,8 @@ func sandboxCommands() []command {
 		{"suspend", "suspend sandboxes: their memory goes to disk and their VMs exit", runSandboxSuspend},
 		{"wake", "wake paused or suspended sandboxes", runSandboxWake},
 		{"keep", "set a sandbox's lease", runSandboxKeep},
+		{"fork", "fork a sandbox: N sandboxes with its memory, processes and disk", runSandboxFork},
+		{"rollback", "roll a sandbox back to one of its checkpoints", runSandboxRollback},
 		{"save", "save a sandbox's disk as a template", runSandboxSave},
 	}
 }
@@ -57,6 +59,7 @@ func runSandboxCreate(ctx context.Context, env *Env, args []string) error {
 	labels := envFlags{}
 	fs.Var(labels, "l", "metadata label `k=v` (repeatable)")
 	netPolicy := fs.String("net", "", netFlagHelp+" (default: the server's)")
+	chk := fs.String("checkpoint", "", "make it from this checkpoint `ID`: its memory, processes and disk, with the checkpoint's template, vCPUs and memory")
 	noWait := fs.Bool("no-wait", false, "do not wait until the sandbox runs")
 	asJSON := fs.Bool("json", false, "print the sandbox and its operation as JSON")
 	pos, err := parseInterspersed(fs, args)
@@ -78,7 +81,10 @@ func runSandboxCreate(ctx context.Context, env *Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	req := apiv1.CreateSandbox{Template: *tpl, VCPUs: *vcpus, MemoryMiB: *memory, DiskMiB: *disk}
+	req := apiv1.CreateSandbox{Template: *tpl, VCPUs: *vcpus, MemoryMiB: *memory, DiskMiB: *disk, Checkpoint: *chk}
+	if *chk != "" && !fs.isSet("template") {
+		req.Template = "" // the checkpoint's
+	}
 	if *netPolicy != "" {
 		if req.Network, err = readNetworkPolicy(env, *netPolicy); err != nil {
 			return fmt.Errorf("sandbox create: %w", err)
