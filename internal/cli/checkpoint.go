@@ -29,7 +29,8 @@ func runCheckpoint(ctx context.Context, env *Env, args []string) error {
 
 const checkpointCreateAbout = `Checkpoints a running or paused sandbox, waits until the checkpoint is
 ready and prints its ID. The sandbox runs on: its vCPUs stop only for the
-last of the copy. With --json it prints {"checkpoint": ..., "operation": ...}.
+copy of its memory (under KVM, only for the last of it). With --json it
+prints {"checkpoint": ..., "operation": ...}.
 
   CHK=$(airlock checkpoint create --name before-migration sbx7k2m9q4w8e1r5t3y6u)
   airlock sandbox create --checkpoint $CHK`

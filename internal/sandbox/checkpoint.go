@@ -34,8 +34,9 @@ import (
 //     device state without the RAM.
 //   - checkpointRecordName: what it was made of (checkpointRecord).
 //
-// The RAM is saved live (vm.Machine.SaveLive): the vCPUs stop only for the
-// pages written during the copy and for the devices. The saved stream
+// The RAM is saved live (vm.Machine.SaveLive): under KVM the vCPUs stop
+// only for the pages written during the copy and for the devices, under
+// TCG for the whole copy. The saved stream
 // holds RAM as a stream, which a restore copies, so a helper QEMU that
 // never runs the guest (materialise) loads it into the memory file, mapped
 // shared, and saves the devices alone.
