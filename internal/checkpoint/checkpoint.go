@@ -114,8 +114,8 @@ func (s *Service) record(ctx context.Context, p tenancy.Principal, id, name stri
 	if err != nil {
 		return store.Checkpoint{}, err
 	}
-	if sb.State != apiv1.StateRunning && sb.State != apiv1.StatePaused {
-		return store.Checkpoint{}, fmt.Errorf("sandbox %s is %s: a checkpoint needs it running or paused: %w", id, sb.State, errdefs.ErrConflict)
+	if sb.State != apiv1.StateRunning && sb.State != apiv1.StatePaused && sb.State != apiv1.StateSuspended {
+		return store.Checkpoint{}, fmt.Errorf("sandbox %s is %s: a checkpoint needs it running, paused or suspended: %w", id, sb.State, errdefs.ErrConflict)
 	}
 	lim, err := s.sbx.KeyLimits(ctx, sb.Owner)
 	if err != nil {

@@ -27,9 +27,10 @@ func runCheckpoint(ctx context.Context, env *Env, args []string) error {
 	return runGroup(ctx, env, "checkpoint", "Manages the checkpoints of sandboxes on an airlock server: a sandbox's memory,\nprocesses and disk at one instant, that sandboxes start from (`airlock sandbox\ncreate --checkpoint`) and that it rolls back to (`airlock sandbox rollback`).", checkpointCommands(), args)
 }
 
-const checkpointCreateAbout = `Checkpoints a running or paused sandbox, waits until the checkpoint is
-ready and prints its ID. The sandbox runs on: its vCPUs stop only for the
-copy of its memory (under KVM, only for the last of it). With --json it
+const checkpointCreateAbout = `Checkpoints a running, paused or suspended sandbox, waits until the
+checkpoint is ready and prints its ID. The sandbox runs on: its vCPUs stop
+only for the copy of its memory (under KVM, only for the last of it); a
+suspended one is checkpointed from its saved state and stays suspended. With --json it
 prints {"checkpoint": ..., "operation": ...}.
 
   CHK=$(airlock checkpoint create --name before-migration sbx7k2m9q4w8e1r5t3y6u)
@@ -172,7 +173,7 @@ func runCheckpointRemove(ctx context.Context, env *Env, args []string) error {
 	return nil
 }
 
-const sandboxForkAbout = `Forks a running or paused sandbox: a checkpoint of it and -n sandboxes made
+const sandboxForkAbout = `Forks a running, paused or suspended sandbox: a checkpoint of it and -n sandboxes made
 from it, each with the source's memory, processes and disk at that instant
 and its own ID, hostname and random state. Waits until every child runs and
 prints their IDs, one a line; a child that failed is reported and makes the

@@ -182,15 +182,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, sb *Sandbox, id string) (Check
 			return r.materialise(ctx, dir, rec, append([]string{layer}, rec.VM.Backing...), sb)
 		}, nil},
 		{"record checkpoint", func(context.Context) error {
-			vmc := rec.VM
-			vmc.Dir, vmc.Disk, vmc.Jail, vmc.Backing = dir, "", nil, nil
-			vmc.MemoryFile, vmc.MemoryShared, vmc.Incoming, vmc.Detach = filepath.Join(dir, snapshotMemName), false, false, false
-			crec := checkpointRecord{ID: id, Sandbox: sb.ID, Spec: rec.Spec, VM: vmc, Backing: append([]string{layer}, rec.VM.Backing...), MadeAt: time.Now().UTC()}
-			b, err := json.MarshalIndent(crec, "", "  ")
-			if err != nil {
-				return err
-			}
-			return atomicfile.WriteBytes(filepath.Join(dir, checkpointRecordName), append(b, '\n'), 0o600)
+			return writeCheckpointRecord(dir, id, sb.ID, rec, layer)
 		}, nil},
 	}
 	if err := runSteps(ctx, steps, &cp.Timings); err != nil {
@@ -199,6 +191,20 @@ func (r *Runtime) Checkpoint(ctx context.Context, sb *Sandbox, id string) (Check
 	cp.SizeBytes = dirSize(dir)
 	sb.log.Info("checkpoint made", "checkpoint", id, "stall", cp.Stall, "bytes", cp.SizeBytes)
 	return cp, nil
+}
+
+// writeCheckpointRecord writes the record of checkpoint id in dir, of
+// sandbox sbID whose record was rec until its disk became layer.
+func writeCheckpointRecord(dir, id, sbID string, rec record, layer string) error {
+	vmc := rec.VM
+	vmc.Dir, vmc.Disk, vmc.Jail, vmc.Backing = dir, "", nil, nil
+	vmc.MemoryFile, vmc.MemoryShared, vmc.Incoming, vmc.Detach = filepath.Join(dir, snapshotMemName), false, false, false
+	crec := checkpointRecord{ID: id, Sandbox: sbID, Spec: rec.Spec, VM: vmc, Backing: append([]string{layer}, rec.VM.Backing...), MadeAt: time.Now().UTC()}
+	b, err := json.MarshalIndent(crec, "", "  ")
+	if err != nil {
+		return err
+	}
+	return atomicfile.WriteBytes(filepath.Join(dir, checkpointRecordName), append(b, '\n'), 0o600)
 }
 
 // recordSwitch records that sandbox sb's disk is now overlay, over layer

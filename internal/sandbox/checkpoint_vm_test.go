@@ -129,6 +129,26 @@ func TestCheckpointVM(t *testing.T) {
 		t.Fatal(err)
 	}
 	cur = nil
+	// Checkpointed at rest: a sandbox from it has the disk and the
+	// counting process as they were at the suspend.
+	id3 := NewCheckpointID()
+	if _, err := rt.CheckpointSuspended(ctx, srcID, id3); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.RemoveCheckpoint(id3) })
+	if !SuspendedState(src.Dir) {
+		t.Fatal("the checkpoint at rest used up the sandbox's saved state")
+	}
+	third, err := rt.Create(ctx, Spec{Checkpoint: id3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { third.Destroy(context.Background()) })
+	if got := shell(ctx, t, third, "cat /data.txt; hostname"); got != "after\n"+third.ID {
+		t.Errorf("a sandbox from the checkpoint at rest has /data.txt and hostname %q", got)
+	}
+	counts(third, counter(third))
+	shell(ctx, t, third, "echo third > /data.txt && sync")
 	woken, err := rt.Wake(ctx, srcID)
 	if err != nil {
 		t.Fatal(err)

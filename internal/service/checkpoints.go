@@ -35,8 +35,8 @@ func (s *Service) mayCheckpoint() error {
 }
 
 // CheckpointVM begins a lifecycle operation of kind (apiv1.OpCheckpoint or
-// OpFork) on sandbox id, running or paused, that makes checkpoint chkID of
-// its VM, which runs on. done is told the outcome before the operation
+// OpFork) on sandbox id that makes checkpoint chkID of its VM, which runs
+// on (running or paused), or of it at rest (suspended). done is told the outcome before the operation
 // ends; creates from chkID that wait for it (waitCheckpoint) go on once
 // done has returned.
 func (s *Service) CheckpointVM(ctx context.Context, p Principal, id, kind, chkID string, done func(sandbox.Checkpoint, error)) (store.Operation, error) {
@@ -54,7 +54,7 @@ func (s *Service) CheckpointVM(ctx context.Context, p Principal, id, kind, chkID
 	go func(sb store.Sandbox, op store.Operation) {
 		start := time.Now()
 		s.markRunning(&op)
-		cp, err := s.checkpointVM(id, chkID)
+		cp, err := s.checkpointVM(id, chkID, from)
 		done(cp, err)
 		s.mu.Lock()
 		delete(s.making, chkID)
@@ -65,13 +65,18 @@ func (s *Service) CheckpointVM(ctx context.Context, p Principal, id, kind, chkID
 	return op, nil
 }
 
-func (s *Service) checkpointVM(id, chkID string) (sandbox.Checkpoint, error) {
+// checkpointVM makes checkpoint chkID of sandbox id, which was in state
+// from: of its VM, or at rest when it is suspended.
+func (s *Service) checkpointVM(id, chkID, from string) (sandbox.Checkpoint, error) {
+	ctx, cancel := context.WithTimeout(s.ctx, checkpointTimeout)
+	defer cancel()
+	if from == apiv1.StateSuspended {
+		return s.rt.CheckpointSuspended(ctx, id, chkID)
+	}
 	_, box, err := s.liveVM(id)
 	if err != nil {
 		return sandbox.Checkpoint{}, err
 	}
-	ctx, cancel := context.WithTimeout(s.ctx, checkpointTimeout)
-	defer cancel()
 	return s.rt.Checkpoint(ctx, box, chkID)
 }
 

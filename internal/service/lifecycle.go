@@ -31,8 +31,8 @@ var allowedFrom = map[string][]string{
 	apiv1.OpSuspend: {apiv1.StateRunning, apiv1.StatePaused},
 	apiv1.OpWake:    {apiv1.StatePaused, apiv1.StateSuspended},
 	// A checkpoint (or a fork's) leaves the state as it is.
-	apiv1.OpCheckpoint: {apiv1.StateRunning, apiv1.StatePaused},
-	apiv1.OpFork:       {apiv1.StateRunning, apiv1.StatePaused},
+	apiv1.OpCheckpoint: {apiv1.StateRunning, apiv1.StatePaused, apiv1.StateSuspended},
+	apiv1.OpFork:       {apiv1.StateRunning, apiv1.StatePaused, apiv1.StateSuspended},
 	apiv1.OpRollback:   {apiv1.StateRunning, apiv1.StatePaused, apiv1.StateSuspended},
 }
 

@@ -122,7 +122,12 @@ func TestRollback(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.wait(t, ss.Operation.ID)
-	if op := f.rollback(t, id, chk); op.Status != apiv1.OpSucceeded {
+	// Checkpointed at rest: it stays suspended.
+	rest := f.checkpoint(t, id)
+	if sb := f.state(t, id); sb.State != apiv1.StateSuspended {
+		t.Fatalf("after a checkpoint at rest the sandbox is %s", sb.State)
+	}
+	if op := f.rollback(t, id, rest); op.Status != apiv1.OpSucceeded {
 		t.Fatalf("rollback of a suspended sandbox: %s %+v", op.Status, op.Error)
 	}
 	if got := f.rt.State(id); got != sandboxtest.Running {

@@ -86,6 +86,9 @@ type RuntimeOps interface {
 	SetNetworkRecord(id string, p policy.Policy) error
 	// EgressLog reads the egress log of a sandbox without a VM.
 	EgressLog(id string, limit int) ([]gateway.Event, error)
+	// CheckpointSuspended makes checkpoint chkID of suspended sandbox id
+	// at rest (sandbox.Runtime.CheckpointSuspended).
+	CheckpointSuspended(ctx context.Context, id, chkID string) (sandbox.Checkpoint, error)
 	// RemoveCheckpoint removes a checkpoint's files unless a sandbox
 	// stands on them, and says whether it did; Checkpoints lists those
 	// on this host.

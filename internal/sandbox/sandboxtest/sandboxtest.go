@@ -482,6 +482,27 @@ func (r *Runtime) Checkpoint(ctx context.Context, box *VM, id string) (sandbox.C
 	return sandbox.Checkpoint{ID: id, Dir: r.dir.Checkpoint(id), Sandbox: box.g.id, Spec: box.g.spec, SizeBytes: 1 << 20}, nil
 }
 
+// CheckpointSuspended records checkpoint id of suspended sandbox sbxID.
+func (r *Runtime) CheckpointSuspended(ctx context.Context, sbxID, id string) (sandbox.Checkpoint, error) {
+	if err := r.step(ctx, StepCheckpoint); err != nil {
+		return sandbox.Checkpoint{}, err
+	}
+	if !sandbox.ValidCheckpointID(id) {
+		return sandbox.Checkpoint{}, fmt.Errorf("checkpoint ID %q is not valid: %w", id, errdefs.ErrInvalid)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	g := r.guests[sbxID]
+	if g == nil || !g.suspended {
+		return sandbox.Checkpoint{}, fmt.Errorf("sandbox %s is not suspended: %w", sbxID, errdefs.ErrConflict)
+	}
+	if _, ok := r.checkpoints[id]; ok {
+		return sandbox.Checkpoint{}, fmt.Errorf("checkpoint %s exists: %w", id, errdefs.ErrConflict)
+	}
+	r.checkpoints[id] = g.spec
+	return sandbox.Checkpoint{ID: id, Dir: r.dir.Checkpoint(id), Sandbox: sbxID, Spec: g.spec, SizeBytes: 1 << 20}, nil
+}
+
 // Rollback gives sandbox id a new guest in place of its VM (box) or its
 // saved state, for its own checkpoint chkID, as sandbox.Runtime.Rollback
 // does: the fake carries no memory or disk over. An injected failure
