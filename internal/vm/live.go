@@ -126,6 +126,26 @@ func (m *Machine) SaveLive(ctx context.Context, path string, atStop func(context
 	return stall, nil
 }
 
+// SaveDowntime is how long, by QEMU's own clock, the vCPUs stood still
+// for the last save that completed (SaveLive, SaveState): query-migrate's
+// downtime, from just before QEMU stopped them to the end of the state it
+// wrote, without the resume that follows. It fails when no save has
+// completed on this machine's QEMU since its last one began.
+func (m *Machine) SaveDowntime(ctx context.Context) (time.Duration, error) {
+	q, err := m.control()
+	if err != nil {
+		return 0, fmt.Errorf("save downtime: %w", err)
+	}
+	var info migrationInfo
+	if err := q.Execute(ctx, "query-migrate", nil, &info); err != nil {
+		return 0, fmt.Errorf("save downtime: %w", err)
+	}
+	if info.Status != "completed" || info.Downtime == nil {
+		return 0, fmt.Errorf("save downtime: no completed save (migration status %q): %w", info.Status, errdefs.ErrPrecondition)
+	}
+	return time.Duration(*info.Downtime) * time.Millisecond, nil
+}
+
 // waitSwitchover polls a live save until QEMU has stopped the vCPUs and
 // waits before the switchover; it returns when it saw that. A save that
 // fails or is cancelled first is an error; so is ctx's end, which cancels

@@ -125,6 +125,9 @@ func status(ctx context.Context, q *QMP) (string, error) {
 type migrationInfo struct {
 	Status    string `json:"status"`
 	ErrorDesc string `json:"error-desc"`
+	// Downtime is how long, in ms by QEMU's clock, the vCPUs stood still
+	// for a migration that completed; absent before it completes.
+	Downtime *int64 `json:"downtime"`
 }
 
 // setIgnoreShared sets the migration capability x-ignore-shared: RAM that
