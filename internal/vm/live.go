@@ -11,9 +11,9 @@ import (
 	"github.com/airlockhq/airlock/internal/errdefs"
 )
 
-// livePollInterval is how often a live save's progress is asked for while
-// the guest runs: the moment QEMU stops the vCPUs is seen within it, and
-// the stop lasts at least that long.
+// livePollInterval is how often a live save's progress is asked for: the
+// moment QEMU stops the vCPUs is seen within it, and so is the end of the
+// save, after which they run again; each wait for that end is stall.
 const livePollInterval = time.Millisecond
 
 // SaveLive writes the machine's state (RAM and devices) to path as
@@ -105,7 +105,7 @@ func (m *Machine) SaveLive(ctx context.Context, path string, atStop func(context
 		m.cancelMigration(q)
 		return 0, err
 	}
-	if err := m.waitMigration(ctx, q); err != nil {
+	if err := m.waitMigration(ctx, q, livePollInterval); err != nil {
 		return 0, err
 	}
 	if ran {

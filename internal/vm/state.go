@@ -201,7 +201,7 @@ func (m *Machine) SaveState(ctx context.Context, path string, ignoreShared bool)
 		q.Execute(ctx, "closefd", map[string]any{"fdname": migrationFD}, nil)
 		return err
 	}
-	if err := m.waitMigration(ctx, q); err != nil {
+	if err := m.waitMigration(ctx, q, statePollInterval); err != nil {
 		return err
 	}
 	if err := f.Sync(); err != nil {
@@ -220,10 +220,10 @@ func (m *Machine) SaveState(ctx context.Context, path string, ignoreShared bool)
 	return nil
 }
 
-// waitMigration polls an outgoing migration until it completes, fails or
-// ctx ends; then it cancels the migration.
-func (m *Machine) waitMigration(ctx context.Context, q *QMP) error {
-	t := time.NewTicker(statePollInterval)
+// waitMigration polls an outgoing migration, every interval, until it
+// completes, fails or ctx ends; then it cancels the migration.
+func (m *Machine) waitMigration(ctx context.Context, q *QMP, every time.Duration) error {
+	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		// The poll itself is not cut by ctx: a deadline that fell in the
