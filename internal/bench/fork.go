@@ -66,8 +66,13 @@ func (r *runner) forkSpec() sandbox.Spec {
 
 // startForkSource creates the source sandbox, from the template snapshot
 // of forkSpec (made first if need be, untimed), and has its guest write
-// forkDirtyMiB.
+// forkDirtyMiB. The VMs of earlier scenarios go first, as for the fleet
+// scenarios: a stall and a dozen VMs at once are what the CPUs' sharing
+// changes most.
 func (r *runner) startForkSource(ctx context.Context, scenario string) (*forkSource, error) {
+	if err := r.close(); err != nil {
+		return nil, err
+	}
 	spec := r.forkSpec()
 	start := time.Now()
 	if _, err := r.rt.TemplateSnapshot(ctx, spec); err != nil {
