@@ -4,7 +4,10 @@
 // the same command on the host, the HTTP API (create to first output, exec
 // round trip) against the same work through the runtime in-process, the
 // lifecycle (pause and resume, suspend and wake) against the same QEMU
-// operations on a bare VM, a create from the template snapshot to first
+// operations on a bare VM, a checkpoint's stop of the vCPUs against QMP
+// stop and cont, a fork to its children's first output against a clone
+// of the template snapshot to its first output, a fork's children's
+// memory and disk against bare clones, a create from the template snapshot to first
 // output against a bare QEMU restoring the same snapshot, a create from a
 // warm pool member to first output against a plain create, a clone
 // against a boot, a warm clone of a template with a server against a
@@ -93,6 +96,14 @@ const (
 	// delivery.
 	ScenarioEventLatency = "event_latency"
 
+	// ScenarioCheckpointPause prices how long a checkpoint stops a
+	// sandbox's vCPUs, ScenarioForkFirstOutput a fork to its children's
+	// first output, and ScenarioForkPSS what each child of a fork costs
+	// the host in memory and disk.
+	ScenarioCheckpointPause = "checkpoint_pause_ms"
+	ScenarioForkFirstOutput = "fork_to_first_output"
+	ScenarioForkPSS         = "fork_marginal_pss"
+
 	ScenarioClusterCreate  = "cluster_create_to_first_output"
 	ScenarioClusterExecRTT = "cluster_exec_rtt"
 	ScenarioClusterCreates = "cluster_creates_per_second"
@@ -102,7 +113,7 @@ const (
 func Scenarios() []string {
 	return []string{ScenarioBoot, ScenarioSnapshot, ScenarioCloneBoot, ScenarioWarmPool, ScenarioWarmTemplate, ScenarioJail, ScenarioExecRTT, ScenarioThroughput,
 		ScenarioNetThroughput, ScenarioNetConnect, ScenarioNetDNS, ScenarioNetHTTPKeepAlive, ScenarioNetHTTPConnect, ScenarioPause,
-		ScenarioSuspend, ScenarioIdlePSS, ScenarioConcurrent, ScenarioTemplateBuild, ScenarioImageCreate,
+		ScenarioSuspend, ScenarioCheckpointPause, ScenarioForkFirstOutput, ScenarioForkPSS, ScenarioIdlePSS, ScenarioConcurrent, ScenarioTemplateBuild, ScenarioImageCreate,
 		ScenarioE2BCreate, ScenarioE2BExecRTT, ScenarioPGCreate, ScenarioPGExecRTT, ScenarioEventLatency,
 		ScenarioClusterCreate, ScenarioClusterExecRTT, ScenarioClusterCreates, ScenarioAPICreate, ScenarioAPIExecRTT, ScenarioAPILimits}
 }
@@ -120,6 +131,7 @@ const (
 	DefaultAPIRuns           = 5
 	DefaultPauseRuns         = 50
 	DefaultSuspendRuns       = 3
+	DefaultForkRuns          = 3
 	DefaultSandboxes         = 20
 	DefaultSnapshotRuns      = 5
 	DefaultTemplateBuildRuns = 3
@@ -135,6 +147,11 @@ const maxThroughputMiB = 1 << 20
 
 // maxSandboxes bounds Sandboxes, so a typo cannot start a thousand VMs.
 const maxSandboxes = 200
+
+// maxForkRuns bounds ForkRuns: each round of fork_to_first_output starts
+// a dozen VMs of 512 MiB and each run writes a checkpoint, so a typo
+// cannot fill an afternoon or a disk.
+const maxForkRuns = 50
 
 // maxTemplateBuildRuns bounds TemplateBuildRuns: each sample boots two
 // sandboxes and stores images, so a typo cannot fill an afternoon or a
@@ -173,6 +190,11 @@ type Config struct {
 	// SuspendRuns is how many rounds of suspend and wake suspend_wake_512
 	// makes on each side. Default 3.
 	SuspendRuns int
+	// ForkRuns is how many checkpoints checkpoint_pause_ms makes (each
+	// after forkStopConts QMP stop and cont, its baseline) and how many
+	// rounds of a clone, a fork of 1 and a fork of forkChildren
+	// fork_to_first_output makes. Default 3.
+	ForkRuns int
 	// Sandboxes is how many sandboxes idle_pss keeps idle (in each of its
 	// two sets) and concurrent_create creates at once. Default 20.
 	Sandboxes int
@@ -232,7 +254,7 @@ func (c *Config) Validate() error {
 		name string
 		v    int
 	}{{"boot runs", c.BootRuns}, {"exec runs", c.ExecRuns}, {"throughput MiB", c.ThroughputMiB}, {"api runs", c.APIRuns},
-		{"pause runs", c.PauseRuns}, {"suspend runs", c.SuspendRuns}, {"sandboxes", c.Sandboxes},
+		{"pause runs", c.PauseRuns}, {"suspend runs", c.SuspendRuns}, {"fork runs", c.ForkRuns}, {"sandboxes", c.Sandboxes},
 		{"snapshot runs", c.SnapshotRuns}, {"template build runs", c.TemplateBuildRuns}} {
 		if n.v < 0 {
 			errs = append(errs, fmt.Errorf("%s must not be negative (got %d)", n.name, n.v))
@@ -240,6 +262,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Sandboxes > maxSandboxes {
 		errs = append(errs, fmt.Errorf("sandboxes %d is above the limit of %d", c.Sandboxes, maxSandboxes))
+	}
+	if c.ForkRuns > maxForkRuns {
+		errs = append(errs, fmt.Errorf("fork runs %d is above the limit of %d", c.ForkRuns, maxForkRuns))
 	}
 	if c.TemplateBuildRuns > maxTemplateBuildRuns {
 		errs = append(errs, fmt.Errorf("template build runs %d is above the limit of %d", c.TemplateBuildRuns, maxTemplateBuildRuns))
@@ -297,6 +322,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.SuspendRuns == 0 {
 		c.SuspendRuns = DefaultSuspendRuns
+	}
+	if c.ForkRuns == 0 {
+		c.ForkRuns = DefaultForkRuns
 	}
 	if c.Sandboxes == 0 {
 		c.Sandboxes = DefaultSandboxes
@@ -412,6 +440,9 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		{ScenarioNetHTTPConnect, func(ctx context.Context) (Result, error) { return r.netHTTP(ctx, false) }},
 		{ScenarioPause, r.pauseResume},
 		{ScenarioSuspend, r.suspendWake},
+		{ScenarioCheckpointPause, r.checkpointPause},
+		{ScenarioForkFirstOutput, r.forkFirstOutput},
+		{ScenarioForkPSS, r.forkMarginalPSS},
 		{ScenarioIdlePSS, r.idlePSS},
 		{ScenarioConcurrent, r.concurrentCreate},
 		{ScenarioTemplateBuild, r.templateBuild},

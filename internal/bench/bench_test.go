@@ -37,6 +37,7 @@ func TestConfigValidate(t *testing.T) {
 		{"negative boot timeout", Config{Dir: dir, BootTimeout: -time.Second}, "boot timeout"},
 		{"negative pause runs", Config{Dir: dir, PauseRuns: -1}, "pause runs must not be negative"},
 		{"negative suspend runs", Config{Dir: dir, SuspendRuns: -1}, "suspend runs must not be negative"},
+		{"negative fork runs", Config{Dir: dir, ForkRuns: -1}, "fork runs must not be negative"},
 		{"negative sandboxes", Config{Dir: dir, Sandboxes: -1}, "sandboxes must not be negative"},
 		{"too many sandboxes", Config{Dir: dir, Sandboxes: 201}, "sandboxes 201 is above the limit"},
 		{"negative snapshot runs", Config{Dir: dir, SnapshotRuns: -2}, "snapshot runs must not be negative"},
@@ -72,7 +73,7 @@ func TestWithDefaults(t *testing.T) {
 	c := Config{Dir: datadir.Dir{Root: "/x"}}.withDefaults()
 	if c.Accel != "auto" || c.Template != DefaultTemplate || c.BootRuns != DefaultBootRuns ||
 		c.ExecRuns != DefaultExecRuns || c.ThroughputMiB != DefaultThroughputMiB ||
-		c.PauseRuns != DefaultPauseRuns || c.SuspendRuns != DefaultSuspendRuns || c.Sandboxes != DefaultSandboxes ||
+		c.PauseRuns != DefaultPauseRuns || c.SuspendRuns != DefaultSuspendRuns || c.ForkRuns != DefaultForkRuns || c.Sandboxes != DefaultSandboxes ||
 		c.SnapshotRuns != DefaultSnapshotRuns ||
 		c.BootTimeout != DefaultBootTimeout || c.Progress == nil || c.Log == nil {
 		t.Errorf("withDefaults left a zero field: %+v", c)

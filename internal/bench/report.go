@@ -111,7 +111,10 @@ type Variant struct {
 // steps (a bare QEMU) is absent. Filled by
 // snapshot_create_to_first_output (airlock), warm_pool_create_to_first_output
 // (both) and api_create_to_first_output (both: the operation's and the
-// runtime's).
+// runtime's); checkpoint_pause_ms gives the steps of its checkpoints
+// (sandbox.Checkpoint.Timings), and fork_to_first_output those of its
+// forks of 10 (the checkpoint, then the children to the last first
+// output) beside its clones'.
 type StepTimings struct {
 	Airlock  timings.Timings `json:"airlock,omitempty"`
 	Baseline timings.Timings `json:"baseline,omitempty"`

@@ -63,6 +63,14 @@ the ratios compare across runs):
                               QMP stop and cont on the same QEMU
   suspend_wake_512            suspend and wake of a 512 MiB sandbox vs a bare QEMU
                               saving its state and a fresh one restoring it
+  checkpoint_pause_ms         how long a checkpoint of a 512 MiB sandbox with 100 MiB
+                              written stops its vCPUs (and the whole checkpoint) vs
+                              QMP stop and cont on the same QEMU
+  fork_to_first_output        a fork of 10 (and of 1) of that sandbox to every child's
+                              first output of echo hi vs one clone of the template
+                              snapshot to its first output
+  fork_marginal_pss           PSS and disk overlay of each of a fork's 10 children
+                              vs 10 bare clones of the template snapshot
   idle_pss                    PSS of each of N idle sandboxes' QEMU vs N bare clones
                               of the same snapshot beside them; then N cold boots
                               vs N bare QEMUs booted to their agent beside them
@@ -134,6 +142,7 @@ Progress goes to stderr.
   airlock bench --only api_create_to_first_output,api_exec_rtt --api-runs 3
   airlock bench --only pause_resume,suspend_wake_512 --suspend-runs 3
   airlock bench --only idle_pss,concurrent_create --sandboxes 10
+  airlock bench --only checkpoint_pause_ms,fork_to_first_output,fork_marginal_pss --fork-runs 2
   airlock bench --only template_build,image_template_create_to_first_output --build-runs 2
   airlock bench --only e2b_create_to_first_output,e2b_exec_rtt --e2b-sdk e2e/e2bsdk
   airlock bench --only cluster_exec_rtt --kube-bin $(tools/kube/build.sh)
@@ -148,6 +157,7 @@ func runBench(ctx context.Context, env *Env, args []string) error {
 	apiRuns := fs.Int("api-runs", bench.DefaultAPIRuns, "sandboxes per side in the api_create_to_first_output, e2b_create_to_first_output and image_template_create_to_first_output scenarios")
 	pauseRuns := fs.Int("pause-runs", bench.DefaultPauseRuns, "rounds of pause and resume per side in the pause_resume scenario")
 	suspendRuns := fs.Int("suspend-runs", bench.DefaultSuspendRuns, "rounds of suspend and wake per side in the suspend_wake_512 scenario")
+	forkRuns := fs.Int("fork-runs", bench.DefaultForkRuns, "checkpoints in the checkpoint_pause_ms scenario, and rounds of a clone, a fork of 1 and a fork of 10 in fork_to_first_output")
 	sandboxes := fs.Int("sandboxes", bench.DefaultSandboxes, "sandboxes at once in the idle_pss and concurrent_create scenarios")
 	snapshotRuns := fs.Int("snapshot-runs", bench.DefaultSnapshotRuns, "samples per side in the snapshot_create_to_first_output, clone_vs_boot, warm_pool_create_to_first_output, warm_template_create and jail_cost scenarios")
 	buildRuns := fs.Int("build-runs", bench.DefaultTemplateBuildRuns, "builds per side (cold, cached, baseline) in the template_build scenario")
@@ -169,7 +179,7 @@ func runBench(ctx context.Context, env *Env, args []string) error {
 		name string
 		v    int
 	}{{"runs", *runs}, {"exec-runs", *execRuns}, {"throughput-mib", *mib}, {"api-runs", *apiRuns},
-		{"pause-runs", *pauseRuns}, {"suspend-runs", *suspendRuns}, {"sandboxes", *sandboxes},
+		{"pause-runs", *pauseRuns}, {"suspend-runs", *suspendRuns}, {"fork-runs", *forkRuns}, {"sandboxes", *sandboxes},
 		{"snapshot-runs", *snapshotRuns}, {"build-runs", *buildRuns}} {
 		if f.v < 1 {
 			return fmt.Errorf("bench: --%s must be at least 1 (got %d): %w", f.name, f.v, errdefs.ErrInvalid)
@@ -178,7 +188,7 @@ func runBench(ctx context.Context, env *Env, args []string) error {
 	cfg := bench.Config{
 		Dir: env.Dir, Accel: *accel, Template: *tpl,
 		BootRuns: *runs, ExecRuns: *execRuns, ThroughputMiB: *mib, APIRuns: *apiRuns,
-		PauseRuns: *pauseRuns, SuspendRuns: *suspendRuns, Sandboxes: *sandboxes, SnapshotRuns: *snapshotRuns,
+		PauseRuns: *pauseRuns, SuspendRuns: *suspendRuns, ForkRuns: *forkRuns, Sandboxes: *sandboxes, SnapshotRuns: *snapshotRuns,
 		TemplateBuildRuns: *buildRuns, E2BSDK: *e2bSDK, KubeBin: *kubeBin, Scenarios: splitScenarios(*only),
 		Progress: env.Stderr, Log: env.Log,
 	}

@@ -113,7 +113,8 @@ func (r *Runtime) Checkpoint(ctx context.Context, sb *Sandbox, id string) (Check
 	layer := filepath.Join(dir, checkpointDiskName)
 	overlay := filepath.Join(sb.Dir, "disk-"+id+".qcow2")
 	var ovl *os.File
-	switched := false // the sandbox stands on layer
+	var memSteps timings.Timings // the breakdown of "write memory file"
+	switched := false            // the sandbox stands on layer
 	steps := []step{
 		{"create checkpoint directory", func(context.Context) error {
 			if err := os.MkdirAll(r.cfg.Dir.Checkpoints(), 0o755); err != nil {
@@ -179,13 +180,15 @@ func (r *Runtime) Checkpoint(ctx context.Context, sb *Sandbox, id string) (Check
 			return sb.vmErr(err)
 		}, nil},
 		{"write memory file", func(ctx context.Context) error {
-			return r.materialise(ctx, dir, rec, append([]string{layer}, rec.VM.Backing...), sb)
+			return r.materialise(ctx, dir, rec, append([]string{layer}, rec.VM.Backing...), sb, &memSteps)
 		}, nil},
 		{"record checkpoint", func(context.Context) error {
 			return writeCheckpointRecord(dir, id, sb.ID, rec, layer)
 		}, nil},
 	}
-	if err := runSteps(ctx, steps, &cp.Timings); err != nil {
+	err = runSteps(ctx, steps, &cp.Timings)
+	cp.Timings.Split("write memory file", memSteps)
+	if err != nil {
 		return cp, fmt.Errorf("checkpoint sandbox %s: %w", sb.ID, err)
 	}
 	cp.SizeBytes = dirSize(dir)
@@ -233,8 +236,10 @@ func (r *Runtime) recordSwitch(sb *Sandbox, rec record, overlay, layer string) e
 // a QEMU of the sandbox's command line, its RAM mapped shared from the
 // memory file, loads the stream without the guest ever running, and saves
 // its devices alone. The helper is jailed and confined as the sandbox's
-// VM is: the stream is the guest's.
-func (r *Runtime) materialise(ctx context.Context, dir string, rec record, chain []string, sb *Sandbox) error {
+// VM is: the stream is the guest's. It records its parts in steps.
+func (r *Runtime) materialise(ctx context.Context, dir string, rec record, chain []string, sb *Sandbox, steps *timings.Timings) error {
+	clk := timings.Start()
+	defer func() { *steps = clk.T }()
 	work := filepath.Join(dir, checkpointWorkName)
 	if err := os.Mkdir(work, 0o700); err != nil {
 		return err
@@ -275,10 +280,12 @@ func (r *Runtime) materialise(ctx context.Context, dir string, rec record, chain
 			}
 		}
 	}()
+	clk.Lap("prepare helper")
 	m, err := vm.Start(ctx, cfg, sb.log.With("helper", "checkpoint"))
 	if err != nil {
 		return err
 	}
+	clk.Lap("start helper")
 	defer func() {
 		if err := m.Stop(context.WithoutCancel(ctx)); err != nil {
 			sb.log.Warn("stop the checkpoint helper", "err", err)
@@ -288,12 +295,15 @@ func (r *Runtime) materialise(ctx context.Context, dir string, rec record, chain
 	if err := m.RestoreState(ctx, live, false); err != nil {
 		return err
 	}
+	clk.Lap("load state")
 	if err := m.SaveState(ctx, filepath.Join(dir, snapshotStateName), true); err != nil {
 		return err
 	}
+	clk.Lap("save devices")
 	if err := m.Stop(ctx); err != nil {
 		return err
 	}
+	clk.Lap("stop helper")
 	if cfg.Jail != nil {
 		if err := os.Chown(cfg.MemoryFile, 0, 0); err != nil {
 			return err
@@ -302,6 +312,7 @@ func (r *Runtime) materialise(ctx context.Context, dir string, rec record, chain
 	if err := syncFile(cfg.MemoryFile); err != nil {
 		return err
 	}
+	clk.Lap("sync memory file")
 	return os.Remove(live)
 }
 

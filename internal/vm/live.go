@@ -11,9 +11,9 @@ import (
 	"github.com/airlockhq/airlock/internal/errdefs"
 )
 
-// livePollInterval is how often a live save's progress is asked for while
-// the guest runs: the moment QEMU stops the vCPUs is seen within it, and
-// the stop lasts at least that long.
+// livePollInterval is how often a live save's progress is asked for: the
+// moment QEMU stops the vCPUs is seen within it, and so is the end of the
+// save, after which they run again; each wait for that end is stall.
 const livePollInterval = time.Millisecond
 
 // SaveLive writes the machine's state (RAM and devices) to path as
@@ -117,7 +117,7 @@ func (m *Machine) SaveLive(ctx context.Context, path string, atStop func(context
 		m.cancelMigration(q)
 		return 0, err
 	}
-	if err := m.waitMigration(ctx, q); err != nil {
+	if err := m.waitMigration(ctx, q, livePollInterval); err != nil {
 		return 0, err
 	}
 	if ran {
@@ -136,6 +136,26 @@ func (m *Machine) SaveLive(ctx context.Context, path string, atStop func(context
 		return stall, err
 	}
 	return stall, nil
+}
+
+// SaveDowntime is how long, by QEMU's own clock, the vCPUs stood still
+// for the last save that completed (SaveLive, SaveState): query-migrate's
+// downtime, from just before QEMU stopped them to the end of the state it
+// wrote, without the resume that follows. It fails when no save has
+// completed on this machine's QEMU since its last one began.
+func (m *Machine) SaveDowntime(ctx context.Context) (time.Duration, error) {
+	q, err := m.control()
+	if err != nil {
+		return 0, fmt.Errorf("save downtime: %w", err)
+	}
+	var info migrationInfo
+	if err := q.Execute(ctx, "query-migrate", nil, &info); err != nil {
+		return 0, fmt.Errorf("save downtime: %w", err)
+	}
+	if info.Status != "completed" || info.Downtime == nil {
+		return 0, fmt.Errorf("save downtime: no completed save (migration status %q): %w", info.Status, errdefs.ErrPrecondition)
+	}
+	return time.Duration(*info.Downtime) * time.Millisecond, nil
 }
 
 // waitSwitchover polls a live save until QEMU has stopped the vCPUs and

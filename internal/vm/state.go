@@ -125,6 +125,9 @@ func status(ctx context.Context, q *QMP) (string, error) {
 type migrationInfo struct {
 	Status    string `json:"status"`
 	ErrorDesc string `json:"error-desc"`
+	// Downtime is how long, in ms by QEMU's clock, the vCPUs stood still
+	// for a migration that completed; absent before it completes.
+	Downtime *int64 `json:"downtime"`
 }
 
 // setIgnoreShared sets the migration capability x-ignore-shared: RAM that
@@ -198,7 +201,7 @@ func (m *Machine) SaveState(ctx context.Context, path string, ignoreShared bool)
 		q.Execute(ctx, "closefd", map[string]any{"fdname": migrationFD}, nil)
 		return err
 	}
-	if err := m.waitMigration(ctx, q); err != nil {
+	if err := m.waitMigration(ctx, q, statePollInterval); err != nil {
 		return err
 	}
 	if err := f.Sync(); err != nil {
@@ -217,10 +220,10 @@ func (m *Machine) SaveState(ctx context.Context, path string, ignoreShared bool)
 	return nil
 }
 
-// waitMigration polls an outgoing migration until it completes, fails or
-// ctx ends; then it cancels the migration.
-func (m *Machine) waitMigration(ctx context.Context, q *QMP) error {
-	t := time.NewTicker(statePollInterval)
+// waitMigration polls an outgoing migration, every interval, until it
+// completes, fails or ctx ends; then it cancels the migration.
+func (m *Machine) waitMigration(ctx context.Context, q *QMP, every time.Duration) error {
+	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		// The poll itself is not cut by ctx: a deadline that fell in the
