@@ -173,11 +173,12 @@ func (r *runner) checkpointPause(ctx context.Context) (_ Result, err error) {
 	res.Timings = stepTimings(src.steps, nil)
 	res.Notes = fmt.Sprintf("airlock: sandbox.Runtime.Checkpoint of one running %s sandbox of %d MiB (a clone of its "+
 		"template snapshot) whose guest wrote %d MiB of random bytes to its /dev/shm first; headline: how long its "+
-		"vCPUs stood still, as the checkpoint reports it (Checkpoint.Stall: from when a poll of the live save sees "+
-		"QEMU stopped before the switchover, through the disk switch, the device state and the poll that sees the "+
-		"save's end, to QMP cont's answer); it misses the moment between QEMU's stop and that "+
+		"vCPUs stood still, as the checkpoint reports it (Checkpoint.Stall: under TCG from the QMP stop the save "+
+		"makes before it copies the RAM, under KVM from when a poll of the live save sees "+
+		"QEMU stopped before the switchover; through the disk switch, the device state and the poll that sees the "+
+		"save's end, to QMP cont's answer); under KVM it misses the moment between QEMU's stop and that "+
 		"poll, which variant qemu_downtime, QEMU's own downtime of the save (query-migrate, whole ms, from just "+
-		"before its stop to the end of the state, without the cont), includes; variant total: the whole checkpoint "+
+		"before its stop to the end of the state, without the cont; under TCG only the switchover), includes; variant total: the whole checkpoint "+
 		"(overlay, live save, memory file written by a helper QEMU and synced, record); baseline: QMP stop then "+
 		"cont on the same sandbox's QEMU, timed from the client, %d before each checkpoint after %d untimed; "+
 		"%d checkpoints, each left in place until the end; ratios of p50s; timings: p50 per step of the checkpoints",

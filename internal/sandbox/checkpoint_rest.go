@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/timings"
 )
 
 // CheckpointSuspended makes checkpoint id of suspended sandbox sbxID at
@@ -56,6 +57,7 @@ func (r *Runtime) CheckpointSuspended(ctx context.Context, sbxID, id string) (Ch
 	layer := filepath.Join(dir, checkpointDiskName)
 	overlay := filepath.Join(sdir, "disk-"+id+".qcow2")
 	switched := false // the sandbox stands on layer
+	var memSteps timings.Timings
 	steps := []step{
 		{"create checkpoint directory", func(context.Context) error {
 			if err := os.MkdirAll(r.cfg.Dir.Checkpoints(), 0o755); err != nil {
@@ -88,13 +90,15 @@ func (r *Runtime) CheckpointSuspended(ctx context.Context, sbxID, id string) (Ch
 			return r.recordSwitch(sb, rec, overlay, layer)
 		}, nil},
 		{"write memory file", func(ctx context.Context) error {
-			return r.materialise(ctx, dir, rec, append([]string{layer}, rec.VM.Backing...), sb)
+			return r.materialise(ctx, dir, rec, append([]string{layer}, rec.VM.Backing...), sb, &memSteps)
 		}, nil},
 		{"record checkpoint", func(context.Context) error {
 			return writeCheckpointRecord(dir, id, sbxID, rec, layer)
 		}, nil},
 	}
-	if err := runSteps(ctx, steps, &cp.Timings); err != nil {
+	err = runSteps(ctx, steps, &cp.Timings)
+	cp.Timings.Split("write memory file", memSteps)
+	if err != nil {
 		return cp, fmt.Errorf("checkpoint sandbox %s: %w", sbxID, err)
 	}
 	cp.SizeBytes = dirSize(dir)
