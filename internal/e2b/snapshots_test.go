@@ -361,3 +361,21 @@ func TestCreateFromSnapshot(t *testing.T) {
 		t.Errorf("refused creates left sandboxes: %+v %v", l.Items, err)
 	}
 }
+
+// TestForkResultShape: each result of a fork carries exactly one of
+// sandbox and error, in E2B's names.
+func TestForkResultShape(t *testing.T) {
+	for _, c := range []struct {
+		r    forkResult
+		want string
+	}{
+		{forkResult{Sandbox: &Sandbox{TemplateID: "base", SandboxID: "sbxa", ClientID: clientID, EnvdVersion: "0.5.7", EnvdAccessToken: "tok"}},
+			`{"sandbox":{"templateID":"base","sandboxID":"sbxa","clientID":"6532622b","envdVersion":"0.5.7","envdAccessToken":"tok","trafficAccessToken":null,"domain":null}}`},
+		{forkResult{Error: &Error{Code: 429, Message: "limit"}}, `{"error":{"code":429,"message":"limit"}}`},
+	} {
+		b, err := json.Marshal(c.r)
+		if err != nil || string(b) != c.want {
+			t.Errorf("%+v: %s %v, want %s", c.r, b, err, c.want)
+		}
+	}
+}
