@@ -33,14 +33,21 @@ const (
 	// e2bCITemplate is the airlock template behind E2B's
 	// code-interpreter-v1; runCode is tested only when it is installed.
 	e2bCITemplate = "code-interpreter"
+	// e2bSnapshotCase is sdk.mjs's case of snapshots and forks.
+	e2bSnapshotCase = "createSnapshot, listSnapshots, create from a snapshot, fork, deleteSnapshot"
 )
 
 var e2bSDKKeyShape = regexp.MustCompile(`^e2b_[0-9a-f]{40}$`)
 
 // TestE2BSDK drives the SDK through create (v2), commands, files and
 // watches, info, list, timeouts, pause and resume, guest ports, egress
-// with and without internet access, and kill; then runCode when the
-// code-interpreter template is there.
+// with and without internet access, snapshots and forks, and kill; then
+// runCode when the code-interpreter template is there.
+//
+// E2E_SDK_CASES, a regular expression, runs only the script cases whose
+// names match (and those they need): with
+// -run 'TestE2BSDK/(sdk|snapshot|nothing)' and E2E_SDK_CASES=Snapshot, the
+// snapshot case alone.
 func TestE2BSDK(t *testing.T) {
 	node := needNode(t)
 	dir, err := filepath.Abs(e2bSDKDir)
@@ -86,6 +93,9 @@ func TestE2BSDK(t *testing.T) {
 		"E2B_DOMAIN=" + e2bSDKDomain,
 		"E2E_RUN_ID=" + runID,
 	}
+	if v := os.Getenv("E2E_SDK_CASES"); v != "" {
+		scriptEnv = append(scriptEnv, "E2E_CASES="+v)
+	}
 	var allowed, denied string
 	var before [3]int
 	if tn != nil {
@@ -94,8 +104,10 @@ func TestE2BSDK(t *testing.T) {
 		before = [3]int{tn.seenCount("http:" + allowed), tn.seenCount("http:" + denied), tn.dns.queries(denied)}
 	}
 
+	var sdkResults map[string]sdkCase
 	t.Run("sdk", func(t *testing.T) {
 		res := runSDKScript(t, s, node, dir, "sdk.mjs", scriptEnv, 8*time.Minute)
+		sdkResults = res
 		if r, ok := res["allowInternetAccess false blocks egress"]; tn == nil || !ok || r.Skip != "" {
 			return
 		}
@@ -113,6 +125,44 @@ func TestE2BSDK(t *testing.T) {
 				t.Errorf("the upstream DNS was asked %d times for %s by the sandbox without internet access", n-before[2], denied)
 			}
 		})
+	})
+
+	// The snapshots and forks the SDK made are checkpoints, with their
+	// events: each one ready, and deleted by the end (the snapshot by
+	// deleteSnapshot, a fork's by the server once its children ran).
+	t.Run("snapshot events", func(t *testing.T) {
+		r, ok := sdkResults[e2bSnapshotCase]
+		if !ok && os.Getenv("E2E_SDK_CASES") != "" {
+			return // not selected
+		}
+		if !ok || !r.OK {
+			t.Fatal("not checked: the SDK's snapshot case did not pass")
+		}
+		var evs apiv1.Events
+		s.must(t, 200, "GET", "/v1/events?type=checkpoint.*&limit=1000", k.Key, nil, &evs)
+		ready, deleted := map[string]bool{}, map[string]bool{}
+		for _, e := range evs.Items {
+			var d struct {
+				CheckpointID string `json:"checkpoint_id"`
+			}
+			if err := json.Unmarshal(e.Data, &d); err != nil || d.CheckpointID == "" {
+				t.Fatalf("event %+v: no checkpoint_id (%v)", e, err)
+			}
+			switch e.Type {
+			case apiv1.EventCheckpointReady:
+				ready[d.CheckpointID] = true
+			case apiv1.EventCheckpointDeleted:
+				deleted[d.CheckpointID] = true
+			}
+		}
+		if len(ready) < 2 {
+			t.Errorf("%d checkpoint.ready events, want one for the snapshot and one for the fork: %+v", len(ready), evs.Items)
+		}
+		for id := range ready {
+			if !deleted[id] {
+				t.Errorf("checkpoint %s was ready and never deleted: %+v", id, evs.Items)
+			}
+		}
 	})
 
 	t.Run("code-interpreter", func(t *testing.T) {

@@ -66,8 +66,24 @@ export async function rejects(f, what) {
 // run executes cases in order. A case is {name, fn(log), needs?: [names],
 // timeoutMs?}; fn may throw Skip. It returns how many cases failed
 // (skipped ones are not failures). With E2E_PLAN_ONLY set it only prints the
-// plan (the Go side lists cases it will not run, with the reason).
+// plan (the Go side lists cases it will not run, with the reason). With
+// E2E_CASES set (a regular expression) only the cases whose names match
+// are planned and run, with the cases they need.
 export async function run(cases, extra = () => ({})) {
+  if (process.env.E2E_CASES) {
+    const re = new RegExp(process.env.E2E_CASES)
+    const want = new Set(cases.filter((c) => re.test(c.name)).map((c) => c.name))
+    for (let grew = true; grew; ) {
+      grew = false
+      for (const c of cases) {
+        if (!want.has(c.name)) continue
+        for (const n of c.needs || []) {
+          if (!want.has(n)) grew = want.add(n)
+        }
+      }
+    }
+    cases = cases.filter((c) => want.has(c.name))
+  }
   emit({ plan: cases.map((c) => c.name) })
   if (process.env.E2E_PLAN_ONLY) return 0
   const passed = new Set()

@@ -94,6 +94,87 @@ function egressEnv() {
   return { allowed: env.E2E_EGRESS_ALLOWED, denied: env.E2E_EGRESS_DENIED, ip: env.E2E_EGRESS_IP }
 }
 
+// snapshotsAndForks: E2B's snapshots and forks, which airlock makes as
+// checkpoints. A sandbox with a file and a counting process is
+// snapshotted; the snapshot is listed, a sandbox is made from it (the
+// file there, the counter counting on), the source is forked (the file,
+// its own hostname, its own random bytes), and the snapshot is deleted.
+// Its sandboxes are its own and killed before it ends.
+const snapshotCase = 'createSnapshot, listSnapshots, create from a snapshot, fork, deleteSnapshot'
+async function snapshotsAndForks(log) {
+  const mine = []
+  const keep = (sb) => (mine.push(sb.sandboxId), created.push(sb.sandboxId), sb)
+  try {
+    const src = keep(await Sandbox.create('base', { ...slow, metadata: { ...metadata, role: 'snapshot-source' }, timeoutMs: 300_000 }))
+    const id = src.sandboxId
+    await src.files.write('/root/snap.txt', `snap ${runId}`)
+    const counter = await runBg(src, 'i=0; while true; do i=$((i+1)); echo $i > /tmp/snapcount; sleep 0.2; done')
+    await counter.disconnect()
+    const count = async (sb) => Number((await sb.files.read('/tmp/snapcount').catch(() => '0')).trim())
+    assert(await until(async () => (await count(src)) >= 2, 15_000), 'the counter must count before the snapshot')
+    const random = async (sb) => (await sb.commands.run('head -c 16 /dev/urandom | od -An -tx1')).stdout.trim()
+    const hostname = async (sb) => (await sb.commands.run('hostname')).stdout.trim()
+
+    const mark = api.seen.length
+    const name = `e2e-${runId}`
+    let t0 = Date.now()
+    const snap = await src.createSnapshot({ ...slow, name })
+    log(`createSnapshot in ${Date.now() - t0} ms:`, snap)
+    assert(/^chk[a-z0-9]+$/.test(snap.snapshotId), 'a snapshot ID is a checkpoint ID', snap)
+    assert(snap.names.length === 1 && snap.names[0] === name, 'the snapshot names its name', snap)
+    const listed = await src.listSnapshots().nextItems()
+    assert(listed.some((x) => x.snapshotId === snap.snapshotId), "sandbox.listSnapshots() must show the sandbox's snapshot", listed)
+    const byName = await Sandbox.listSnapshots({ name }).nextItems()
+    assert(byName.length === 1 && byName[0].snapshotId === snap.snapshotId, 'Sandbox.listSnapshots({name}) must find it', byName)
+
+    t0 = Date.now()
+    const restored = keep(await Sandbox.create(snap.snapshotId, { ...slow, metadata, timeoutMs: 120_000 }))
+    log(`Sandbox.create(snapshotId) in ${Date.now() - t0} ms: ${restored.sandboxId}`)
+    equal(await restored.files.read('/root/snap.txt'), `snap ${runId}`, 'the file, in the sandbox made from the snapshot')
+    const r0 = await count(restored)
+    assert(await until(async () => (await count(restored)) > r0, 10_000, 300), 'the counter must count on in the sandbox made from the snapshot', { at: r0, now: await count(restored) })
+    equal(await hostname(restored), restored.sandboxId, "hostname of the sandbox made from the snapshot (its own ID)")
+
+    t0 = Date.now()
+    const forks = await src.fork({ ...slow, count: 1, timeoutMs: 120_000 })
+    log(`fork in ${Date.now() - t0} ms`)
+    assert(forks.length === 1 && forks[0] instanceof Sandbox, 'fork({count: 1}) must give one sandbox', forks)
+    const child = keep(forks[0])
+    assert(child.sandboxId !== id && /^[a-z0-9]+$/.test(child.sandboxId), 'a fork has its own sandbox ID', child.sandboxId)
+    equal(await child.files.read('/root/snap.txt'), `snap ${runId}`, 'the file, in the fork')
+    equal(await hostname(child), child.sandboxId, 'hostname of the fork (its own ID)')
+    const c0 = await count(child)
+    assert(await until(async () => (await count(child)) > c0, 10_000, 300), 'the counter must count on in the fork', { at: c0, now: await count(child) })
+    const bytes = { source: await random(src), restored: await random(restored), fork: await random(child) }
+    log('/dev/urandom', bytes)
+    assert(new Set(Object.values(bytes)).size === 3, 'the source, the sandbox from the snapshot and the fork must read different /dev/urandom bytes', bytes)
+    const after = await src.listSnapshots().nextItems()
+    assert(after.length === 1 && after[0].snapshotId === snap.snapshotId, 'a fork leaves no snapshot behind', after)
+
+    // Bad input answers before anything is made.
+    const e = await rejects(() => src.fork({ count: 101 }), 'fork({count: 101})')
+    assert(String(e.message).startsWith('400:'), 'a count over 100 must answer 400', e)
+    const nf = await rejects(() => Sandbox.create(`chk${'z'.repeat(20)}`, slow), 'Sandbox.create of an unknown snapshot')
+    assert(String(nf.message).includes('404'), 'an unknown snapshot must answer 404', nf)
+
+    equal(await Sandbox.deleteSnapshot(snap.snapshotId), true, 'deleteSnapshot of the snapshot')
+    const gone = await Sandbox.listSnapshots({ sandboxId: id }).nextItems()
+    assert(!gone.some((x) => x.snapshotId === snap.snapshotId), 'a deleted snapshot must not be listed', gone)
+    equal(await Sandbox.deleteSnapshot(snap.snapshotId), false, 'deleteSnapshot of a deleted snapshot')
+    // The sandbox made from it runs on.
+    equal(await restored.files.read('/root/snap.txt'), `snap ${runId}`, 'the file, after its snapshot was deleted')
+
+    const calls = routes(mark, id).map((c) => c.replaceAll(snap.snapshotId, '{snapshot}'))
+    log(calls)
+    for (const want of ['POST /sandboxes/{id}/snapshots 201', 'GET /snapshots 200', 'POST /v2/sandboxes 201', 'POST /sandboxes/{id}/fork 201',
+      'POST /sandboxes/{id}/fork 400', 'DELETE /templates/{snapshot} 204', 'DELETE /templates/{snapshot} 404']) {
+      assert(calls.includes(want), `the SDK's calls must include ${want}`, calls)
+    }
+  } finally {
+    for (const sid of mine) await Sandbox.kill(sid).catch(() => {})
+  }
+}
+
 const cases = [
   {
     name: 'create',
@@ -452,6 +533,7 @@ const cases = [
       equal(await sbx.isRunning(), false, 'isRunning() of a killed sandbox (envd /health must answer 502)')
     },
   },
+  { name: snapshotCase, timeoutMs: 240_000, fn: snapshotsAndForks },
 ]
 
 let code = 1

@@ -239,7 +239,7 @@ func (d *Daemon) buildServeEdges(r resolved) error {
 	}
 	if d.e2bLn != nil {
 		d.envd = envd.New(d.svc, d.svc.Commands(), log)
-		ec := e2b.Config{Service: d.svc, Log: log, Domain: cfg.E2BDomain, Envd: d.envd}
+		ec := e2b.Config{Service: d.svc, Checkpoints: d.checkpoints, Log: log, Domain: cfg.E2BDomain, Envd: d.envd}
 		if d.front != nil {
 			ec.Forward = d.front.router.ForwardE2B
 		}
@@ -334,9 +334,12 @@ func (d *Daemon) buildNode(ctx context.Context, r resolved) error {
 	if d.webhooks, err = d.newWebhooks(box); err != nil {
 		return err
 	}
-	d.apiSrv = api.New(api.Config{Service: d.svc, Commands: d.svc.Commands(), Builds: d.builds, Events: d.events, Webhooks: d.webhooks, Store: d.st, Log: log, Registry: reg, Secrets: box, PingInterval: cfg.PingInterval})
+	// A node's checkpoints answer that cluster mode has none yet; no
+	// sweep runs here.
+	cps := checkpoint.New(checkpoint.Config{Store: d.st, Sandboxes: d.svc, Log: log})
+	d.apiSrv = api.New(api.Config{Service: d.svc, Commands: d.svc.Commands(), Builds: d.builds, Events: d.events, Webhooks: d.webhooks, Checkpoints: cps, Store: d.st, Log: log, Registry: reg, Secrets: box, PingInterval: cfg.PingInterval})
 	d.envd = envd.New(d.svc, d.svc.Commands(), log)
-	e2bSrv, err := e2b.New(e2b.Config{Service: d.svc, Log: log, Domain: cfg.E2BDomain, Envd: d.envd})
+	e2bSrv, err := e2b.New(e2b.Config{Service: d.svc, Checkpoints: cps, Log: log, Domain: cfg.E2BDomain, Envd: d.envd})
 	if err != nil {
 		return err
 	}

@@ -46,19 +46,25 @@ func (s *Server) routes() []route {
 		{"GET", "/sandboxes/{id}/logs", s.logs},
 		{"GET", "/v2/sandboxes/{id}/logs", s.logs},
 
-		{"POST", "/sandboxes/{id}/fork", unsupportedRoute("forking a sandbox (Sandbox.fork)")},
-		{"POST", "/sandboxes/{id}/snapshots", unsupportedRoute("snapshots (createSnapshot); airlock's native POST /v1/sandboxes/{id}/template makes a template of a sandbox")},
+		{"POST", "/sandboxes/{id}/fork", s.fork},
+		{"POST", "/sandboxes/{id}/snapshots", s.createSnapshot},
+		{"GET", "/snapshots", s.listSnapshots},
+		{"DELETE", "/snapshots/{id}", s.deleteSnapshot(false)},
+		{"DELETE", "/templates/{id}", s.deleteSnapshot(true)},
 		{"GET", "/sandboxes/metrics", unsupportedRoute("metrics of many sandboxes")},
 	}
 }
 
+// templatesWhat names E2B's template routes, which airlock does not serve.
+const templatesWhat = "E2B's template builds: build templates with airlock's native API (POST /v1/templates, docs/api.md)"
+
 // unsupportedPrefixes are E2B's API areas airlock does not serve, with
 // what to use instead.
 var unsupportedPrefixes = []struct{ path, what string }{
-	{"/snapshots", "snapshots"},
-	{"/templates", "E2B's template builds: build templates with airlock's native API (POST /v1/templates, docs/api.md)"},
-	{"/v2/templates", "E2B's template builds: build templates with airlock's native API (POST /v1/templates, docs/api.md)"},
-	{"/v3/templates", "E2B's template builds: build templates with airlock's native API (POST /v1/templates, docs/api.md)"},
+	{"/snapshots", "this snapshot route"},
+	{"/templates", templatesWhat},
+	{"/v2/templates", templatesWhat},
+	{"/v3/templates", templatesWhat},
 	{"/volumes", "volumes"},
 	{"/secrets", "E2B's secrets: airlock's native API has its own (POST /v1/secrets, docs/network.md)"},
 	{"/teams", "teams"},
@@ -70,7 +76,7 @@ var unsupportedPrefixes = []struct{ path, what string }{
 
 func unsupportedRoute(what string) handler {
 	return func(w http.ResponseWriter, r *http.Request, _ service.Principal) error {
-		return fmt.Errorf("airlock's E2B API does not serve %s (%s %s); see docs/e2b.md: %w", what, r.Method, r.URL.Path, errNotImplemented)
+		return fmt.Errorf("airlock's E2B API does not serve %s (%s %s); see docs/e2b.md: %w", what, r.Method, truncate(r.URL.Path, 100), errNotImplemented)
 	}
 }
 
@@ -87,7 +93,7 @@ func (s *Server) register() {
 		}
 		h := rt.handle
 		// A sandbox's info is its row, which any server reads.
-		if strings.Contains(rt.path, "{id}") && !(rt.method == http.MethodGet && rt.path == "/sandboxes/{id}") {
+		if strings.Contains(rt.path, "sandboxes/{id}") && !(rt.method == http.MethodGet && rt.path == "/sandboxes/{id}") {
 			h = s.forwarded(h)
 		}
 		byPath[rt.path][rt.method] = s.authed(h)
@@ -99,9 +105,21 @@ func (s *Server) register() {
 			allow = append(allow, m)
 		}
 		slices.Sort(allow)
+		// In an area airlock serves only in part (DELETE /templates/{id}
+		// of a snapshot), the other methods are the area's 501.
+		var rest http.Handler
+		for _, u := range unsupportedPrefixes {
+			if p == u.path || strings.HasPrefix(p, u.path+"/") {
+				rest = s.authed(unsupportedRoute(u.what))
+			}
+		}
 		s.mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
 			if h, ok := handlers[r.Method]; ok {
 				h.ServeHTTP(w, r)
+				return
+			}
+			if rest != nil {
+				rest.ServeHTTP(w, r)
 				return
 			}
 			w.Header().Set("Allow", strings.Join(allow, ", "))
@@ -111,7 +129,9 @@ func (s *Server) register() {
 	}
 	for _, u := range unsupportedPrefixes {
 		h := s.authed(unsupportedRoute(u.what))
-		s.mux.Handle(u.path, h)
+		if byPath[u.path] == nil {
+			s.mux.Handle(u.path, h)
+		}
 		s.mux.Handle(u.path+"/", h)
 	}
 	s.mux.HandleFunc("/health", func(w http.ResponseWriter, r *http.Request) {
@@ -262,12 +282,20 @@ func templateRef(id string) string {
 
 // createRequest translates an E2B create into the native one. v2 is
 // NewSandboxV2, whose timeout defaults to 300 s (NewSandbox's to 15 s).
+// A templateID that is a snapshot's ID makes the sandbox from that
+// checkpoint, with its environment and network unless the request sets
+// them.
 func createRequest(req newSandbox, v2 bool) (apiv1.CreateSandbox, error) {
 	var out apiv1.CreateSandbox
 	if req.TemplateID == "" {
 		return out, fmt.Errorf("templateID is required (for example \"base\"): %w", errdefs.ErrInvalid)
 	}
-	out.Template = templateRef(req.TemplateID)
+	if isSnapshotID(req.TemplateID) {
+		// A snapshot's ID: the sandbox is made from that checkpoint.
+		out.Checkpoint = req.TemplateID
+	} else {
+		out.Template = templateRef(req.TemplateID)
+	}
 	timeout := 15
 	if v2 {
 		timeout = 300

@@ -25,6 +25,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/airlockhq/airlock/internal/checkpoint"
 	"github.com/airlockhq/airlock/internal/e2b/envd"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/service"
@@ -50,6 +51,9 @@ type Envd interface {
 type Config struct {
 	// Service does the work. Required.
 	Service *service.Service
+	// Checkpoints keeps checkpoints, which are E2B's snapshots and what
+	// forks are made from. Required.
+	Checkpoints *checkpoint.Service
 	// Log receives one line per request that failed inside airlock.
 	Log *slog.Logger
 	// Domain is the sandbox domain returned to SDKs ("domain" of a
@@ -72,8 +76,8 @@ type Config struct {
 
 // Validate checks the configuration and fills in defaults.
 func (c *Config) Validate() error {
-	if c.Service == nil || c.Envd == nil {
-		return errors.New("the E2B API needs a service and an envd handler")
+	if c.Service == nil || c.Checkpoints == nil || c.Envd == nil {
+		return errors.New("the E2B API needs a service, checkpoints and an envd handler")
 	}
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
@@ -102,6 +106,7 @@ func CheckDomain(d string) error {
 type Server struct {
 	cfg Config
 	svc *service.Service
+	cps *checkpoint.Service
 	log *slog.Logger
 	mux *http.ServeMux
 }
@@ -111,7 +116,7 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, svc: cfg.Service, log: cfg.Log, mux: http.NewServeMux()}
+	s := &Server{cfg: cfg, svc: cfg.Service, cps: cfg.Checkpoints, log: cfg.Log, mux: http.NewServeMux()}
 	s.register()
 	return s, nil
 }

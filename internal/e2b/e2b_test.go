@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/checkpoint"
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/e2b/envd"
 	"github.com/airlockhq/airlock/internal/errdefs"
@@ -81,6 +82,7 @@ func (f *fakeEnvd) last(t *testing.T) envd.Request {
 type testServer struct {
 	url    string
 	svc    *service.Service
+	cps    *checkpoint.Service
 	st     *store.Store
 	envd   *fakeEnvd
 	admin  string // API keys
@@ -149,7 +151,8 @@ func newTestServer(t *testing.T, opts ...func(*Config)) *testServer {
 			t.Fatal(err)
 		}
 	}
-	cfg := Config{Service: svc, Log: log, Domain: testDomain, Envd: ts.envd, WaitTimeout: 10 * time.Second}
+	ts.cps = checkpoint.New(checkpoint.Config{Store: st, Sandboxes: svc, Log: log})
+	cfg := Config{Service: svc, Checkpoints: ts.cps, Log: log, Domain: testDomain, Envd: ts.envd, WaitTimeout: 10 * time.Second}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -306,17 +309,15 @@ func TestErrorShapes(t *testing.T) {
 		{"GET", "/templates", "template builds"},
 		{"GET", "/templates/aliases/base", "template builds"},
 		{"POST", "/v2/templates/x/builds/y", "template builds"},
-		{"GET", "/snapshots", "snapshots"},
+		{"PUT", "/snapshots", "snapshot route"},
+		{"GET", "/snapshots/x/y", "snapshot route"},
+		{"GET", "/templates/base", "template builds"},
+		{"DELETE", "/templates/base", "template builds"},
 		{"POST", "/volumes", "volumes"},
 		{"GET", "/sandboxes/metrics?sandbox_ids=a", "metrics of many sandboxes"},
 	} {
 		e2bError(t, ts.do(t, c.method, c.path, ts.alice, "{}"), 501, c.want)
 	}
-	// Routes on a sandbox that are not served say so once the sandbox is
-	// known to be the caller's... and before: the route is what is missing.
-	id := ts.row(t, ts.aliceP, apiv1.StateRunning)
-	e2bError(t, ts.do(t, "POST", "/sandboxes/"+id+"/fork", ts.alice, `{}`), 501, "fork")
-	e2bError(t, ts.do(t, "POST", "/sandboxes/"+id+"/snapshots", ts.alice, `{}`), 501, "snapshots")
 }
 
 func TestCreateBadInput(t *testing.T) {
@@ -407,6 +408,8 @@ func TestTenancy(t *testing.T) {
 		{"GET", "/sandboxes/" + id + "/metrics", ""},
 		{"GET", "/sandboxes/" + id + "/logs", ""},
 		{"GET", "/v2/sandboxes/" + id + "/logs", ""},
+		{"POST", "/sandboxes/" + id + "/fork", `{"count":2}`},
+		{"POST", "/sandboxes/" + id + "/snapshots", `{"name":"x"}`},
 	} {
 		t.Run(c.method+" "+strings.TrimPrefix(c.path, "/sandboxes/"+id), func(t *testing.T) {
 			// Bob's answer is the same as for a sandbox that does not exist.
@@ -782,7 +785,10 @@ func TestConfig(t *testing.T) {
 	if _, err := New(Config{}); err == nil {
 		t.Error("New without a service")
 	}
-	if _, err := New(Config{Service: &service.Service{}, Envd: &fakeEnvd{}, Domain: "http://x"}); err == nil {
+	if _, err := New(Config{Service: &service.Service{}, Envd: &fakeEnvd{}}); err == nil {
+		t.Error("New without checkpoints")
+	}
+	if _, err := New(Config{Service: &service.Service{}, Checkpoints: &checkpoint.Service{}, Envd: &fakeEnvd{}, Domain: "http://x"}); err == nil {
 		t.Error("a domain with a scheme")
 	}
 }
@@ -831,6 +837,11 @@ func TestForward(t *testing.T) {
 		{"POST", "/sandboxes/sbxlocal/pause", ts.alice, nil, 404, "POST /sandboxes/sbxlocal/pause sbxlocal"},
 		{"POST", "/sandboxes/sbxdown/connect", ts.alice, nil, 503, "POST /sandboxes/sbxdown/connect sbxdown"},
 		{"GET", "/v2/sandboxes", ts.alice, nil, 200, ""},
+		{"POST", "/sandboxes/sbxremote/fork", ts.alice, nil, 299, "POST /sandboxes/sbxremote/fork sbxremote"},
+		{"POST", "/sandboxes/sbxremote/snapshots", ts.alice, nil, 299, "POST /sandboxes/sbxremote/snapshots sbxremote"},
+		// A snapshot is not a sandbox: nothing is offered.
+		{"DELETE", "/templates/chk" + strings.Repeat("a", 20), ts.alice, nil, 404, ""},
+		{"GET", "/snapshots?sandboxID=sbxremote", ts.alice, nil, 200, ""},
 		{"POST", "/process.Process/List", "", []string{"Host", "49983-sbxremote." + testDomain}, 299, "POST /process.Process/List sbxremote"},
 		{"GET", "/files", "", []string{"E2b-Sandbox-Id", "sbxremote"}, 299, "GET /files sbxremote"},
 		{"GET", "/", "", []string{"Host", "8080-sbxdown." + testDomain}, 503, "GET / sbxdown"},
