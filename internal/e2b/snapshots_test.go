@@ -231,7 +231,6 @@ func TestDeleteSnapshot(t *testing.T) {
 func TestCreateSnapshot(t *testing.T) {
 	ts := newTestServer(t)
 	run := ts.row(t, ts.aliceP, apiv1.StateRunning)
-	susp := ts.row(t, ts.aliceP, apiv1.StateSuspended)
 	bobs := ts.row(t, ts.bobP, apiv1.StateRunning)
 	for _, c := range []struct {
 		name, id, body string
@@ -247,7 +246,6 @@ func TestCreateSnapshot(t *testing.T) {
 		{"another key's sandbox", bobs, `{}`, 404, []string{"not found"}},
 		{"an unknown sandbox", "sbx" + strings.Repeat("z", 20), `{}`, 404, []string{"not found"}},
 		{"an ID that cannot be one", strings.Repeat("x", 3000), `{}`, 404, []string{"not found"}},
-		{"a paused (suspended) sandbox", susp, `{}`, 409, []string{"suspended"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e2bError(t, ts.do(t, "POST", "/sandboxes/"+c.id+"/snapshots", ts.alice, c.body), c.status, c.want...)
@@ -282,7 +280,6 @@ func (ts *testServer) adminP(t *testing.T) service.Principal {
 func TestForkBadInput(t *testing.T) {
 	ts := newTestServer(t)
 	run := ts.row(t, ts.aliceP, apiv1.StateRunning)
-	susp := ts.row(t, ts.aliceP, apiv1.StateSuspended)
 	bobs := ts.row(t, ts.bobP, apiv1.StateRunning)
 	for _, c := range []struct {
 		name, id, body string
@@ -302,7 +299,6 @@ func TestForkBadInput(t *testing.T) {
 		{"another key's sandbox", bobs, `{"count":1}`, 404, []string{"not found"}},
 		{"an unknown sandbox", "sbx" + strings.Repeat("z", 20), `{}`, 404, []string{"not found"}},
 		{"an ID that cannot be one", strings.Repeat("x", 3000), `{}`, 404, []string{"not found"}},
-		{"a paused (suspended) sandbox", susp, `{"count":2}`, 409, []string{"suspended"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e2bError(t, ts.do(t, "POST", "/sandboxes/"+c.id+"/fork", ts.alice, c.body), c.status, c.want...)
