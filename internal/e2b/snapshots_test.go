@@ -312,7 +312,7 @@ func TestForkBadInput(t *testing.T) {
 		t.Errorf("bad forks left checkpoints %+v %v", l.Items, err)
 	}
 	l, err := ts.svc.ListSandboxes(ctx, ts.adminP(t), service.SandboxFilter{})
-	if err != nil || len(l.Items) != 3 {
+	if err != nil || len(l.Items) != 2 {
 		t.Errorf("bad forks left sandboxes: %+v %v", l.Items, err)
 	}
 }
