@@ -538,6 +538,16 @@ CREATE TABLE checkpoints (
 CREATE INDEX checkpoints_owner ON checkpoints (owner, seq);
 CREATE INDEX checkpoints_sandbox ON checkpoints (sandbox_id, seq);
 `},
+	{16, "add sandboxes.idle_s and sandboxes.on_idle", `
+-- After idle_s seconds without activity (0: never) the server suspends
+-- the sandbox, or pauses it when on_idle is 'pause'; '' before this
+-- migration, read as 'suspend'.
+ALTER TABLE sandboxes ADD COLUMN idle_s INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sandboxes ADD COLUMN on_idle TEXT NOT NULL DEFAULT '';
+`, `
+ALTER TABLE sandboxes ADD COLUMN idle_s BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE sandboxes ADD COLUMN on_idle TEXT NOT NULL DEFAULT '';
+`},
 }
 
 // schemaVersion reads the version of the schema: SQLite's PRAGMA
