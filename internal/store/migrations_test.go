@@ -124,6 +124,7 @@ func addLaterSandboxColumns(t *testing.T, db *sql.DB) {
 	for _, q := range []string{
 		"ALTER TABLE sandboxes ADD COLUMN idle_s INTEGER NOT NULL DEFAULT 0",
 		"ALTER TABLE sandboxes ADD COLUMN on_idle TEXT NOT NULL DEFAULT ''",
+		"ALTER TABLE sandboxes ADD COLUMN wake_on_request INTEGER NOT NULL DEFAULT 0",
 	} {
 		if _, err := db.Exec(q); err != nil {
 			t.Fatalf("%s: %v", q, err)
@@ -137,14 +138,14 @@ func checkSchema16(t *testing.T, db *sql.DB) {
 	s := &Store{db: &conn{db: db, eng: sqliteEngine}}
 	ctx := context.Background()
 	sb, err := s.GetSandbox(ctx, "sbx1")
-	if err != nil || sb.IdleS != 0 || sb.OnIdle != "" {
-		t.Fatalf("sandbox after migration 16: idle_s %d, on_idle %q, %v; want 0 and none", sb.IdleS, sb.OnIdle, err)
+	if err != nil || sb.IdleS != 0 || sb.OnIdle != "" || sb.WakeOnRequest {
+		t.Fatalf("sandbox after migration 16: idle_s %d, on_idle %q, wake on request %v, %v; want 0, none, false", sb.IdleS, sb.OnIdle, sb.WakeOnRequest, err)
 	}
-	sb.IdleS, sb.OnIdle = 60, "pause"
+	sb.IdleS, sb.OnIdle, sb.WakeOnRequest = 60, "pause", true
 	if err := s.UpdateSandbox(ctx, sb); err != nil {
 		t.Fatal(err)
 	}
-	if sb, err := s.GetSandbox(ctx, "sbx1"); err != nil || sb.IdleS != 60 || sb.OnIdle != "pause" {
+	if sb, err := s.GetSandbox(ctx, "sbx1"); err != nil || sb.IdleS != 60 || sb.OnIdle != "pause" || !sb.WakeOnRequest {
 		t.Fatalf("idleness recorded after migration 16: %d %q, %v", sb.IdleS, sb.OnIdle, err)
 	}
 }

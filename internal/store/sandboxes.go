@@ -57,10 +57,13 @@ type Sandbox struct {
 	IdleS int
 	// OnIdle is what idleness does: "suspend" or "pause"; "" is "suspend".
 	OnIdle string
+	// WakeOnRequest says that a call that needs the sandbox running wakes
+	// it from paused or suspended, rather than being refused.
+	WakeOnRequest bool
 }
 
 const sandboxColumns = "id, owner, state, template_ref, template_digest, vcpus, memory_mib, disk_mib, " +
-	"timeout_s, on_timeout, env, metadata, network, created_at, updated_at, expires_at, last_error, idle_s, on_idle"
+	"timeout_s, on_timeout, env, metadata, network, created_at, updated_at, expires_at, last_error, idle_s, on_idle, wake_on_request"
 
 // sandboxRow holds a sandbox's column values in the order of sandboxColumns.
 func sandboxRow(sb Sandbox) ([]any, error) {
@@ -82,7 +85,7 @@ func sandboxRow(sb Sandbox) ([]any, error) {
 	}
 	return []any{sb.ID, sb.Owner, sb.State, sb.TemplateRef, sb.TemplateDigest, sb.VCPUs, sb.MemoryMiB, sb.DiskMiB,
 		sb.TimeoutS, sb.OnTimeout, env, metadata, network, nanos(sb.CreatedAt), nanos(sb.UpdatedAt),
-		nullNanos(sb.ExpiresAt), lastErr, sb.IdleS, sb.OnIdle}, nil
+		nullNanos(sb.ExpiresAt), lastErr, sb.IdleS, sb.OnIdle, boolInt(sb.WakeOnRequest)}, nil
 }
 
 // InsertSandbox stores sb together with op, the operation that creates it,
@@ -488,7 +491,7 @@ func scanSandbox(r scanner) (Sandbox, error) {
 	var expires sql.NullInt64
 	err := r.Scan(&sb.ID, &sb.Owner, &sb.State, &sb.TemplateRef, &sb.TemplateDigest, &sb.VCPUs, &sb.MemoryMiB,
 		&sb.DiskMiB, &sb.TimeoutS, &sb.OnTimeout, &env, &metadata, &network, &created, &updated, &expires, &lastErr,
-		&sb.IdleS, &sb.OnIdle)
+		&sb.IdleS, &sb.OnIdle, &sb.WakeOnRequest)
 	if err != nil {
 		return Sandbox{}, err
 	}
