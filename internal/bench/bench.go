@@ -102,7 +102,7 @@ const (
 func Scenarios() []string {
 	return []string{ScenarioBoot, ScenarioSnapshot, ScenarioCloneBoot, ScenarioWarmPool, ScenarioWarmTemplate, ScenarioJail, ScenarioExecRTT, ScenarioThroughput,
 		ScenarioNetThroughput, ScenarioNetConnect, ScenarioNetDNS, ScenarioNetHTTPKeepAlive, ScenarioNetHTTPConnect, ScenarioPause,
-		ScenarioSuspend, ScenarioIdlePSS, ScenarioConcurrent, ScenarioTemplateBuild, ScenarioImageCreate,
+		ScenarioSuspend, ScenarioIdleWake, ScenarioIdlePSS, ScenarioConcurrent, ScenarioTemplateBuild, ScenarioImageCreate,
 		ScenarioE2BCreate, ScenarioE2BExecRTT, ScenarioPGCreate, ScenarioPGExecRTT, ScenarioEventLatency,
 		ScenarioClusterCreate, ScenarioClusterExecRTT, ScenarioClusterCreates, ScenarioAPICreate, ScenarioAPIExecRTT, ScenarioAPILimits}
 }
@@ -171,7 +171,7 @@ type Config struct {
 	// on each side. Default 50.
 	PauseRuns int
 	// SuspendRuns is how many rounds of suspend and wake suspend_wake_512
-	// makes on each side. Default 3.
+	// and idle_wake_to_first_output make on each side. Default 3.
 	SuspendRuns int
 	// Sandboxes is how many sandboxes idle_pss keeps idle (in each of its
 	// two sets) and concurrent_create creates at once. Default 20.
@@ -412,6 +412,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		{ScenarioNetHTTPConnect, func(ctx context.Context) (Result, error) { return r.netHTTP(ctx, false) }},
 		{ScenarioPause, r.pauseResume},
 		{ScenarioSuspend, r.suspendWake},
+		{ScenarioIdleWake, r.idleWake},
 		{ScenarioIdlePSS, r.idlePSS},
 		{ScenarioConcurrent, r.concurrentCreate},
 		{ScenarioTemplateBuild, r.templateBuild},

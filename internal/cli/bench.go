@@ -147,7 +147,7 @@ func runBench(ctx context.Context, env *Env, args []string) error {
 	mib := fs.Int("throughput-mib", bench.DefaultThroughputMiB, "`MiB` of stdout per side in the stdout_throughput scenario")
 	apiRuns := fs.Int("api-runs", bench.DefaultAPIRuns, "sandboxes per side in the api_create_to_first_output, e2b_create_to_first_output and image_template_create_to_first_output scenarios")
 	pauseRuns := fs.Int("pause-runs", bench.DefaultPauseRuns, "rounds of pause and resume per side in the pause_resume scenario")
-	suspendRuns := fs.Int("suspend-runs", bench.DefaultSuspendRuns, "rounds of suspend and wake per side in the suspend_wake_512 scenario")
+	suspendRuns := fs.Int("suspend-runs", bench.DefaultSuspendRuns, "rounds of suspend and wake per side in the suspend_wake_512 and idle_wake_to_first_output scenarios")
 	sandboxes := fs.Int("sandboxes", bench.DefaultSandboxes, "sandboxes at once in the idle_pss and concurrent_create scenarios")
 	snapshotRuns := fs.Int("snapshot-runs", bench.DefaultSnapshotRuns, "samples per side in the snapshot_create_to_first_output, clone_vs_boot, warm_pool_create_to_first_output, warm_template_create and jail_cost scenarios")
 	buildRuns := fs.Int("build-runs", bench.DefaultTemplateBuildRuns, "builds per side (cold, cached, baseline) in the template_build scenario")
