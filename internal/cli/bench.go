@@ -63,6 +63,8 @@ the ratios compare across runs):
                               QMP stop and cont on the same QEMU
   suspend_wake_512            suspend and wake of a 512 MiB sandbox vs a bare QEMU
                               saving its state and a fresh one restoring it
+  idle_wake_to_first_output   an exec that wakes a sandbox its idle_s suspended, to
+                              its answer, vs an explicit wake and then the exec
   idle_pss                    PSS of each of N idle sandboxes' QEMU vs N bare clones
                               of the same snapshot beside them; then N cold boots
                               vs N bare QEMUs booted to their agent beside them
