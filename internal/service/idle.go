@@ -58,7 +58,11 @@ func (s *Service) applyIdle() {
 	s.mu.Lock()
 	var due []*live
 	for id, lv := range s.live {
-		if lv.idleS <= 0 || s.busy[id] != nil || !lv.hasVM() || !s.idle.Due(id, lv.idleS) {
+		if lv.idleS <= 0 || s.busy[id] != nil || !s.idle.Due(id, lv.idleS) {
+			continue
+		}
+		// Suspended (no VM), or paused already with nothing more to do.
+		if box := lv.vmBox(); box == nil || lv.onIdle == OnIdlePause && box.Paused() {
 			continue
 		}
 		due = append(due, lv)
@@ -66,6 +70,9 @@ func (s *Service) applyIdle() {
 	s.mu.Unlock()
 	for _, lv := range due {
 		if err := s.goIdle(lv); err != nil && !errors.Is(err, errdefs.ErrConflict) {
+			// Over a limit, say: try again after another idle_s, not
+			// every second.
+			s.idle.Touch(lv.id)
 			s.log.Warn("idle: suspend or pause", "sandbox", lv.id, "err", err)
 		}
 	}
