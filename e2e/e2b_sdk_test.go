@@ -38,7 +38,8 @@ const (
 var e2bSDKKeyShape = regexp.MustCompile(`^e2b_[0-9a-f]{40}$`)
 
 // TestE2BSDK drives the SDK through create (v2), commands, files and
-// watches, info, list, timeouts, pause and resume, guest ports, egress
+// watches, info, list, timeouts, pause and resume (by connect, and by a
+// command with lifecycle.autoResume), guest ports, egress
 // with and without internet access, and kill; then runCode when the
 // code-interpreter template is there.
 func TestE2BSDK(t *testing.T) {

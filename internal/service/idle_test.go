@@ -315,3 +315,29 @@ func TestNoWakeWithoutIdle(t *testing.T) {
 		t.Fatalf("the sandbox is %s (wake on request %v)", sb.State, sb.WakeOnRequest)
 	}
 }
+
+// A use that comes after applyIdle found the sandbox due, but before its
+// suspend begins, stops the suspend: the operation's begin looks again.
+func TestIdleUseBeforeBegin(t *testing.T) {
+	f := newFixture(t)
+	id := f.idleSandbox(t, 10, "")
+	f.clock.Advance(10 * time.Second)
+	lv := f.s.getLive(id)
+	if lv == nil || !f.s.idle.Due(id, lv.idleS) {
+		t.Fatal("the sandbox is not due")
+	}
+	release, err := f.s.use(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	if err := f.s.goIdle(lv); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("idle suspend of a sandbox in use: %v; want a conflict", err)
+	}
+	if sb := f.state(t, id); sb.State != apiv1.StateRunning {
+		t.Fatalf("the sandbox in use is %s", sb.State)
+	}
+	if got := f.events(t, id, apiv1.EventSandboxIdle); len(got) != 0 {
+		t.Fatalf("idle events %v for a suspend that did not begin", got)
+	}
+}
