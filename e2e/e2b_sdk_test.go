@@ -40,7 +40,8 @@ const (
 var e2bSDKKeyShape = regexp.MustCompile(`^e2b_[0-9a-f]{40}$`)
 
 // TestE2BSDK drives the SDK through create (v2), commands, files and
-// watches, info, list, timeouts, pause and resume, guest ports, egress
+// watches, info, list, timeouts, pause and resume (by connect, and by a
+// command with lifecycle.autoResume), guest ports, egress
 // with and without internet access, snapshots and forks, and kill; then
 // runCode when the code-interpreter template is there.
 //
@@ -106,7 +107,7 @@ func TestE2BSDK(t *testing.T) {
 
 	var sdkResults map[string]sdkCase
 	t.Run("sdk", func(t *testing.T) {
-		res := runSDKScript(t, s, node, dir, "sdk.mjs", scriptEnv, 8*time.Minute)
+		res := runSDKScript(t, s, node, dir, "sdk.mjs", scriptEnv, 12*time.Minute)
 		sdkResults = res
 		if r, ok := res["allowInternetAccess false blocks egress"]; tn == nil || !ok || r.Skip != "" {
 			return

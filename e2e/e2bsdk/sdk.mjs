@@ -536,6 +536,35 @@ const cases = [
   { name: snapshotCase, timeoutMs: 240_000, fn: snapshotsAndForks },
 ]
 
+// lifecycle.autoResume: a sandbox its timeout paused resumes on envd
+// traffic, in a sandbox of its own (kept apart from the cases above).
+const autoResumeCases = [
+  {
+    name: 'lifecycle autoResume: traffic resumes a sandbox its timeout paused',
+    timeoutMs: 360_000,
+    fn: async (log) => {
+      const lc = { onTimeout: 'pause', autoResume: true }
+      const s = await Sandbox.create('base', { ...slow, metadata: { ...metadata, role: 'autoresume' }, timeoutMs: 5_000, lifecycle: lc })
+      created.push(s.sandboxId)
+      try {
+        await s.files.write('/root/before-timeout.txt', `kept ${runId}`)
+        const info = await Sandbox.getInfo(s.sandboxId)
+        equal(info.lifecycle?.autoResume, true, 'lifecycle.autoResume in getInfo')
+        const paused = await until(async () => (await Sandbox.getInfo(s.sandboxId)).state === 'paused', 120_000, 500)
+        assert(paused, 'the timeout must pause the sandbox', await Sandbox.getInfo(s.sandboxId))
+        const t0 = Date.now()
+        const r = await s.commands.run('cat /root/before-timeout.txt', { requestTimeoutMs: 180_000 })
+        log('the first command after the pause answered in', Date.now() - t0, 'ms')
+        equal(r.stdout, `kept ${runId}`, 'stdout of a command on the paused sandbox')
+        equal((await Sandbox.getInfo(s.sandboxId)).state, 'running', 'state after the traffic')
+      } finally {
+        await Sandbox.kill(s.sandboxId).catch(() => {})
+      }
+    },
+  },
+]
+cases.push(...autoResumeCases)
+
 let code = 1
 try {
   code = await run(cases, () => ({ sandboxes: created }))

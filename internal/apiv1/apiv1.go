@@ -115,6 +115,16 @@ type CreateSandbox struct {
 	Env       map[string]string `json:"env,omitempty"`
 	Metadata  map[string]string `json:"metadata,omitempty"`
 	Network   json.RawMessage   `json:"network,omitempty"`
+	// IdleS > 0 has the server suspend (or pause, see OnIdle) the sandbox
+	// once nothing has used it for that many seconds; a call that needs
+	// it running then wakes it (docs/api.md, "Idle sandboxes").
+	IdleS *int `json:"idle_s,omitempty"`
+	// OnIdle is "suspend" (the default) or "pause".
+	OnIdle string `json:"on_idle,omitempty"`
+	// WakeOnRequest, set by the E2B layer for lifecycle.autoResume, has
+	// calls that need the sandbox running wake it, without idle_s. It
+	// is no field of the native API.
+	WakeOnRequest bool `json:"-"`
 	// Checkpoint makes the sandbox from a checkpoint of another: its
 	// memory, processes and disk, with an identity of its own. Template,
 	// vCPUs and memory are then the checkpoint's.
@@ -186,18 +196,26 @@ type TemplateRef struct {
 
 // Sandbox is a sandbox as the API shows it.
 type Sandbox struct {
-	ID        string            `json:"id"`
-	State     string            `json:"state"`
-	Template  TemplateRef       `json:"template"`
-	VCPUs     int               `json:"vcpus"`
-	MemoryMiB int               `json:"memory_mib"`
-	DiskMiB   int               `json:"disk_mib"`
-	CreatedAt time.Time         `json:"created_at"`
-	ExpiresAt *time.Time        `json:"expires_at"`
-	OnTimeout string            `json:"on_timeout"`
-	Metadata  map[string]string `json:"metadata"`
-	Network   json.RawMessage   `json:"network"`
-	LastError *Status           `json:"last_error"`
+	ID        string      `json:"id"`
+	State     string      `json:"state"`
+	Template  TemplateRef `json:"template"`
+	VCPUs     int         `json:"vcpus"`
+	MemoryMiB int         `json:"memory_mib"`
+	DiskMiB   int         `json:"disk_mib"`
+	CreatedAt time.Time   `json:"created_at"`
+	ExpiresAt *time.Time  `json:"expires_at"`
+	OnTimeout string      `json:"on_timeout"`
+	// IdleS and OnIdle are the create's idle_s (0: never idle) and
+	// on_idle.
+	IdleS  int    `json:"idle_s"`
+	OnIdle string `json:"on_idle"`
+	// WakeOnRequest says that a call that needs the sandbox running wakes
+	// it from paused or suspended: set by idle_s > 0, or by E2B's
+	// lifecycle.autoResume.
+	WakeOnRequest bool              `json:"wake_on_request"`
+	Metadata      map[string]string `json:"metadata"`
+	Network       json.RawMessage   `json:"network"`
+	LastError     *Status           `json:"last_error"`
 	// Unavailable, in cluster mode, says why the sandbox cannot be reached
 	// now: the node that runs it is down. Absent otherwise.
 	Unavailable *Status `json:"unavailable,omitempty"`

@@ -113,7 +113,7 @@ const (
 func Scenarios() []string {
 	return []string{ScenarioBoot, ScenarioSnapshot, ScenarioCloneBoot, ScenarioWarmPool, ScenarioWarmTemplate, ScenarioJail, ScenarioExecRTT, ScenarioThroughput,
 		ScenarioNetThroughput, ScenarioNetConnect, ScenarioNetDNS, ScenarioNetHTTPKeepAlive, ScenarioNetHTTPConnect, ScenarioPause,
-		ScenarioSuspend, ScenarioCheckpointPause, ScenarioForkFirstOutput, ScenarioForkPSS, ScenarioIdlePSS, ScenarioConcurrent, ScenarioTemplateBuild, ScenarioImageCreate,
+		ScenarioSuspend, ScenarioCheckpointPause, ScenarioForkFirstOutput, ScenarioForkPSS, ScenarioIdleWake, ScenarioIdlePSS, ScenarioConcurrent, ScenarioTemplateBuild, ScenarioImageCreate,
 		ScenarioE2BCreate, ScenarioE2BExecRTT, ScenarioPGCreate, ScenarioPGExecRTT, ScenarioEventLatency,
 		ScenarioClusterCreate, ScenarioClusterExecRTT, ScenarioClusterCreates, ScenarioAPICreate, ScenarioAPIExecRTT, ScenarioAPILimits}
 }
@@ -188,7 +188,7 @@ type Config struct {
 	// on each side. Default 50.
 	PauseRuns int
 	// SuspendRuns is how many rounds of suspend and wake suspend_wake_512
-	// makes on each side. Default 3.
+	// and idle_wake_to_first_output make on each side. Default 3.
 	SuspendRuns int
 	// ForkRuns is how many checkpoints checkpoint_pause_ms makes (each
 	// after forkStopConts QMP stop and cont, its baseline) and how many
@@ -443,6 +443,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		{ScenarioCheckpointPause, r.checkpointPause},
 		{ScenarioForkFirstOutput, r.forkFirstOutput},
 		{ScenarioForkPSS, r.forkMarginalPSS},
+		{ScenarioIdleWake, r.idleWake},
 		{ScenarioIdlePSS, r.idlePSS},
 		{ScenarioConcurrent, r.concurrentCreate},
 		{ScenarioTemplateBuild, r.templateBuild},

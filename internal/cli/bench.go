@@ -71,6 +71,8 @@ the ratios compare across runs):
                               snapshot to its first output
   fork_marginal_pss           PSS and disk overlay of each of a fork's 10 children
                               vs 10 bare clones of the template snapshot
+  idle_wake_to_first_output   an exec that wakes a sandbox its idle_s suspended, to
+                              its answer, vs an explicit wake and then the exec
   idle_pss                    PSS of each of N idle sandboxes' QEMU vs N bare clones
                               of the same snapshot beside them; then N cold boots
                               vs N bare QEMUs booted to their agent beside them
@@ -156,7 +158,7 @@ func runBench(ctx context.Context, env *Env, args []string) error {
 	mib := fs.Int("throughput-mib", bench.DefaultThroughputMiB, "`MiB` of stdout per side in the stdout_throughput scenario")
 	apiRuns := fs.Int("api-runs", bench.DefaultAPIRuns, "sandboxes per side in the api_create_to_first_output, e2b_create_to_first_output and image_template_create_to_first_output scenarios")
 	pauseRuns := fs.Int("pause-runs", bench.DefaultPauseRuns, "rounds of pause and resume per side in the pause_resume scenario")
-	suspendRuns := fs.Int("suspend-runs", bench.DefaultSuspendRuns, "rounds of suspend and wake per side in the suspend_wake_512 scenario")
+	suspendRuns := fs.Int("suspend-runs", bench.DefaultSuspendRuns, "rounds of suspend and wake per side in the suspend_wake_512 and idle_wake_to_first_output scenarios")
 	forkRuns := fs.Int("fork-runs", bench.DefaultForkRuns, "checkpoints in the checkpoint_pause_ms scenario, and rounds of a clone, a fork of 1 and a fork of 10 in fork_to_first_output")
 	sandboxes := fs.Int("sandboxes", bench.DefaultSandboxes, "sandboxes at once in the idle_pss and concurrent_create scenarios")
 	snapshotRuns := fs.Int("snapshot-runs", bench.DefaultSnapshotRuns, "samples per side in the snapshot_create_to_first_output, clone_vs_boot, warm_pool_create_to_first_output, warm_template_create and jail_cost scenarios")

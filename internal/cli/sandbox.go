@@ -43,7 +43,8 @@ With --no-wait it prints as soon as the server has accepted the request;
 
   SBX=$(airlock sandbox create)
   airlock sandbox create --template tiny --memory 256 --timeout 15m -l owner=ci
-  airlock sandbox create --net policy.json`
+  airlock sandbox create --net policy.json
+  airlock sandbox create --idle 10m --on-idle pause`
 
 func runSandboxCreate(ctx context.Context, env *Env, args []string) error {
 	fs := newFlagSet("sandbox create", "airlock sandbox create [FLAGS]", sandboxCreateAbout, env)
@@ -54,6 +55,9 @@ func runSandboxCreate(ctx context.Context, env *Env, args []string) error {
 	disk := fs.Int("disk", 0, "disk size in `MiB` (default: the template's)")
 	var timeout secondsFlag
 	fs.Var(&timeout, "timeout", "lease in `seconds` (or a duration: 15m): the sandbox is removed this long after it is created; 0 keeps it until removed (default: the server's)")
+	var idleFor secondsFlag
+	fs.Var(&idleFor, "idle", "suspend (or pause, see --on-idle) the sandbox once nothing has used it for this many `seconds` (or a duration: 10m); a call that needs it running (exec, commands, files, ports) then wakes it; 0 never (default)")
+	onIdle := fs.String("on-idle", "", "what --idle does: suspend (default: memory saved to disk, the VM ends) or pause (vCPUs stop, memory stays)")
 	vars := envFlags{}
 	fs.Var(vars, "e", "default environment variable `KEY=VALUE` of its commands (repeatable)")
 	labels := envFlags{}
@@ -77,13 +81,24 @@ func runSandboxCreate(ctx context.Context, env *Env, args []string) error {
 			return fmt.Errorf("sandbox create: --%s must not be negative: %w", f.name, errdefs.ErrInvalid)
 		}
 	}
+	switch *onIdle {
+	case "", "suspend", "pause":
+	default:
+		return fmt.Errorf("sandbox create: --on-idle %q is not suspend or pause: %w", *onIdle, errdefs.ErrInvalid)
+	}
+	if *onIdle != "" && !idleFor.set {
+		return fmt.Errorf("sandbox create: --on-idle needs --idle: %w", errdefs.ErrInvalid)
+	}
 	c, err := sf.client(env)
 	if err != nil {
 		return err
 	}
-	req := apiv1.CreateSandbox{Template: *tpl, VCPUs: *vcpus, MemoryMiB: *memory, DiskMiB: *disk, Checkpoint: *chk}
+	req := apiv1.CreateSandbox{Template: *tpl, VCPUs: *vcpus, MemoryMiB: *memory, DiskMiB: *disk, Checkpoint: *chk, OnIdle: *onIdle}
 	if *chk != "" && !fs.isSet("template") {
 		req.Template = "" // the checkpoint's
+	}
+	if idleFor.set {
+		req.IdleS = &idleFor.n
 	}
 	if *netPolicy != "" {
 		if req.Network, err = readNetworkPolicy(env, *netPolicy); err != nil {
@@ -277,6 +292,7 @@ func printSandbox(w io.Writer, sb apiv1.Sandbox) error {
 		{"Created", formatTime(&sb.CreatedAt)},
 		{"Expires", expires},
 		{"On timeout", sb.OnTimeout},
+		{"Idle", idleText(sb)},
 		{"Labels", strings.Join(labels, " ")},
 	}
 	if l := sb.Limits; l != nil {
@@ -300,4 +316,12 @@ the requests.
 
 func runSandboxRemove(ctx context.Context, env *Env, args []string) error {
 	return runLifecycle(ctx, env, args, lifecycleCmd{"rm", "remove", "removing", sandboxRemoveAbout, (*apiclient.Client).DeleteSandbox})
+}
+
+// idleText says what idleness does to sb.
+func idleText(sb apiv1.Sandbox) string {
+	if sb.IdleS <= 0 {
+		return "never"
+	}
+	return fmt.Sprintf("%s after %s unused", sb.OnIdle, time.Duration(sb.IdleS)*time.Second)
 }

@@ -51,8 +51,9 @@ type Dropped struct {
 
 // Stream reads a command's events, from its log after an event number.
 type Stream struct {
-	r      *eventlog.Reader
-	onExit func() // called when the exit is read; may be nil
+	r       *eventlog.Reader
+	onExit  func() // called when the exit is read; may be nil
+	onClose func() // called by Close; may be nil
 
 	// The pump, once Events started it.
 	cancel context.CancelFunc
@@ -131,12 +132,19 @@ func (st *Stream) Events(ctx context.Context) <-chan Event {
 // channel is closed.
 func (st *Stream) Err() error { return st.err }
 
+// OnClose has f called when the stream is closed: the end of what the
+// reader's use of the stream held. Set it before the stream is shared.
+func (st *Stream) OnClose(f func()) { st.onClose = f }
+
 // Close ends the pump, if Events started it, waits for it, and releases
 // the stream.
 func (st *Stream) Close() error {
 	if st.cancel != nil {
 		st.cancel()
 		<-st.done
+	}
+	if st.onClose != nil {
+		st.onClose()
 	}
 	return st.r.Close()
 }

@@ -314,9 +314,10 @@ func createRequest(req newSandbox, v2 bool) (apiv1.CreateSandbox, error) {
 	if req.AutoPauseMemory != nil && !*req.AutoPauseMemory {
 		return out, unsupported("autoPauseMemory: false", "a paused sandbox always keeps its memory (airlock suspends it with its memory and device state)")
 	}
-	if req.AutoResume != nil && req.AutoResume.Enabled {
-		return out, unsupported("autoResume", "traffic does not resume a paused sandbox; call connect")
-	}
+	// autoResume: envd and port traffic to a sandbox its timeout paused
+	// resumes it, as any call that needs it running does (docs/api.md,
+	// "Idle sandboxes").
+	out.WakeOnRequest = req.AutoResume != nil && req.AutoResume.Enabled
 	if set(req.MCP) {
 		return out, unsupported("mcp", "there is no MCP gateway")
 	}

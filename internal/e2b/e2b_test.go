@@ -338,7 +338,6 @@ func TestCreateBadInput(t *testing.T) {
 		{"no template", "/v2/sandboxes", `{"timeout":60}`, 400, []string{"templateID is required"}},
 		{"zero timeout", "/sandboxes", `{"templateID":"base","timeout":0}`, 400, []string{"timeout 0"}},
 		{"negative timeout", "/v2/sandboxes", `{"templateID":"base","timeout":-5}`, 400, []string{"timeout -5"}},
-		{"autoResume", "/v2/sandboxes", `{"templateID":"base","autoPause":true,"autoResume":{"enabled":true}}`, 400, []string{"autoResume"}},
 		{"autoPauseMemory false", "/v2/sandboxes", `{"templateID":"base","autoPause":true,"autoPauseMemory":false}`, 400, []string{"autoPauseMemory"}},
 		{"mcp", "/v2/sandboxes", `{"templateID":"base","mcp":{"github":{}}}`, 400, []string{"mcp"}},
 		{"iam", "/v2/sandboxes", `{"templateID":"base","iam":{"tokens":{"t":{"audience":"a","tokenType":"JWT-SVID"}}}}`, 400, []string{"iam"}},
@@ -481,8 +480,15 @@ func TestGet(t *testing.T) {
 	id2 := ts.row(t, ts.aliceP, apiv1.StateSuspended, func(sb *store.Sandbox) { sb.ExpiresAt, sb.TimeoutS = nil, 0 })
 	var d2 SandboxDetail
 	ts.must(t, 200, "GET", "/sandboxes/"+id2, ts.alice, "", &d2)
-	if d2.State != "paused" || d2.EndAt.Year() != 9999 || d2.Lifecycle.OnTimeout != "kill" {
+	if d2.State != "paused" || d2.EndAt.Year() != 9999 || d2.Lifecycle.OnTimeout != "kill" || d2.Lifecycle.AutoResume {
 		t.Errorf("suspended: %+v", d2)
+	}
+	// One that wakes on request resumes on traffic: autoResume.
+	id5 := ts.row(t, ts.aliceP, apiv1.StateSuspended, func(sb *store.Sandbox) { sb.OnTimeout, sb.WakeOnRequest = "suspend", true })
+	var d5 SandboxDetail
+	ts.must(t, 200, "GET", "/sandboxes/"+id5, ts.alice, "", &d5)
+	if d5.Lifecycle != (lifecycle{AutoResume: true, OnTimeout: "pause"}) {
+		t.Errorf("lifecycle of one that resumes on traffic: %+v", d5.Lifecycle)
 	}
 	// Deleted and failed sandboxes are gone, the failed one saying why.
 	id3 := ts.row(t, ts.aliceP, apiv1.StateDeleted)
@@ -857,6 +863,28 @@ func TestForward(t *testing.T) {
 			if json.Unmarshal(a.body, &e) != nil || e.Code != 503 || !strings.Contains(e.Message, "node n1 is down") {
 				t.Errorf("%s %s: the error %s is not E2B's shape with the reason", c.method, c.path, a.body)
 			}
+		}
+	}
+}
+
+// lifecycle.autoResume (autoResume.enabled) has the sandbox wake on
+// request; without it, or disabled, it does not.
+func TestCreateAutoResume(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		want bool
+	}{
+		{`{"templateID":"base","autoPause":true,"autoResume":{"enabled":true}}`, true},
+		{`{"templateID":"base","autoPause":true,"autoResume":{"enabled":false}}`, false},
+		{`{"templateID":"base","autoPause":true}`, false},
+	} {
+		var req newSandbox
+		if err := json.Unmarshal([]byte(tc.body), &req); err != nil {
+			t.Fatal(err)
+		}
+		out, err := createRequest(req, true)
+		if err != nil || out.WakeOnRequest != tc.want || out.OnTimeout != "suspend" {
+			t.Errorf("%s: wake on request %v, on_timeout %q, %v; want %v, suspend", tc.body, out.WakeOnRequest, out.OnTimeout, err, tc.want)
 		}
 	}
 }

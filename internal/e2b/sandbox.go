@@ -86,6 +86,18 @@ func (s *Server) serveSandbox(w http.ResponseWriter, r *http.Request, t target) 
 		writeError(w, err)
 		return
 	}
+	// The request uses the sandbox while it lasts; one created with
+	// autoResume is woken by it.
+	release, err := s.svc.UseSandbox(r.Context(), owner, t.id)
+	if err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			badGateway(w, t.id, "The sandbox was not found")
+		} else {
+			badGateway(w, t.id, fmt.Sprintf("The sandbox could not be resumed: %v", message(err)))
+		}
+		return
+	}
+	defer release()
 	sb, err := s.svc.GetSandbox(r.Context(), owner, t.id)
 	if err != nil {
 		if errors.Is(err, errdefs.ErrNotFound) {

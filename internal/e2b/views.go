@@ -136,6 +136,6 @@ func (s *Server) detailView(sb apiv1.Sandbox) SandboxDetail {
 		ListedSandbox:       s.listedView(sb),
 		EnvdAccessToken:     s.svc.SandboxAccessToken(sb.ID),
 		AllowInternetAccess: internet, Domain: s.domain(), Network: net,
-		Lifecycle: lifecycle{AutoResume: false, OnTimeout: onTimeout},
+		Lifecycle: lifecycle{AutoResume: sb.WakeOnRequest, OnTimeout: onTimeout},
 	}
 }

@@ -39,6 +39,12 @@ func (x sandboxes) Running(ctx context.Context, p Principal, id string) error {
 	return err
 }
 
+func (x sandboxes) Use(ctx context.Context, id string) (func(), error) {
+	return x.s.use(ctx, id)
+}
+
+func (x sandboxes) Hold(id string) func() { return x.s.idle.Hold(id) }
+
 func (x sandboxes) Live(id string) (context.Context, bool) {
 	lv := x.s.getLive(id)
 	if lv == nil {

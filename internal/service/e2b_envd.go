@@ -41,10 +41,11 @@ func entryView(st agentproto.Stat) Entry {
 
 // StatEntry describes path, keeping a symlink's target.
 func (s *Service) StatEntry(ctx context.Context, p Principal, sbx, path string) (Entry, error) {
-	agent, err := s.filesOf(ctx, p, sbx, path)
+	agent, release, err := s.filesOf(ctx, p, sbx, path)
 	if err != nil {
 		return Entry{}, err
 	}
+	defer release()
 	st, err := agent.Stat(ctx, path)
 	if err != nil {
 		return Entry{}, err
@@ -58,10 +59,11 @@ func (s *Service) ListEntries(ctx context.Context, p Principal, sbx, dir string,
 	if depth < 1 || depth > MaxListDepth {
 		return nil, fmt.Errorf("depth %d is out of bounds: use 1 to %d: %w", depth, MaxListDepth, errdefs.ErrInvalid)
 	}
-	agent, err := s.filesOf(ctx, p, sbx, dir)
+	agent, release, err := s.filesOf(ctx, p, sbx, dir)
 	if err != nil {
 		return nil, err
 	}
+	defer release()
 	sts, err := agent.List(ctx, dir, depth)
 	if err != nil {
 		return nil, err

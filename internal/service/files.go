@@ -35,36 +35,51 @@ func ParseMode(s string) (uint32, error) {
 	return uint32(m), nil
 }
 
-// filesOf checks path and returns the agent of the running sandbox sbx.
-func (s *Service) filesOf(ctx context.Context, p Principal, sbx, path string) (*agentclient.Client, error) {
+// filesOf checks path and returns the agent of the running sandbox sbx,
+// which it wakes if it must (use); the call uses the sandbox until
+// release.
+func (s *Service) filesOf(ctx context.Context, p Principal, sbx, path string) (agent *agentclient.Client, release func(), err error) {
 	if err := checkPath("path", path); err != nil {
 		// An unknown sandbox still answers 404 first.
 		if _, gerr := s.getOwned(ctx, p, sbx); gerr != nil {
-			return nil, gerr
+			return nil, nil, gerr
 		}
-		return nil, err
+		return nil, nil, err
 	}
+	if _, err := s.getOwned(ctx, p, sbx); err != nil {
+		return nil, nil, err
+	}
+	held, err := s.use(ctx, sbx)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() {
+		if err != nil {
+			held()
+		}
+	}()
 	lv, _, err := s.runningSandbox(ctx, p, sbx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	box, _, err := lv.vm()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	agent := box.Agent()
+	agent = box.Agent()
 	if agent == nil {
-		return nil, fmt.Errorf("sandbox %s is not running: %w", sbx, errdefs.ErrConflict)
+		return nil, nil, fmt.Errorf("sandbox %s is not running: %w", sbx, errdefs.ErrConflict)
 	}
-	return agent, nil
+	return agent, held, nil
 }
 
 // WriteFile streams r into path, creating parent directories.
 func (s *Service) WriteFile(ctx context.Context, p Principal, sbx, path string, mode uint32, r io.Reader) error {
-	agent, err := s.filesOf(ctx, p, sbx, path)
+	agent, release, err := s.filesOf(ctx, p, sbx, path)
 	if err != nil {
 		return err
 	}
+	defer release()
 	cr := &countReader{r: &spaceGuard{r: r, s: s, dir: s.sandboxDir(sbx)}}
 	err = agent.WriteFile(ctx, path, mode, cr)
 	s.m.streamed(int(cr.n))
@@ -86,10 +101,11 @@ func (c *countReader) Read(p []byte) (int, error) {
 // function that streams it to w: the caller can answer an error before it
 // writes anything.
 func (s *Service) OpenFile(ctx context.Context, p Principal, sbx, path string) (apiv1.Stat, func(w io.Writer) error, error) {
-	agent, err := s.filesOf(ctx, p, sbx, path)
+	agent, release, err := s.filesOf(ctx, p, sbx, path)
 	if err != nil {
 		return apiv1.Stat{}, nil, err
 	}
+	defer release()
 	// The stat comes from the read itself, so a response's length is
 	// the length of what follows even when the file is being rewritten.
 	st, copyTo, err := agent.OpenRead(ctx, path)
@@ -100,6 +116,7 @@ func (s *Service) OpenFile(ctx context.Context, p Principal, sbx, path string) (
 		return apiv1.Stat{}, nil, err
 	}
 	return statView(st), func(w io.Writer) error {
+		defer s.idle.Hold(sbx)() // the transfer uses the sandbox
 		err := copyTo(w)
 		s.m.streamed(int(st.SizeBytes))
 		return err
@@ -112,10 +129,11 @@ func statView(st agentproto.Stat) apiv1.Stat {
 
 // Stat describes path.
 func (s *Service) Stat(ctx context.Context, p Principal, sbx, path string) (apiv1.Stat, error) {
-	agent, err := s.filesOf(ctx, p, sbx, path)
+	agent, release, err := s.filesOf(ctx, p, sbx, path)
 	if err != nil {
 		return apiv1.Stat{}, err
 	}
+	defer release()
 	st, err := agent.Stat(ctx, path)
 	return statView(st), err
 }
@@ -128,10 +146,11 @@ func (s *Service) List(ctx context.Context, p Principal, sbx, dir string, depth 
 	if depth < 1 || depth > MaxListDepth {
 		return nil, fmt.Errorf("depth %d is out of bounds: use 1 to %d: %w", depth, MaxListDepth, errdefs.ErrInvalid)
 	}
-	agent, err := s.filesOf(ctx, p, sbx, dir)
+	agent, release, err := s.filesOf(ctx, p, sbx, dir)
 	if err != nil {
 		return nil, err
 	}
+	defer release()
 	sts, err := agent.List(ctx, dir, depth)
 	if err != nil {
 		return nil, err
@@ -145,10 +164,11 @@ func (s *Service) List(ctx context.Context, p Principal, sbx, dir string, depth 
 
 // Mkdir creates dir and its parents.
 func (s *Service) Mkdir(ctx context.Context, p Principal, sbx, dir string) error {
-	agent, err := s.filesOf(ctx, p, sbx, dir)
+	agent, release, err := s.filesOf(ctx, p, sbx, dir)
 	if err != nil {
 		return err
 	}
+	defer release()
 	return agent.Mkdir(ctx, dir)
 }
 
@@ -157,10 +177,11 @@ func (s *Service) Move(ctx context.Context, p Principal, sbx, from, to string) e
 	if err := checkPath("to", to); err != nil {
 		return err
 	}
-	agent, err := s.filesOf(ctx, p, sbx, from)
+	agent, release, err := s.filesOf(ctx, p, sbx, from)
 	if err != nil {
 		return err
 	}
+	defer release()
 	return agent.Move(ctx, from, to)
 }
 
@@ -169,24 +190,27 @@ func (s *Service) Remove(ctx context.Context, p Principal, sbx, path string, rec
 	if path == "/" {
 		return fmt.Errorf("refusing to remove / : %w", errdefs.ErrInvalid)
 	}
-	agent, err := s.filesOf(ctx, p, sbx, path)
+	agent, release, err := s.filesOf(ctx, p, sbx, path)
 	if err != nil {
 		return err
 	}
+	defer release()
 	return agent.Remove(ctx, path, recursive)
 }
 
 // OpenArchive checks that path exists and returns a function that streams
 // it as a tar archive.
 func (s *Service) OpenArchive(ctx context.Context, p Principal, sbx, path string) (func(w io.Writer) error, error) {
-	agent, err := s.filesOf(ctx, p, sbx, path)
+	agent, release, err := s.filesOf(ctx, p, sbx, path)
 	if err != nil {
 		return nil, err
 	}
+	defer release()
 	if _, err := agent.Stat(ctx, path); err != nil {
 		return nil, err
 	}
 	return func(w io.Writer) error {
+		defer s.idle.Hold(sbx)() // the transfer uses the sandbox
 		cw := &countWriter{w: w}
 		err := agent.TarOut(ctx, path, cw)
 		s.m.streamed(int(cw.n))
@@ -207,10 +231,11 @@ func (c *countWriter) Write(p []byte) (int, error) {
 
 // ExtractArchive extracts the tar stream r into dir.
 func (s *Service) ExtractArchive(ctx context.Context, p Principal, sbx, dir string, r io.Reader) error {
-	agent, err := s.filesOf(ctx, p, sbx, dir)
+	agent, release, err := s.filesOf(ctx, p, sbx, dir)
 	if err != nil {
 		return err
 	}
+	defer release()
 	cr := &countReader{r: &spaceGuard{r: r, s: s, dir: s.sandboxDir(sbx)}}
 	err = agent.TarIn(ctx, dir, cr)
 	s.m.streamed(int(cr.n))

@@ -68,11 +68,22 @@ func (s *Service) lockSettled(ctx context.Context, id string) error {
 // transitional state (if any) with a new pending operation, and marks the
 // sandbox busy. The caller runs the operation and calls endOp.
 func (s *Service) beginOp(ctx context.Context, p Principal, id, kind, transitional string) (sb store.Sandbox, op store.Operation, f *inflight, from string, err error) {
-	sb, op, f, err = s.beginOpLocked(ctx, p, id, kind, transitional, &from)
+	sb, op, f, err = s.beginOpLocked(ctx, p, id, kind, transitional, &from, nil)
 	return sb, op, f, from, err
 }
 
-func (s *Service) beginOpLocked(ctx context.Context, p Principal, id, kind, transitional string, fromOut *string) (store.Sandbox, store.Operation, *inflight, error) {
+// idleBegin is what beginOpLocked needs to begin the suspend or pause
+// that idleness starts.
+type idleBegin struct {
+	// quiet says, under s.mu, whether nothing uses the sandbox still: a
+	// call that takes hold of it under s.mu (use) either comes before
+	// this check, which then refuses, or finds the operation begun.
+	quiet func() bool
+	// data is the sandbox.idle event's.
+	data []byte
+}
+
+func (s *Service) beginOpLocked(ctx context.Context, p Principal, id, kind, transitional string, fromOut *string, idle *idleBegin) (store.Sandbox, store.Operation, *inflight, error) {
 	sb, err := s.getOwned(ctx, p, id)
 	if err != nil {
 		return sb, store.Operation{}, nil, err
@@ -93,6 +104,9 @@ func (s *Service) beginOpLocked(ctx context.Context, p Principal, id, kind, tran
 	if !contains(allowedFrom[kind], sb.State) {
 		return sb, store.Operation{}, nil, fmt.Errorf("sandbox %s is %s: %s needs it %s: %w", id, sb.State, kind, orList(allowedFrom[kind]), errdefs.ErrConflict)
 	}
+	if idle != nil && !idle.quiet() {
+		return sb, store.Operation{}, nil, fmt.Errorf("sandbox %s is in use: %w", id, errdefs.ErrConflict)
+	}
 	now := s.now()
 	op := store.Operation{ID: ids.New("op"), Kind: kind, TargetID: id, Owner: p.KeyID, Status: apiv1.OpPending, CreatedAt: now}
 	from := sb.State
@@ -102,7 +116,13 @@ func (s *Service) beginOpLocked(ctx context.Context, p Principal, id, kind, tran
 	}
 	sb.UpdatedAt = now
 	// The store admits one operation per sandbox, whichever server asks.
-	if err := s.st.BeginOperation(ctx, sb, op, from); err != nil {
+	begin := s.st.BeginOperation
+	if idle != nil {
+		begin = func(ctx context.Context, sb store.Sandbox, op store.Operation, from string) error {
+			return s.st.BeginIdleOperation(ctx, sb, op, from, idle.data)
+		}
+	}
+	if err := begin(ctx, sb, op, from); err != nil {
 		return sb, op, nil, fmt.Errorf("record %s: %w", kind, err)
 	}
 	f := &inflight{kind: kind, done: make(chan struct{})}
@@ -172,16 +192,18 @@ func (s *Service) Pause(ctx context.Context, p Principal, id string) (apiv1.Sand
 	if err != nil {
 		return apiv1.SandboxOperation{}, err
 	}
-	go func(sb store.Sandbox, op store.Operation) { // copies: the answer below reads the originals
-		start := time.Now()
-		s.markRunning(&op)
-		err := s.pauseVM(sb.ID)
-		if err == nil {
-			sb.State = apiv1.StatePaused
-		}
-		s.endOp(f, sb, apiv1.StateRunning, op, err, time.Since(start))
-	}(sb, op)
+	go s.runPause(sb, op, f) // copies: the answer below reads the originals
 	return apiv1.SandboxOperation{Sandbox: s.sandboxView(sb), Operation: op.View()}, nil
+}
+
+func (s *Service) runPause(sb store.Sandbox, op store.Operation, f *inflight) {
+	start := time.Now()
+	s.markRunning(&op)
+	err := s.pauseVM(sb.ID)
+	if err == nil {
+		sb.State = apiv1.StatePaused
+	}
+	s.endOp(f, sb, apiv1.StateRunning, op, err, time.Since(start))
 }
 
 // liveVM returns the sandbox this server looks after and its VM, or a
@@ -322,6 +344,7 @@ func (s *Service) Wake(ctx context.Context, p Principal, id string) (apiv1.Sandb
 		switch {
 		case err == nil:
 			sb.State = apiv1.StateRunning
+			s.idle.Touch(sb.ID) // its idle time counts from the wake
 		case from == apiv1.StateWaking && sandbox.SuspendedState(s.sandboxDir(sb.ID)):
 			sb.State = apiv1.StateSuspended // the saved state is kept: wake may be retried
 		case from == apiv1.StateWaking:
@@ -454,6 +477,7 @@ func (s *Service) Keep(ctx context.Context, p Principal, id string, timeoutS *in
 	if _, err := s.getOwned(ctx, p, id); err != nil {
 		return apiv1.Sandbox{}, err
 	}
+	s.idle.Touch(id) // a keep is a use (docs/api.md, "Idle sandboxes")
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	sb, err := s.st.GetSandbox(ctx, id)
@@ -488,6 +512,7 @@ func (s *Service) reconcile() {
 	defer t.Stop()
 	for {
 		s.applyLeases()
+		s.applyIdle()
 		select {
 		case <-s.ctx.Done():
 			return

@@ -18,6 +18,10 @@ import (
 type live struct {
 	s  *Service
 	id string
+	// idleS and onIdle are the sandbox's idle_s and on_idle, fixed at
+	// its create.
+	idleS  int
+	onIdle string
 
 	// ctx is the sandbox's lifetime on this server. It ends when the
 	// sandbox is deleted or released.
@@ -34,7 +38,7 @@ type live struct {
 // a suspended one (box nil).
 func (s *Service) adoptLive(box VM, sb store.Sandbox) *live {
 	ctx, cancel := context.WithCancel(context.Background())
-	lv := &live{s: s, id: sb.ID, ctx: ctx, cancel: cancel}
+	lv := &live{s: s, id: sb.ID, idleS: sb.IdleS, onIdle: sb.OnIdle, ctx: ctx, cancel: cancel}
 	if box != nil {
 		lv.setBox(box)
 	}
@@ -48,6 +52,7 @@ func (lv *live) setBox(box VM) {
 	lv.mu.Lock()
 	lv.box, lv.vmCtx, lv.vmCancel = box, vmCtx, vmCancel
 	lv.mu.Unlock()
+	lv.s.idle.Touch(lv.id) // its idle time counts from its start, adoption or wake
 	go lv.watch(box, vmCtx)
 }
 
@@ -107,6 +112,7 @@ func (lv *live) watch(box VM, vmCtx context.Context) {
 	}
 	delete(s.live, lv.id)
 	s.mu.Unlock()
+	s.idle.Forget(lv.id)
 	failure := box.Failure()
 	msg := "the sandbox VM exited"
 	if failure != nil {

@@ -196,14 +196,38 @@ func (s *Service) DialPort(ctx context.Context, p Principal, id string, port int
 	if _, err := s.getOwned(ctx, p, id); err != nil {
 		return nil, err
 	}
-	_, box, err := s.liveVM(id)
+	// The connection uses the sandbox, which it may wake, until closed.
+	release, err := s.use(ctx, id)
 	if err != nil {
 		return nil, err
 	}
+	_, box, err := s.liveVM(id)
+	if err != nil {
+		release()
+		return nil, err
+	}
 	if box.Paused() {
+		release()
 		return nil, fmt.Errorf("sandbox %s is paused: wake it first: %w", id, errdefs.ErrConflict)
 	}
-	return box.DialGuest(ctx, uint16(port))
+	c, err := box.DialGuest(ctx, uint16(port))
+	if err != nil {
+		release()
+		return nil, err
+	}
+	return &usedConn{Conn: c, release: release}, nil
+}
+
+// usedConn is a connection to a sandbox's port, which uses the sandbox
+// until it is closed.
+type usedConn struct {
+	net.Conn
+	release func()
+}
+
+func (c *usedConn) Close() error {
+	c.release()
+	return c.Conn.Close()
 }
 
 // SandboxSecret returns the value of secret name for sandbox id's

@@ -52,6 +52,10 @@ func (s *Service) CreateSandbox(ctx context.Context, p Principal, req apiv1.Crea
 			return apiv1.SandboxOperation{}, fmt.Errorf("timeout_s %d is out of bounds: use 0 (no lease) to %d: %w", timeout, 365*24*3600, errdefs.ErrInvalid)
 		}
 	}
+	idleS, onIdle, err := idleSettings(req.IdleS, req.OnIdle)
+	if err != nil {
+		return apiv1.SandboxOperation{}, err
+	}
 	if err := fields.Map("env", req.Env, fields.EnvKey); err != nil {
 		return apiv1.SandboxOperation{}, err
 	}
@@ -96,6 +100,7 @@ func (s *Service) CreateSandbox(ctx context.Context, p Principal, req apiv1.Crea
 		TemplateRef: tpl.Ref(), TemplateDigest: tpl.Digest,
 		VCPUs: spec.VCPUs, MemoryMiB: spec.MemoryMiB, DiskMiB: spec.DiskMiB,
 		TimeoutS: timeout, OnTimeout: req.OnTimeout,
+		IdleS: idleS, OnIdle: onIdle, WakeOnRequest: idleS > 0 || req.WakeOnRequest,
 		Env: req.Env, Metadata: req.Metadata, Network: network,
 		CreatedAt: now, UpdatedAt: now,
 	}
@@ -566,6 +571,7 @@ func (s *Service) runDelete(sb store.Sandbox, op store.Operation) {
 	lv := s.live[sb.ID]
 	delete(s.live, sb.ID)
 	s.mu.Unlock()
+	s.idle.Forget(sb.ID)
 	var err error
 	if lv != nil {
 		err = lv.destroy(context.Background())
@@ -600,6 +606,7 @@ func (s *Service) sandboxView(sb store.Sandbox) apiv1.Sandbox {
 		CreatedAt: sb.CreatedAt, ExpiresAt: sb.ExpiresAt, OnTimeout: sb.OnTimeout,
 		Metadata: sb.Metadata, Network: sb.Network,
 	}
+	idleView(&v, sb)
 	if v.Metadata == nil {
 		v.Metadata = map[string]string{}
 	}

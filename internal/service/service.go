@@ -28,6 +28,7 @@ import (
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/errdefs"
+	"github.com/airlockhq/airlock/internal/idle"
 	"github.com/airlockhq/airlock/internal/sandbox"
 	"github.com/airlockhq/airlock/internal/secrets"
 	"github.com/airlockhq/airlock/internal/sessions"
@@ -206,6 +207,7 @@ type Service struct {
 	templates *template.Store
 	clock     Clock
 	cmds      *sessions.Commands // command sessions of the sandboxes looked after here
+	idle      *idle.Tracker      // what uses each sandbox looked after here, for idle_s
 	role      role               // the part this server plays: one host, or a cluster's replica or node
 
 	ctx     context.Context // lifecycle work; cancelled by Close
@@ -258,6 +260,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		making:   map[string]chan struct{}{},
 		states:   map[string]int{},
 	}
+	s.idle = idle.New(s.clockNow)
 	s.cmds = sessions.New(sessions.Config{Dir: cfg.Dir, Store: cfg.Store, Sandboxes: sandboxes{s}, Log: cfg.Log,
 		Now: s.now, Metrics: cfg.CommandMetrics, Streamed: s.m.streamed})
 	if !s.role.holdsVMs() {

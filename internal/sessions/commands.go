@@ -58,6 +58,11 @@ func (c *Commands) CreateCommand(ctx context.Context, p tenancy.Principal, sbxID
 	if err := fields.ID("sandbox", "sbx", sbxID); err != nil {
 		return apiv1.CommandSession{}, err
 	}
+	release, err := c.use(ctx, p, sbxID)
+	if err != nil {
+		return apiv1.CommandSession{}, err
+	}
+	defer release()
 	if err := c.sb.Running(ctx, p, sbxID); err != nil {
 		return apiv1.CommandSession{}, err
 	}
@@ -211,6 +216,16 @@ func (c *Commands) Attach(ctx context.Context, auth AttachAuth, id string, after
 	if rec.State == apiv1.CommandCreated && after > 0 {
 		return nil, fmt.Errorf("Last-Event-ID %d is past the last event: command %s has not started: %w", after, id, errdefs.ErrInvalid)
 	}
+	release, err := c.sb.Use(ctx, rec.SandboxID)
+	if err != nil {
+		return nil, err
+	}
+	handed := false
+	defer func() {
+		if !handed {
+			release()
+		}
+	}()
 	lifetime, ok := c.sb.Live(rec.SandboxID)
 	if !ok {
 		sb, err := c.st.GetSandbox(ctx, rec.SandboxID)
@@ -236,7 +251,18 @@ func (c *Commands) Attach(ctx context.Context, auth AttachAuth, id string, after
 		onExit = func() { c.spendToken(id) }
 	}
 	c.m.attached()
-	return sess.Stream(after, onExit), nil
+	st := sess.Stream(after, onExit)
+	st.OnClose(release) // an open stream uses the sandbox
+	handed = true
+	return st, nil
+}
+
+// use is Sandboxes.Use of sandbox sbx for p, once p may see it.
+func (c *Commands) use(ctx context.Context, p tenancy.Principal, sbx string) (release func(), err error) {
+	if _, err := c.sb.Owned(ctx, p, sbx); err != nil {
+		return nil, err
+	}
+	return c.sb.Use(ctx, sbx)
 }
 
 func (c *Commands) spendToken(id string) {
@@ -275,12 +301,14 @@ func (b *sandboxSessions) lookup(id string) (*command.Session, bool) {
 	return sess, ok
 }
 
-// follow counts a pump of sandbox sbx's, started by the caller.
-func (c *Commands) follow(sbx string) *sandboxSessions {
+// follow counts a pump of sandbox sbx's, started by the caller, and
+// holds the sandbox in use while its process runs: the pump calls
+// release as it ends.
+func (c *Commands) follow(sbx string) (*sandboxSessions, func()) {
 	b := c.box(sbx)
 	b.pumps.Add(1)
 	c.m.following(1)
-	return b
+	return b, c.sb.Hold(sbx)
 }
 
 // start runs the command: its first attach.
@@ -328,8 +356,8 @@ func (c *Commands) start(sess *command.Session, rec store.Command) error {
 	if err := c.st.UpdateCommand(context.Background(), rec); err != nil {
 		c.log.Error("record command start", "command", rec.ID, "err", err)
 	}
-	b := c.follow(rec.SandboxID)
-	go c.waitCommand(b, sess, proc, rec, box, vmCtx)
+	b, release := c.follow(rec.SandboxID)
+	go c.waitCommand(b, release, sess, proc, rec, box, vmCtx)
 	return nil
 }
 
@@ -346,9 +374,10 @@ func agentMessage(err error) string {
 // and logs its exit. It ends with the process, or when its VM's context
 // ends: the sandbox was suspended (the wake re-attaches) or let go (the
 // next server re-attaches).
-func (c *Commands) waitCommand(b *sandboxSessions, sess *command.Session, proc *agentclient.Process, rec store.Command, box VM, vmCtx context.Context) {
+func (c *Commands) waitCommand(b *sandboxSessions, release func(), sess *command.Session, proc *agentclient.Process, rec store.Command, box VM, vmCtx context.Context) {
 	defer b.pumps.Done()
 	defer c.m.following(-1)
+	defer release()
 	exit, err := box.Wait(proc)
 	if vmCtx.Err() != nil {
 		sess.Detach(proc)
@@ -491,8 +520,8 @@ func (c *Commands) resume(rec store.Command) {
 	if err := sess.Reattach(proc); err != nil {
 		c.log.Error("log command's lost output", "command", rec.ID, "err", err)
 	}
-	b := c.follow(rec.SandboxID)
-	go c.waitCommand(b, sess, proc, rec, box, vmCtx)
+	b, release := c.follow(rec.SandboxID)
+	go c.waitCommand(b, release, sess, proc, rec, box, vmCtx)
 }
 
 // openLive opens the session of a command of a sandbox this server looks
@@ -511,6 +540,12 @@ func (c *Commands) runningProcess(ctx context.Context, p tenancy.Principal, id s
 	if err != nil {
 		return nil, rec, err
 	}
+	// A call on a command uses its sandbox, which it may wake.
+	release, err := c.sb.Use(ctx, rec.SandboxID)
+	if err != nil {
+		return nil, rec, err
+	}
+	release()
 	if rec.State != apiv1.CommandRunning {
 		hint := ""
 		if rec.State == apiv1.CommandCreated {

@@ -233,6 +233,12 @@ func (c *Commands) Exec(ctx context.Context, p tenancy.Principal, sbxID string, 
 	if x.Stdin {
 		return nil, fmt.Errorf("exec takes no stdin: create a command session for that: %w", errdefs.ErrInvalid)
 	}
+	// The sandbox is in use until the command ends.
+	release, err := c.use(ctx, p, sbxID)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	if err := c.sb.Running(ctx, p, sbxID); err != nil {
 		return nil, err
 	}

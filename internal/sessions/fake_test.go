@@ -25,8 +25,10 @@ var _ VM = (*sandboxtest.VM)(nil)
 type sandboxes struct {
 	st *store.Store
 
-	mu   sync.Mutex          // guards live
-	live map[string]*liveBox // by sandbox ID
+	mu    sync.Mutex          // guards live and holds
+	live  map[string]*liveBox // by sandbox ID
+	holds map[string]int      // uses not yet released (Use, Hold), by sandbox ID
+	uses  map[string]int      // calls of Use, by sandbox ID
 }
 
 // liveBox is a sandbox looked after here: its lifetime, and its VM with
@@ -56,6 +58,34 @@ func (f *sandboxes) Running(ctx context.Context, p tenancy.Principal, id string)
 		return fmt.Errorf("sandbox %s is %s, not running: %w", id, sb.State, errdefs.ErrConflict)
 	}
 	return nil
+}
+
+func (f *sandboxes) Use(ctx context.Context, id string) (func(), error) {
+	f.mu.Lock()
+	f.uses[id]++
+	f.mu.Unlock()
+	return f.Hold(id), nil
+}
+
+func (f *sandboxes) Hold(id string) func() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.holds[id]++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			f.holds[id]--
+		})
+	}
+}
+
+// held returns the uses of sandbox id not yet released.
+func (f *sandboxes) held(id string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.holds[id]
 }
 
 func (f *sandboxes) Live(id string) (context.Context, bool) {
@@ -134,7 +164,7 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	sb := &sandboxes{st: st, live: map[string]*liveBox{}}
+	sb := &sandboxes{st: st, live: map[string]*liveBox{}, holds: map[string]int{}, uses: map[string]int{}}
 	c := New(Config{Dir: dir, Store: st, Sandboxes: sb, Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
 	return &fixture{dir: dir, st: st, sb: sb, c: c}
 }

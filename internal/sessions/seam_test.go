@@ -166,3 +166,98 @@ func read(t *testing.T, st *command.Stream, until string) (string, string, *apiv
 		}
 	}
 }
+
+// A sandbox is in use, never idle, while a command runs in it, while a
+// stream of a command is open and while an exec runs; each of these lets
+// go when it ends (docs/api.md, "Idle sandboxes").
+func TestUseOfSandbox(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	rt := sandboxtest.New(t, f.dir)
+	if _, err := rt.AddTemplate("base", template.Settings{VCPUs: 1, MemoryMiB: 256, DiskMiB: 512}); err != nil {
+		t.Fatal(err)
+	}
+	spec, _, err := rt.Resolve(sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vm, err := rt.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := vm.SandboxID()
+	admin := tenancy.Principal{KeyID: "keyadmin", Role: apiv1.RoleAdmin}
+	other := tenancy.Principal{KeyID: "keyother", Role: apiv1.RoleUser}
+	sb := store.Sandbox{ID: id, Owner: admin.KeyID, State: apiv1.StateRunning, TemplateRef: "base:latest",
+		VCPUs: 1, MemoryMiB: 256, DiskMiB: 512, OnTimeout: "delete", Metadata: map[string]string{}}
+	if err := f.st.InsertSandbox(ctx, sb, store.Operation{ID: ids.New("op"), Kind: apiv1.OpCreate, TargetID: id, Owner: admin.KeyID, Status: apiv1.OpSucceeded}); err != nil {
+		t.Fatal(err)
+	}
+	f.sb.look(id, vm)
+	t.Cleanup(func() { f.sb.let(id); f.c.Close(id, time.Second); vm.Destroy(ctx) })
+
+	// Another key's call neither uses nor wakes the sandbox.
+	if _, err := f.c.Exec(ctx, other, id, apiv1.CommandRequest{Cmd: "true"}); err == nil {
+		t.Fatal("another key's exec ran")
+	}
+	if n := f.sb.uses[id]; n != 0 {
+		t.Fatalf("another key's exec used the sandbox %d times", n)
+	}
+
+	gate := filepath.Join(t.TempDir(), "go")
+	sess, err := f.c.CreateCommand(ctx, admin, id, apiv1.CommandRequest{
+		Cmd: "echo one; while [ ! -e " + gate + " ]; do sleep 0.02; done; echo two"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := f.sb.held(id); n != 0 {
+		t.Fatalf("a command created, not started, holds the sandbox %d times", n)
+	}
+	st, err := f.c.Attach(ctx, AttachAuth{Principal: &admin}, sess.ID, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, _, _ := read(t, st, "one\n"); out != "one\n" {
+		t.Fatalf("stdout %q", out)
+	}
+	if n := f.sb.held(id); n != 2 {
+		t.Fatalf("a running command and its open stream hold the sandbox %d times, want 2", n)
+	}
+	st.Close()
+	if n := f.sb.held(id); n != 1 {
+		t.Fatalf("with the stream closed, the running command holds the sandbox %d times, want 1", n)
+	}
+
+	// An exec holds it while it runs.
+	done := make(chan error, 1)
+	gate2 := filepath.Join(t.TempDir(), "go")
+	go func() {
+		out, err := f.c.Exec(ctx, admin, id, apiv1.CommandRequest{Cmd: "while [ ! -e " + gate2 + " ]; do sleep 0.02; done"})
+		if err == nil {
+			err = out.Close()
+		}
+		done <- err
+	}()
+	testenv.Eventually(t, 5*time.Second, "the exec's hold", func() (bool, string) {
+		n := f.sb.held(id)
+		return n == 2, strconv.Itoa(n)
+	})
+	if err := os.WriteFile(gate2, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := f.sb.held(id); n != 1 {
+		t.Fatalf("after the exec, the sandbox is held %d times, want 1", n)
+	}
+
+	// The command's end lets go of the sandbox.
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, "no hold once the command exits", func() (bool, string) {
+		n := f.sb.held(id)
+		return n == 0, strconv.Itoa(n)
+	})
+}

@@ -57,6 +57,16 @@ type Sandboxes interface {
 	// on this server, else an error: not found as Owned's, or a conflict
 	// naming its state.
 	Running(ctx context.Context, p tenancy.Principal, id string) error
+	// Use readies sandbox id, which the caller has checked it may use,
+	// for a call that needs it running: a sandbox that wakes on request
+	// is woken from paused or suspended and waited for. The call uses the
+	// sandbox, which is then not idle, until release (docs/api.md, "Idle
+	// sandboxes"). An error says why the wake failed; a sandbox that
+	// cannot be woken is left as it is, for the caller's own checks.
+	Use(ctx context.Context, id string) (release func(), err error)
+	// Hold records a use of sandbox id, a command's process that runs,
+	// until release.
+	Hold(id string) (release func())
 	// Live returns the lifetime of sandbox id on this server, which ends
 	// when the server lets go of it (deleted, released, its VM lost); ok
 	// is false when this server does not look after it (it holds neither

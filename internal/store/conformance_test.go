@@ -70,6 +70,7 @@ var conformance = []struct {
 	{"Builds", testBuilds},
 	{"EventsOfSandboxes", testEventsOfSandboxes},
 	{"EventsOnlyWithTheirChange", testEventsOnlyWithTheirChange},
+	{"EventsOfIdleness", testEventsOfIdleness},
 	{"EventsOfBuilds", testEventsOfBuilds},
 	{"EventsNeverSkip", testEventsNeverSkip},
 	{"PruneEvents", testPruneEvents},

@@ -130,6 +130,37 @@ func testEventsOnlyWithTheirChange(t *testing.T, b backend) {
 	}
 }
 
+// The suspend or pause that idleness begins carries a sandbox.idle event,
+// written before the state's own event and only if the operation begins.
+func testEventsOfIdleness(t *testing.T, b backend) {
+	ctx := context.Background()
+	s := b.newStore(t)
+	sb := mustInsertSandbox(t, s, "sbx1", "key1")
+	sb.State = apiv1.StateRunning
+	if err := s.UpdateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	data := json.RawMessage(`{"idle_s":60,"on_idle":"suspend"}`)
+	sb.State = apiv1.StateSuspending
+	op := Operation{ID: "op1", Kind: "suspend", TargetID: sb.ID, Owner: "key1", Status: "pending"}
+	if err := s.BeginIdleOperation(ctx, sb, op, apiv1.StateRunning, data); err != nil {
+		t.Fatal(err)
+	}
+	// A second one finds the first in flight: no event of its own.
+	op.ID = "op2"
+	if err := s.BeginIdleOperation(ctx, sb, op, apiv1.StateRunning, data); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("second idle begin: %v; want a conflict", err)
+	}
+	got, err := s.ListEvents(ctx, EventFilter{Limit: 100, Types: []string{apiv1.EventSandboxIdle}})
+	if err != nil || len(got) != 1 || got[0].Owner != "key1" || got[0].SandboxID != "sbx1" {
+		t.Fatalf("idle events %v, %v; want one of sbx1", eventTypes(got), err)
+	}
+	var d map[string]any
+	if err := json.Unmarshal(got[0].Data, &d); err != nil || d["idle_s"] != 60.0 || d["on_idle"] != "suspend" {
+		t.Errorf("idle event data %s, %v", got[0].Data, err)
+	}
+}
+
 // A build's end is an event of its owner, with the template and digest.
 func testEventsOfBuilds(t *testing.T, b backend) {
 	ctx := context.Background()

@@ -538,6 +538,19 @@ CREATE TABLE checkpoints (
 CREATE INDEX checkpoints_owner ON checkpoints (owner, seq);
 CREATE INDEX checkpoints_sandbox ON checkpoints (sandbox_id, seq);
 `},
+	{16, "add sandboxes.idle_s, on_idle and wake_on_request", `
+-- After idle_s seconds without activity (0: never) the server suspends
+-- the sandbox, or pauses it when on_idle is 'pause'; '' before this
+-- migration, read as 'suspend'. With wake_on_request 1, a call that needs
+-- the sandbox running wakes it from paused or suspended.
+ALTER TABLE sandboxes ADD COLUMN idle_s INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sandboxes ADD COLUMN on_idle TEXT NOT NULL DEFAULT '';
+ALTER TABLE sandboxes ADD COLUMN wake_on_request INTEGER NOT NULL DEFAULT 0;
+`, `
+ALTER TABLE sandboxes ADD COLUMN idle_s BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE sandboxes ADD COLUMN on_idle TEXT NOT NULL DEFAULT '';
+ALTER TABLE sandboxes ADD COLUMN wake_on_request BIGINT NOT NULL DEFAULT 0;
+`},
 }
 
 // schemaVersion reads the version of the schema: SQLite's PRAGMA

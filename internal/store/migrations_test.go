@@ -42,6 +42,7 @@ var migrationTests = []migrationTest{
 	{version: 13, before: fillSchema1, after: checkSchema13},
 	{version: 14, before: fillSchema1, after: checkSchema14},
 	{version: 15, before: fillSchema1, after: checkSchema15},
+	{version: 16, before: fillSchema1, after: checkSchema16},
 }
 
 // fillBuilds9 stores a build as servers before migration 10 did.
@@ -114,6 +115,41 @@ func checkSchema15(t *testing.T, db *sql.DB) {
 	}
 }
 
+// addLaterSandboxColumns gives a schema from before migration 16 the
+// columns of sandboxes that migration added, which the store's code of
+// today reads and writes, so that a check of an earlier migration can use
+// that code.
+func addLaterSandboxColumns(t *testing.T, db *sql.DB) {
+	t.Helper()
+	for _, q := range []string{
+		"ALTER TABLE sandboxes ADD COLUMN idle_s INTEGER NOT NULL DEFAULT 0",
+		"ALTER TABLE sandboxes ADD COLUMN on_idle TEXT NOT NULL DEFAULT ''",
+		"ALTER TABLE sandboxes ADD COLUMN wake_on_request INTEGER NOT NULL DEFAULT 0",
+	} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+}
+
+// checkSchema16: sandboxes from before never go idle, and idleness can
+// be recorded.
+func checkSchema16(t *testing.T, db *sql.DB) {
+	s := &Store{db: &conn{db: db, eng: sqliteEngine}}
+	ctx := context.Background()
+	sb, err := s.GetSandbox(ctx, "sbx1")
+	if err != nil || sb.IdleS != 0 || sb.OnIdle != "" || sb.WakeOnRequest {
+		t.Fatalf("sandbox after migration 16: idle_s %d, on_idle %q, wake on request %v, %v; want 0, none, false", sb.IdleS, sb.OnIdle, sb.WakeOnRequest, err)
+	}
+	sb.IdleS, sb.OnIdle, sb.WakeOnRequest = 60, "pause", true
+	if err := s.UpdateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	if sb, err := s.GetSandbox(ctx, "sbx1"); err != nil || sb.IdleS != 60 || sb.OnIdle != "pause" || !sb.WakeOnRequest {
+		t.Fatalf("idleness recorded after migration 16: %d %q, %v", sb.IdleS, sb.OnIdle, err)
+	}
+}
+
 // checkSchema14: there are no webhooks, and one can be stored.
 func checkSchema14(t *testing.T, db *sql.DB) {
 	s := &Store{db: &conn{db: db, eng: sqliteEngine}}
@@ -134,6 +170,7 @@ func checkSchema13(t *testing.T, db *sql.DB) {
 	if got, err := s.ListEvents(ctx, EventFilter{Limit: 10}); err != nil || len(got) != 0 {
 		t.Fatalf("events after migration 13: %v, %v", got, err)
 	}
+	addLaterSandboxColumns(t, db)
 	sb, err := s.GetSandbox(ctx, "sbx0")
 	if err != nil {
 		t.Fatal(err)
@@ -178,6 +215,7 @@ func checkSchema7(t *testing.T, db *sql.DB) {
 	if err := db.QueryRow("SELECT count(*) FROM sandboxes WHERE op_id = ''").Scan(&n); err != nil || n != 3 {
 		t.Fatalf("%d sandboxes without an operation in flight (%v), want 3", n, err)
 	}
+	addLaterSandboxColumns(t, db)
 	s := &Store{db: &conn{db: db, eng: sqliteEngine}}
 	sb, err := s.GetSandbox(context.Background(), "sbx1")
 	if err != nil {

@@ -52,10 +52,18 @@ type Sandbox struct {
 	ExpiresAt *time.Time
 	// LastError says why the last lifecycle step failed; nil if none did.
 	LastError *Error
+	// IdleS is how long, in seconds, the sandbox may go without activity
+	// before the server suspends or pauses it; 0 means never.
+	IdleS int
+	// OnIdle is what idleness does: "suspend" or "pause"; "" is "suspend".
+	OnIdle string
+	// WakeOnRequest says that a call that needs the sandbox running wakes
+	// it from paused or suspended, rather than being refused.
+	WakeOnRequest bool
 }
 
 const sandboxColumns = "id, owner, state, template_ref, template_digest, vcpus, memory_mib, disk_mib, " +
-	"timeout_s, on_timeout, env, metadata, network, created_at, updated_at, expires_at, last_error"
+	"timeout_s, on_timeout, env, metadata, network, created_at, updated_at, expires_at, last_error, idle_s, on_idle, wake_on_request"
 
 // sandboxRow holds a sandbox's column values in the order of sandboxColumns.
 func sandboxRow(sb Sandbox) ([]any, error) {
@@ -77,7 +85,7 @@ func sandboxRow(sb Sandbox) ([]any, error) {
 	}
 	return []any{sb.ID, sb.Owner, sb.State, sb.TemplateRef, sb.TemplateDigest, sb.VCPUs, sb.MemoryMiB, sb.DiskMiB,
 		sb.TimeoutS, sb.OnTimeout, env, metadata, network, nanos(sb.CreatedAt), nanos(sb.UpdatedAt),
-		nullNanos(sb.ExpiresAt), lastErr}, nil
+		nullNanos(sb.ExpiresAt), lastErr, sb.IdleS, sb.OnIdle, boolInt(sb.WakeOnRequest)}, nil
 }
 
 // InsertSandbox stores sb together with op, the operation that creates it,
@@ -266,7 +274,15 @@ func (s *Store) TransitionSandbox(ctx context.Context, sb Sandbox, op Operation)
 // errdefs.ErrConflict, saying what stood in the way. Of the servers that
 // begin operations on one sandbox at once, one wins.
 func (s *Store) BeginOperation(ctx context.Context, sb Sandbox, op Operation, from string) error {
-	return s.beginOperation(ctx, sb, op, from, true)
+	return s.beginOperation(ctx, sb, op, from, true, nil)
+}
+
+// BeginIdleOperation is BeginOperation for the suspend or pause that
+// idleness starts: in the same transaction it writes a sandbox.idle event
+// with data (a JSON object), so the event is there if and only if the
+// operation began.
+func (s *Store) BeginIdleOperation(ctx context.Context, sb Sandbox, op Operation, from string, data json.RawMessage) error {
+	return s.beginOperation(ctx, sb, op, from, true, &Event{Owner: sb.Owner, Type: apiv1.EventSandboxIdle, SandboxID: sb.ID, Data: data})
 }
 
 // BeginDelete is BeginOperation for a delete: it does not wait for an
@@ -274,10 +290,10 @@ func (s *Store) BeginOperation(ctx context.Context, sb Sandbox, op Operation, fr
 // no longer clears the mark). It still needs the sandbox in state from, so
 // of two deletes one wins.
 func (s *Store) BeginDelete(ctx context.Context, sb Sandbox, op Operation, from string) error {
-	return s.beginOperation(ctx, sb, op, from, false)
+	return s.beginOperation(ctx, sb, op, from, false, nil)
 }
 
-func (s *Store) beginOperation(ctx context.Context, sb Sandbox, op Operation, from string, idle bool) error {
+func (s *Store) beginOperation(ctx context.Context, sb Sandbox, op Operation, from string, idle bool, ev *Event) error {
 	if op.TargetID != sb.ID {
 		return fmt.Errorf("begin %s on sandbox %s: operation %s targets %q: %w", op.Kind, sb.ID, op.ID, op.TargetID, errdefs.ErrInvalid)
 	}
@@ -297,6 +313,13 @@ func (s *Store) beginOperation(ctx context.Context, sb Sandbox, op Operation, fr
 			return fmt.Errorf("begin %s on sandbox %s: %w", op.Kind, sb.ID, err)
 		} else if n == 0 {
 			return s.whyNotBegun(ctx, t, sb.ID, op.Kind, from)
+		}
+		if ev != nil {
+			// Before the state change's own event: idleness is why it
+			// happens.
+			if err := appendEvent(ctx, t, *ev); err != nil {
+				return err
+			}
 		}
 		if err := updateSandbox(ctx, t, sb); err != nil {
 			return err
@@ -467,7 +490,8 @@ func scanSandbox(r scanner) (Sandbox, error) {
 	var created, updated int64
 	var expires sql.NullInt64
 	err := r.Scan(&sb.ID, &sb.Owner, &sb.State, &sb.TemplateRef, &sb.TemplateDigest, &sb.VCPUs, &sb.MemoryMiB,
-		&sb.DiskMiB, &sb.TimeoutS, &sb.OnTimeout, &env, &metadata, &network, &created, &updated, &expires, &lastErr)
+		&sb.DiskMiB, &sb.TimeoutS, &sb.OnTimeout, &env, &metadata, &network, &created, &updated, &expires, &lastErr,
+		&sb.IdleS, &sb.OnIdle, &sb.WakeOnRequest)
 	if err != nil {
 		return Sandbox{}, err
 	}

@@ -17,6 +17,7 @@ import (
 func testSandboxRoundTrip(t *testing.T, b backend) {
 	full := testSandbox("sbxfull", "key1")
 	full.LastError = &Error{Code: "internal", Message: "boot failed: <\"quoted\">"}
+	full.IdleS, full.OnIdle, full.WakeOnRequest = 600, "pause", true
 
 	minimal := Sandbox{ID: "sbxmin", Owner: "key1", State: "creating", CreatedAt: t0}
 	minimalWant := minimal
