@@ -108,7 +108,12 @@ func (r *Runtime) Rollback(ctx context.Context, id string, cur *Sandbox, chkID s
 			}
 			sb.vm, sb.cg = m, cg
 			return nil
-		}, func() { m.Stop(context.Background()); sb.dropCgroup() }},
+		}, func() {
+			if err := m.Stop(context.Background()); err != nil {
+				log.Warn("stop the vm of a failed rollback", "err", err)
+			}
+			sb.dropCgroup()
+		}},
 		{"start gateway", func(ctx context.Context) error {
 			return r.startGateway(ctx, sb, cfg.NetMAC)
 		}, func() { sb.closeGateway() }},
