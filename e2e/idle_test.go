@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -81,19 +82,28 @@ func TestIdleSandbox(t *testing.T) {
 	}
 
 	// Each suspend had its sandbox.idle event, each wake its woken.
-	var evs struct {
-		Items []struct {
-			Type      string          `json:"type"`
-			SandboxID string          `json:"sandbox_id"`
-			Data      json.RawMessage `json:"data"`
-		} `json:"items"`
-	}
-	s.must(t, 200, "GET", "/v1/events?type=sandbox.*&limit=1000", s.key, nil, &evs)
+	// The shared server's key has every other test's events too: read
+	// them all, a page at a time.
 	var got []string
-	for _, ev := range evs.Items {
-		if ev.SandboxID == sb.ID && (ev.Type == apiv1.EventSandboxIdle || ev.Type == apiv1.EventSandboxSuspended || ev.Type == apiv1.EventSandboxWoken) {
-			got = append(got, strings.TrimPrefix(ev.Type, "sandbox."))
+	for after := int64(0); ; {
+		var evs struct {
+			Items []struct {
+				Type      string          `json:"type"`
+				SandboxID string          `json:"sandbox_id"`
+				Data      json.RawMessage `json:"data"`
+			} `json:"items"`
+			LastSeq int64 `json:"last_seq"`
 		}
+		s.must(t, 200, "GET", fmt.Sprintf("/v1/events?type=sandbox.*&limit=1000&after_seq=%d", after), s.key, nil, &evs)
+		for _, ev := range evs.Items {
+			if ev.SandboxID == sb.ID && (ev.Type == apiv1.EventSandboxIdle || ev.Type == apiv1.EventSandboxSuspended || ev.Type == apiv1.EventSandboxWoken) {
+				got = append(got, strings.TrimPrefix(ev.Type, "sandbox."))
+			}
+		}
+		if len(evs.Items) == 0 || evs.LastSeq <= after {
+			break
+		}
+		after = evs.LastSeq
 	}
 	// (It may have gone idle once more since.)
 	want := "idle suspended woken idle suspended woken idle suspended woken"
