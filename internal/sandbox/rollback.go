@@ -62,6 +62,7 @@ func (r *Runtime) Rollback(ctx context.Context, id string, cur *Sandbox, chkID s
 		{"end the current vm", func(ctx context.Context) error {
 			if cur != nil {
 				cur.end(ctx)
+				ended = true
 			}
 			l, err := lockOwner(dir)
 			if err != nil {
