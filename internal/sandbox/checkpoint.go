@@ -116,22 +116,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, sb *Sandbox, id string) (Check
 	var memSteps timings.Timings // the breakdown of "write memory file"
 	switched := false            // the sandbox stands on layer
 	steps := []step{
-		{"create checkpoint directory", func(context.Context) error {
-			if err := os.MkdirAll(r.cfg.Dir.Checkpoints(), 0o755); err != nil {
-				return err
-			}
-			if err := os.Mkdir(dir, 0o700); err != nil {
-				if errors.Is(err, fs.ErrExist) {
-					return fmt.Errorf("checkpoint %s exists: %w", id, errdefs.ErrConflict)
-				}
-				return err
-			}
-			return nil
-		}, func() {
-			if !switched {
-				os.RemoveAll(dir)
-			}
-		}},
+		r.checkpointDirStep(id, &switched),
 		{"create overlay", func(ctx context.Context) error {
 			if err := qemuImgCreate(ctx, layer, "qcow2", overlay, int64(rec.Spec.DiskMiB)<<20); err != nil {
 				return err
@@ -194,6 +179,29 @@ func (r *Runtime) Checkpoint(ctx context.Context, sb *Sandbox, id string) (Check
 	cp.SizeBytes = dirSize(dir)
 	sb.log.Info("checkpoint made", "checkpoint", id, "stall", cp.Stall, "bytes", cp.SizeBytes)
 	return cp, nil
+}
+
+// checkpointDirStep makes checkpoint id's directory (a conflict if it
+// exists); its undo removes it unless the sandbox already stands on the
+// disk in it (*switched).
+func (r *Runtime) checkpointDirStep(id string, switched *bool) step {
+	dir := r.cfg.Dir.Checkpoint(id)
+	return step{"create checkpoint directory", func(context.Context) error {
+		if err := os.MkdirAll(r.cfg.Dir.Checkpoints(), 0o755); err != nil {
+			return err
+		}
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			if errors.Is(err, fs.ErrExist) {
+				return fmt.Errorf("checkpoint %s exists: %w", id, errdefs.ErrConflict)
+			}
+			return err
+		}
+		return nil
+	}, func() {
+		if !*switched {
+			os.RemoveAll(dir)
+		}
+	}}
 }
 
 // writeCheckpointRecord writes the record of checkpoint id in dir, of

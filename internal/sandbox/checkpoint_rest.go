@@ -59,16 +59,7 @@ func (r *Runtime) CheckpointSuspended(ctx context.Context, sbxID, id string) (Ch
 	switched := false // the sandbox stands on layer
 	var memSteps timings.Timings
 	steps := []step{
-		{"create checkpoint directory", func(context.Context) error {
-			if err := os.MkdirAll(r.cfg.Dir.Checkpoints(), 0o755); err != nil {
-				return err
-			}
-			return os.Mkdir(dir, 0o700)
-		}, func() {
-			if !switched {
-				os.RemoveAll(dir)
-			}
-		}},
+		r.checkpointDirStep(id, &switched),
 		{"link saved state", func(context.Context) error {
 			return os.Link(filepath.Join(sdir, StateName), filepath.Join(dir, checkpointLiveName))
 		}, nil},
