@@ -91,12 +91,14 @@ unit:
 # The E2B SDK tests run E2B's JavaScript SDK on a Node.js new enough for
 # it (scripts/ensure-node.sh installs one when the host has none), the SDK
 # installed from e2e/e2bsdk's lockfile (again only when the lockfile is
-# newer than the install).
+# newer than the install); the agent clients' tests (the MCP TypeScript SDK,
+# the OpenAI Agents SDK) from e2e/agents' lockfile the same way.
 e2e: setup
 	@command -v ip >/dev/null || { apt-get update -qq && apt-get install -y -qq iproute2; }
 	@scripts/ensure-postgres.sh
 	@scripts/ensure-node.sh >/dev/null
 	@cd e2e/e2bsdk && { [ node_modules/.package-lock.json -nt package-lock.json ] || PATH="$$(../../scripts/ensure-node.sh)$$PATH" npm ci --no-audit --no-fund; }
+	@cd e2e/agents && { [ node_modules/.package-lock.json -nt package-lock.json ] || PATH="$$(../../scripts/ensure-node.sh)$$PATH" npm ci --no-audit --no-fund; }
 	@scripts/timed.sh "the control plane's build" tools/kube/build.sh >/dev/null
 	AIRLOCK_BIN=$(CURDIR)/$(BIN) PATH="$$(scripts/ensure-node.sh)$$PATH" AIRLOCK_KUBE_BIN=$$(tools/kube/build.sh) scripts/timed.sh e2e $(GO) test -trimpath -count=1 -timeout 30m ./e2e/...
 
