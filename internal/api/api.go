@@ -25,6 +25,7 @@ import (
 	"github.com/airlockhq/airlock/internal/checkpoint"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/events"
+	"github.com/airlockhq/airlock/internal/mcp"
 	"github.com/airlockhq/airlock/internal/secrets"
 	"github.com/airlockhq/airlock/internal/service"
 	"github.com/airlockhq/airlock/internal/sessions"
@@ -70,6 +71,9 @@ type Config struct {
 	// PingInterval is how often an idle event stream gets a ": ping"
 	// comment. Default 15 s.
 	PingInterval time.Duration
+	// Version is the server's version, as /v1/mcp's initialize reports
+	// it.
+	Version string
 	// Secrets seals the remembered answers of idempotent requests that
 	// hold a secret (a new key, a secret's value) and keys their
 	// fingerprints; nil keeps them as they are.
@@ -84,6 +88,7 @@ type Server struct {
 	bld  *builds.Service
 	log  *slog.Logger
 	mux  *http.ServeMux
+	mcp  http.Handler
 	done chan struct{} // closed by Shutdown: event streams end
 
 	requests *prometheus.CounterVec
@@ -188,6 +193,10 @@ func (s *Server) routes() []route {
 		{"GET", "/v1/secrets", authKey, page, s.listSecrets},
 		{"DELETE", "/v1/secrets/{name}", authKey, nil, s.deleteSecret},
 
+		{"POST", "/v1/mcp", authKey, nil, s.serveMCP},
+		{"GET", "/v1/mcp", authKey, nil, s.serveMCP},
+		{"DELETE", "/v1/mcp", authKey, nil, s.serveMCP},
+
 		{"GET", "/v1/templates", authKey, page, s.listTemplates},
 		{"POST", "/v1/templates", authKey, nil, jsonCall(http.StatusAccepted, s.createTemplate)},
 		{"GET", "/v1/templates/{ref}", authKey, nil, s.getTemplate},
@@ -247,6 +256,7 @@ func New(cfg Config) *Server {
 		Buckets: prometheus.DefBuckets,
 	}, []string{"method", "route"})
 	cfg.Registry.MustRegister(s.requests, s.latency)
+	s.mcp = mcp.Handler(s, cfg.Version, cfg.Log)
 	for _, rt := range s.routes() {
 		pattern := rt.path
 		if rt.method != "" {

@@ -150,7 +150,10 @@ type request struct {
 	ctype  string // content type of body
 	accept string
 	noAuth bool
-	opts   []CallOption
+	// raw hands back every answer, not only a 2xx: the caller tells the
+	// API's errors from those of what it proxies to.
+	raw  bool
+	opts []CallOption
 }
 
 // do sends r and returns the answer when it is a 2xx; the caller closes
@@ -202,7 +205,7 @@ func (c *Client) do(ctx context.Context, r request) (*http.Response, error) {
 		}
 		return nil, fmt.Errorf("%s %s: %w", r.method, r.path, err)
 	}
-	if (resp.StatusCode < 200 || resp.StatusCode > 299) && !(o.upgrade != "" && resp.StatusCode == http.StatusSwitchingProtocols) {
+	if (resp.StatusCode < 200 || resp.StatusCode > 299) && !r.raw && !(o.upgrade != "" && resp.StatusCode == http.StatusSwitchingProtocols) {
 		return nil, ReadError(resp)
 	}
 	return resp, nil

@@ -1,6 +1,7 @@
 package apiclient
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
@@ -74,3 +76,37 @@ func (tunnelAddr) Network() string                     { return "airlock-tunnel"
 func (tunnelAddr) String() string                      { return "airlock-tunnel" }
 
 type tunnelAddr struct{}
+
+// Port sends an HTTP request to port in a running sandbox through the
+// server's ports proxy (/v1/sandboxes/{id}/ports/{port}/{path}) and
+// returns the answer of what listens there, whatever its status; the
+// caller closes its body. The server's own refusals, in the API's error
+// shape (no such sandbox, nothing listening there: 502), are an *Error
+// instead.
+func (c *Client) Port(ctx context.Context, id string, port int, method, path string, body io.Reader, contentType string) (*http.Response, error) {
+	resp, err := c.do(ctx, request{
+		method: method, path: p("v1", "sandboxes", id, "ports", strconv.Itoa(port)) + "/" + strings.TrimLeft(path, "/"),
+		body: body, ctype: contentType, raw: true,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode < 400 {
+		return resp, nil
+	}
+	head, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if err != nil {
+		resp.Body.Close()
+		return nil, fmt.Errorf("sandbox %s port %d: read the answer: %w", id, port, err)
+	}
+	var eb apiv1.ErrorBody
+	if json.Unmarshal(head, &eb) == nil && eb.Error.Code != "" {
+		resp.Body.Close()
+		return nil, &Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message, Details: eb.Error.Details}
+	}
+	resp.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(head), resp.Body), resp.Body}
+	return resp, nil
+}

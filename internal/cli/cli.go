@@ -94,6 +94,7 @@ func commands() []command {
 		{"key", "create, list, limit and remove API keys on a server", runKey},
 		{"network", "change a sandbox's egress policy and show its egress log on a server", runNetwork},
 		{"port-forward", "forward a local TCP port to a port in a sandbox on a server", runPortForward},
+		{"mcp", "serve sandboxes as the tools of an MCP server on stdio, for agents (see docs/mcp.md)", runMCP},
 		{"version", "print the version", runVersion},
 	}
 }

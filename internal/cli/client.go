@@ -49,6 +49,15 @@ func (f *serverFlags) client(env *Env) (*apiclient.Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	return f.clientWithKey(key)
+}
+
+// clientWithKey returns a client of the server the flags name with key.
+func (f *serverFlags) clientWithKey(key string) (*apiclient.Client, error) {
+	u, err := url.Parse(f.url)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("--url %q is not an http:// or https:// URL: %w", f.url, errdefs.ErrInvalid)
+	}
 	return apiclient.New(f.url, key), nil
 }
 

@@ -90,7 +90,7 @@ only: it is logged loudly and refused unless every listener is loopback.`
 
 func runServe(ctx context.Context, env *Env, args []string) error {
 	fs := newFlagSet("serve", "airlock serve [FLAGS]", serveAbout, env)
-	cfg := daemon.Config{Dir: env.Dir, Log: env.Log, Stdout: env.Stdout, MinFreeDiskBytes: 2 << 30}
+	cfg := daemon.Config{Dir: env.Dir, Log: env.Log, Stdout: env.Stdout, MinFreeDiskBytes: 2 << 30, Version: Version()}
 	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:7700", "`address` to listen on")
 	fs.StringVar(&cfg.Accel, "accel", "auto", "accelerator: kvm, tcg or auto")
 	fs.IntVar(&cfg.MaxSandboxes, "max-sandboxes", 32, "most sandboxes holding a VM at once")

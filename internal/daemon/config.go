@@ -225,7 +225,8 @@ type Config struct {
 	// a Node fetches template images from when no other node has them
 	// (--templates-from). Default: none.
 	TemplatesFrom []*url.URL
-	// Version is the version a Node reports on its Node object.
+	// Version is the version a Node reports on its Node object, and MCP's
+	// initialize at /v1/mcp.
 	Version string
 }
 

@@ -185,7 +185,7 @@ func (d *Daemon) buildServe(ctx context.Context, r resolved) error {
 	d.checkpoints = checkpoint.New(checkpoint.Config{Store: d.st, Sandboxes: d.svc, Log: log})
 	d.apiSrv = api.New(api.Config{Service: d.svc, Commands: d.svc.Commands(), Builds: d.builds, Events: d.events, Webhooks: d.webhooks,
 		Checkpoints: d.checkpoints, Store: d.st, Log: log, Registry: reg, Secrets: box,
-		MetricsOpen: isLoopback(d.ln.Addr()), PingInterval: cfg.PingInterval, Forward: forward})
+		MetricsOpen: isLoopback(d.ln.Addr()), PingInterval: cfg.PingInterval, Forward: forward, Version: cfg.Version})
 	d.httpSrv = &http.Server{Handler: d.apiSrv, ReadHeaderTimeout: 10 * time.Second}
 	return d.buildServeEdges(r)
 }
@@ -337,7 +337,7 @@ func (d *Daemon) buildNode(ctx context.Context, r resolved) error {
 	// A node's checkpoints answer that cluster mode has none yet; no
 	// sweep runs here.
 	cps := checkpoint.New(checkpoint.Config{Store: d.st, Sandboxes: d.svc, Log: log})
-	d.apiSrv = api.New(api.Config{Service: d.svc, Commands: d.svc.Commands(), Builds: d.builds, Events: d.events, Webhooks: d.webhooks, Checkpoints: cps, Store: d.st, Log: log, Registry: reg, Secrets: box, PingInterval: cfg.PingInterval})
+	d.apiSrv = api.New(api.Config{Service: d.svc, Commands: d.svc.Commands(), Builds: d.builds, Events: d.events, Webhooks: d.webhooks, Checkpoints: cps, Store: d.st, Log: log, Registry: reg, Secrets: box, PingInterval: cfg.PingInterval, Version: cfg.Version})
 	d.envd = envd.New(d.svc, d.svc.Commands(), log)
 	e2bSrv, err := e2b.New(e2b.Config{Service: d.svc, Checkpoints: cps, Log: log, Domain: cfg.E2BDomain, Envd: d.envd})
 	if err != nil {
