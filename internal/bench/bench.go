@@ -114,7 +114,7 @@ func Scenarios() []string {
 	return []string{ScenarioBoot, ScenarioSnapshot, ScenarioCloneBoot, ScenarioWarmPool, ScenarioWarmTemplate, ScenarioJail, ScenarioExecRTT, ScenarioThroughput,
 		ScenarioNetThroughput, ScenarioNetConnect, ScenarioNetDNS, ScenarioNetHTTPKeepAlive, ScenarioNetHTTPConnect, ScenarioPause,
 		ScenarioSuspend, ScenarioCheckpointPause, ScenarioForkFirstOutput, ScenarioForkPSS, ScenarioIdleWake, ScenarioIdlePSS, ScenarioConcurrent, ScenarioTemplateBuild, ScenarioImageCreate,
-		ScenarioE2BCreate, ScenarioE2BExecRTT, ScenarioPGCreate, ScenarioPGExecRTT, ScenarioEventLatency,
+		ScenarioE2BCreate, ScenarioE2BExecRTT, ScenarioPGCreate, ScenarioPGExecRTT, ScenarioEventLatency, ScenarioMCPRunCommand,
 		ScenarioClusterCreate, ScenarioClusterExecRTT, ScenarioClusterCreates, ScenarioAPICreate, ScenarioAPIExecRTT, ScenarioAPILimits}
 }
 
@@ -453,6 +453,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		{ScenarioPGCreate, r.pgCreate},
 		{ScenarioPGExecRTT, r.pgExecRTT},
 		{ScenarioEventLatency, r.eventLatency},
+		{ScenarioMCPRunCommand, r.mcpRunCommand},
 		{ScenarioClusterCreate, r.clusterCreate},
 		{ScenarioClusterExecRTT, r.clusterExecRTT},
 		{ScenarioClusterCreates, r.clusterCreates},
