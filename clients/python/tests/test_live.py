@@ -11,6 +11,7 @@ deletes it. e2e/pyclient_test.go runs them against the e2e server.
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 import unittest
@@ -137,6 +138,11 @@ class LiveTest(unittest.TestCase):
         s.write_file(d + "/data.bin", data)
         s.write_file(d + "/hi.sh", "echo hi \u00e9\n", mode=0o755)
         self.assertEqual(s.read_file(d + "/data.bin"), data)
+        s.write_file(d + "/streamed", io.BytesIO(data))  # sent chunked, as it is read
+        s.write_file(d + "/parts", (data[i:i + 1000] for i in range(0, len(data), 1000)))
+        self.assertEqual([s.read_file(d + "/streamed"), s.read_file(d + "/parts")], [data, data])
+        s.remove(d + "/streamed")
+        s.remove(d + "/parts")
         st = s.stat(d + "/hi.sh")
         self.assertEqual((st.type, st.mode, st.size_bytes, st.name), ("file", "0755", len("echo hi \u00e9\n".encode()), "hi.sh"))
         self.assertEqual(s.exec(["sh", d + "/hi.sh"]).stdout, "echo hi \u00e9\n"[5:])

@@ -272,6 +272,17 @@ class ClientTest(unittest.TestCase):
         self.assertEqual((put["body"], put["headers"]["Content-Type"]), ("\u00e9".encode(), "application/octet-stream"))
         self.assertEqual(s.read_file("/x"), b"\x00\xff")
 
+    def test_watch(self) -> None:
+        def events(h: BaseHTTPRequestHandler) -> None:
+            start_stream(h)
+            h.wfile.write(b": ping\n\nevent: state\ndata: " + json.dumps({"id": "sbx1", "state": "suspending"}).encode()
+                          + b"\n\nevent: state\ndata: " + json.dumps({"id": "sbx1", "state": "suspended"}).encode() + b"\n\n")
+
+        self.srv.routes["GET /v1/sandboxes/sbx1/events"] = events
+        s = airlock.Sandbox(self.client, {"id": "sbx1", "state": "running"})
+        self.assertEqual([x.state for x in s.watch()], ["suspending", "suspended"])
+        self.assertEqual(s.state, "suspended")
+
     def test_list_pages(self) -> None:
         pages = {"": {"items": [{"id": "sbx1"}], "next_page_token": "t2"},
                  "t2": {"items": [{"id": "sbx2"}], "next_page_token": ""}}
