@@ -244,8 +244,15 @@ func needNode(t *testing.T) string {
 // running `npm ci` when it does not (make e2e does it before the tests).
 func needSDKModules(t *testing.T, dir string) {
 	t.Helper()
+	needNpmPins(t, dir, map[string]string{"e2b": e2bSDKPin, "@e2b/code-interpreter": e2bCIPin})
+}
+
+// needNpmPins makes sure dir/node_modules holds each package at its
+// version, running `npm ci` in dir when it does not.
+func needNpmPins(t *testing.T, dir string, pins map[string]string) {
+	t.Helper()
 	ok := func() bool {
-		for name, want := range map[string]string{"e2b": e2bSDKPin, "@e2b/code-interpreter": e2bCIPin} {
+		for name, want := range pins {
 			b, err := os.ReadFile(filepath.Join(dir, "node_modules", name, "package.json"))
 			var p struct{ Version string }
 			if err != nil || json.Unmarshal(b, &p) != nil || p.Version != want {
@@ -259,7 +266,7 @@ func needSDKModules(t *testing.T, dir string) {
 	}
 	npm, err := exec.LookPath("npm")
 	if err != nil {
-		testenv.Lacking(t, "npm is not installed and %s/node_modules lacks the pinned SDKs (Debian: apt-get install npm)", dir)
+		testenv.Lacking(t, "npm is not installed and %s/node_modules lacks the pinned packages %v (Debian: apt-get install npm)", dir, pins)
 	}
 	cmd := exec.Command(npm, "ci", "--no-audit", "--no-fund")
 	cmd.Dir = dir
@@ -267,7 +274,7 @@ func needSDKModules(t *testing.T, dir string) {
 		t.Fatalf("npm ci in %s: %v\n%s", dir, err, out)
 	}
 	if !ok() {
-		t.Fatalf("npm ci in %s did not install e2b %s and @e2b/code-interpreter %s", dir, e2bSDKPin, e2bCIPin)
+		t.Fatalf("npm ci in %s did not install %v", dir, pins)
 	}
 }
 

@@ -333,20 +333,60 @@ const cases = [
   {
     name: 'getMetrics',
     needs: ['create'],
+    timeoutMs: 120_000,
     fn: async (log) => {
       const info = await sbx.getInfo()
-      const metrics = await sbx.getMetrics()
+      // The server samples every 5 s: wait for two samples, then check
+      // the window picks them.
+      let metrics = []
+      await until(async () => (metrics = await sbx.getMetrics()).length >= 2, 90_000, 1000)
       log(metrics)
-      equal(metrics.length, 1, 'one sample, measured now')
-      const m = metrics[0]
-      assert(m.timestamp instanceof Date && Math.abs(m.timestamp - new Date()) < 60_000, 'timestamp is now', m.timestamp)
-      equal(m.cpuCount, info.cpuCount, 'cpuCount')
-      assert(m.cpuUsedPct >= 0 && m.cpuUsedPct <= 100, 'cpuUsedPct is a share', m.cpuUsedPct)
-      assert(m.memTotal > (info.memoryMB - 64) * 2 ** 20 && m.memTotal <= info.memoryMB * 2 ** 20, 'memTotal is about the memory asked for', m.memTotal)
-      assert(m.memUsed > 0 && m.memUsed < m.memTotal, 'memUsed', m.memUsed)
-      assert(m.diskTotal > 0 && m.diskUsed > 0 && m.diskUsed < m.diskTotal, 'disk', m)
-      const past = await sbx.getMetrics({ start: new Date(Date.now() - 3_600_000), end: new Date(Date.now() - 1_800_000) })
-      equal(past.length, 0, 'no samples in a past window')
+      assert(metrics.length >= 2, 'two samples within 90 s of sampling every 5 s', metrics)
+      for (const m of metrics) {
+        assert(m.timestamp instanceof Date && m.timestamp >= info.startedAt - 1000 && m.timestamp - new Date() < 5_000, 'timestamp since the start', m.timestamp)
+        equal(m.cpuCount, info.cpuCount, 'cpuCount')
+        assert(m.cpuUsedPct >= 0 && m.cpuUsedPct <= 100, 'cpuUsedPct is a share', m.cpuUsedPct)
+        assert(m.memTotal > (info.memoryMB - 64) * 2 ** 20 && m.memTotal <= info.memoryMB * 2 ** 20, 'memTotal is about the memory asked for', m.memTotal)
+        assert(m.memUsed > 0 && m.memUsed < m.memTotal, 'memUsed', m.memUsed)
+        assert(m.memCache >= 0, 'memCache', m.memCache)
+        assert(m.diskTotal > 0 && m.diskUsed > 0 && m.diskUsed < m.diskTotal, 'disk', m)
+      }
+      for (let i = 1; i < metrics.length; i++) {
+        assert(metrics[i].timestamp > metrics[i - 1].timestamp, 'samples oldest first, one per round', metrics.map((m) => m.timestamp))
+      }
+      // A window of the last sample's second alone holds that sample.
+      const last = metrics[metrics.length - 1].timestamp
+      const one = await sbx.getMetrics({ start: last, end: last })
+      equal(one.length, 1, 'the samples of one second')
+      equal(one[0].timestamp.getTime(), last.getTime(), 'the sample of that second')
+      const later = await sbx.getMetrics({ start: new Date(metrics[0].timestamp.getTime() + 1000) })
+      equal(later.length >= metrics.length - 1 && later.every((m) => m.timestamp > metrics[0].timestamp), true, 'start leaves out older samples')
+      const past = await sbx.getMetrics({ start: new Date(Date.now() - 3_600_000), end: new Date(info.startedAt.getTime() - 60_000) })
+      equal(past.length, 0, 'no samples before the sandbox started')
+      const bad = await rejects(() => sbx.getMetrics({ start: new Date(), end: new Date(Date.now() - 60_000) }), 'getMetrics with start after end')
+      assert(String(bad).includes('400') && String(bad).includes('after end'), 'start after end is a 400 naming it', String(bad))
+    },
+  },
+  {
+    name: 'commands.run with stdin: sendStdin, closeStdin',
+    needs: ['create'],
+    fn: async (log) => {
+      let seen = ''
+      const h = await runBg(sbx, 'cat', { stdin: true, onStdout: (d) => (seen += d) })
+      await sbx.commands.sendStdin(h.pid, 'hello\n')
+      assert(await until(() => seen === 'hello\n', 20_000), 'cat echoes the first input', seen)
+      await h.sendStdin(new TextEncoder().encode('again\n'))
+      assert(await until(() => seen === 'hello\nagain\n', 20_000), 'cat echoes the second input', seen)
+      await sbx.commands.closeStdin(h.pid)
+      const res = await h.wait()
+      log(res)
+      equal(res.exitCode, 0, 'cat ends on EOF with 0')
+      equal(res.stdout, 'hello\nagain\n', 'stdout of cat')
+      // Without stdin: true the command has no stdin to send to.
+      const noIn = await runBg(sbx, 'sleep 600')
+      const err = await rejects(() => sbx.commands.sendStdin(noIn.pid, 'x'), 'sendStdin to a command without stdin')
+      log('sendStdin without stdin:', String(err))
+      equal(await noIn.kill(), true, 'kill the command without stdin')
     },
   },
   {

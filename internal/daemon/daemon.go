@@ -33,6 +33,7 @@ import (
 	"github.com/airlockhq/airlock/internal/sessions"
 	"github.com/airlockhq/airlock/internal/store"
 	"github.com/airlockhq/airlock/internal/template"
+	"github.com/airlockhq/airlock/internal/usage"
 	"github.com/airlockhq/airlock/internal/webhooks"
 )
 
@@ -64,9 +65,13 @@ type Daemon struct {
 	e2bSrv                *http.Server // nil: E2B's API is not served on a listener of its own
 	internalSrv           *http.Server // Front: the template images for the nodes
 	envd                  *envd.Server
-	front                 *clusterFront // Front only
-	agent                 *node.Agent   // Node only
-	advertised            net.IP        // Node only
+	// usage samples the sandboxes this server runs, for E2B's getMetrics;
+	// nil without E2B's API, and on a Front (whose replicas forward the
+	// route to the sandbox's node). Run samples until bg ends.
+	usage      *usage.History
+	front      *clusterFront // Front only
+	agent      *node.Agent   // Node only
+	advertised net.IP        // Node only
 
 	// lostStore receives the error of a Local daemon that lost its
 	// exclusive hold on the store.
@@ -242,6 +247,11 @@ func (d *Daemon) buildServeEdges(r resolved) error {
 		ec := e2b.Config{Service: d.svc, Checkpoints: d.checkpoints, Log: log, Domain: cfg.E2BDomain, Envd: d.envd}
 		if d.front != nil {
 			ec.Forward = d.front.router.ForwardE2B
+		} else {
+			if d.usage, err = newUsage(d.svc, log); err != nil {
+				return err
+			}
+			ec.Usage = d.usage
 		}
 		h, err := e2b.New(ec)
 		if err != nil {
@@ -339,7 +349,10 @@ func (d *Daemon) buildNode(ctx context.Context, r resolved) error {
 	cps := checkpoint.New(checkpoint.Config{Store: d.st, Sandboxes: d.svc, Log: log})
 	d.apiSrv = api.New(api.Config{Service: d.svc, Commands: d.svc.Commands(), Builds: d.builds, Events: d.events, Webhooks: d.webhooks, Checkpoints: cps, Store: d.st, Log: log, Registry: reg, Secrets: box, PingInterval: cfg.PingInterval, Version: cfg.Version})
 	d.envd = envd.New(d.svc, d.svc.Commands(), log)
-	e2bSrv, err := e2b.New(e2b.Config{Service: d.svc, Checkpoints: cps, Log: log, Domain: cfg.E2BDomain, Envd: d.envd})
+	if d.usage, err = newUsage(d.svc, log); err != nil {
+		return err
+	}
+	e2bSrv, err := e2b.New(e2b.Config{Service: d.svc, Checkpoints: cps, Log: log, Domain: cfg.E2BDomain, Envd: d.envd, Usage: d.usage})
 	if err != nil {
 		return err
 	}
@@ -449,6 +462,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.front == nil {
 		go d.checkpoints.Run(d.bg)
 	}
+	if d.usage != nil {
+		go d.usage.Run(d.bg)
+	}
 	if d.e2bSrv != nil {
 		go func() { errc <- d.e2bSrv.Serve(d.e2bLn) }()
 		fmt.Fprintf(d.stdout, "airlock serving E2B's API on http://%s\n", d.e2bLn.Addr())
@@ -485,6 +501,7 @@ func (d *Daemon) runNode(ctx context.Context) error {
 	go func() { errc <- d.httpSrv.ServeTLS(d.ln, "", "") }()
 	actx, acancel := context.WithCancel(d.bg)
 	defer acancel()
+	go d.usage.Run(d.bg)
 	go func() {
 		if err := d.agent.Run(actx); err != nil {
 			errc <- err

@@ -806,48 +806,53 @@ type sandboxMetric struct {
 	DiskTotal     int64   `json:"diskTotal"`
 }
 
-// metrics is GET /sandboxes/{id}/metrics. airlock keeps no history of a
-// sandbox's use: a running sandbox is measured now, and that one sample
-// is the list when now lies in the asked window (start and end, unix
-// seconds, both optional). A paused or suspended sandbox uses no CPU and
-// has no guest to ask: its list is empty.
+// metrics is GET /sandboxes/{id}/metrics: the samples the server's usage
+// history (Config.Usage) took of the sandbox, every few seconds while it
+// ran, stamped from start to end (unix seconds, both optional and
+// included), oldest first. A sandbox not sampled yet, or a server that
+// keeps no history, answers an empty list.
 func (s *Server) metrics(w http.ResponseWriter, r *http.Request, p service.Principal) error {
+	var window [2]time.Time
+	for i, k := range []string{"start", "end"} {
+		vs, ok := r.URL.Query()[k]
+		if !ok {
+			continue
+		}
+		if len(vs) != 1 {
+			return fmt.Errorf("%s is given %d times: give it once: %w", k, len(vs), errdefs.ErrInvalid)
+		}
+		n, err := strconv.ParseInt(vs[0], 10, 64)
+		if err != nil || n < 0 || n > maxUnix {
+			return fmt.Errorf("%s %q is not unix seconds (an integer from 0 to %d): %w", k, truncate(vs[0], 40), int64(maxUnix), errdefs.ErrInvalid)
+		}
+		window[i] = time.Unix(n, 0)
+	}
+	if !window[0].IsZero() && !window[1].IsZero() && window[0].After(window[1]) {
+		return fmt.Errorf("start %d is after end %d: %w", window[0].Unix(), window[1].Unix(), errdefs.ErrInvalid)
+	}
 	sb, err := s.sandbox(r.Context(), p, r.PathValue("id"))
 	if err != nil {
 		return err
 	}
-	var window [2]int64
-	for i, k := range []string{"start", "end"} {
-		v := r.URL.Query().Get(k)
-		if v == "" {
-			continue
-		}
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n < 0 {
-			return fmt.Errorf("%s %q is not unix seconds: %w", k, v, errdefs.ErrInvalid)
-		}
-		window[i] = n
-	}
 	out := []sandboxMetric{}
-	now := time.Now().UTC()
-	inWindow := (window[0] == 0 || now.Unix() >= window[0]) && (window[1] == 0 || now.Unix() <= window[1])
-	if sb.State == apiv1.StateRunning && inWindow {
-		st, err := s.svc.GuestStats(r.Context(), p, sb.ID)
-		if err != nil && !errors.Is(err, errdefs.ErrConflict) {
-			return err
-		}
-		if err == nil {
+	if s.cfg.Usage != nil {
+		for _, m := range s.cfg.Usage.Window(sb.ID, window[0], window[1]) {
+			t := m.Time.UTC()
 			out = append(out, sandboxMetric{
-				Timestamp: now.Format(time.RFC3339), TimestampUnix: now.Unix(),
-				CPUCount: st.CPUCount, CPUUsedPct: math.Round(st.CPUUsedPct*100) / 100,
-				MemUsed: st.MemUsedBytes, MemTotal: st.MemTotalBytes, MemCache: st.MemCacheBytes,
-				DiskUsed: st.DiskUsedBytes, DiskTotal: st.DiskTotalBytes,
+				Timestamp: t.Format(time.RFC3339), TimestampUnix: t.Unix(),
+				CPUCount: m.CPUCount, CPUUsedPct: math.Round(m.CPUUsedPct*100) / 100,
+				MemUsed: m.MemUsed, MemTotal: m.MemTotal, MemCache: m.MemCache,
+				DiskUsed: m.DiskUsed, DiskTotal: m.DiskTotal,
 			})
 		}
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
 }
+
+// maxUnix is the latest start or end a metrics window takes: the end of
+// the year 9999, as far as a date-time goes.
+const maxUnix = 253402300799
 
 // logsWhat names what the logs routes would serve: airlock keeps no log
 // stream of a sandbox as E2B does (a template's start command writes to a

@@ -29,6 +29,7 @@ import (
 	"github.com/airlockhq/airlock/internal/e2b/envd"
 	"github.com/airlockhq/airlock/internal/errdefs"
 	"github.com/airlockhq/airlock/internal/service"
+	"github.com/airlockhq/airlock/internal/usage"
 )
 
 // DefaultEnvdVersion is the envd version reported to SDKs unless
@@ -66,6 +67,11 @@ type Config struct {
 	// WaitTimeout bounds how long a create, connect, pause or kill waits
 	// for its operation before answering 504. Default 5 minutes.
 	WaitTimeout time.Duration
+	// Usage is the history of what the sandboxes here used, which
+	// getMetrics answers from; nil answers every sandbox's metrics with an
+	// empty list. (In a cluster each node keeps its own sandboxes', and
+	// the replicas forward the metrics route there.)
+	Usage *usage.History
 	// Forward, if set, is offered every request for one sandbox: its
 	// traffic (envd and guest ports) and the control-plane routes that
 	// name it, after the API key is checked. It answers true when it

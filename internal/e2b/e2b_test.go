@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -29,6 +30,7 @@ import (
 	"github.com/airlockhq/airlock/internal/sandbox"
 	"github.com/airlockhq/airlock/internal/service"
 	"github.com/airlockhq/airlock/internal/store"
+	"github.com/airlockhq/airlock/internal/usage"
 )
 
 // These tests run the E2B API over a real transport against a real
@@ -698,14 +700,84 @@ func TestSetNetworkInput(t *testing.T) {
 	}
 }
 
+// nobody is a usage source with no sandboxes: samples come by Add.
+type nobody struct{}
+
+func (nobody) Sandboxes() map[string]bool { return nil }
+func (nobody) Measure(context.Context, string) (usage.Sample, error) {
+	return usage.Sample{}, errors.New("not measured")
+}
+
 func TestMetricsAndLogs(t *testing.T) {
-	ts := newTestServer(t)
-	id := ts.row(t, ts.aliceP, apiv1.StateRunning)
-	if a := ts.must(t, 200, "GET", "/sandboxes/"+id+"/metrics?start=0&end=10", ts.alice, "", nil); strings.TrimSpace(string(a.body)) != "[]" {
-		t.Errorf("metrics %s", a.body)
+	hist, err := usage.New(usage.Config{Source: nobody{}})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if a := ts.must(t, 400, "GET", "/sandboxes/"+id+"/metrics?start=soon", ts.alice, "", nil); !strings.Contains(string(a.body), "unix seconds") {
-		t.Errorf("metrics with a bad start: %s", a.body)
+	ts := newTestServer(t, func(c *Config) { c.Usage = hist })
+	id := ts.row(t, ts.aliceP, apiv1.StateRunning)
+	other := ts.row(t, ts.aliceP, apiv1.StateRunning)
+	const t0 = 1_700_000_000
+	for i := range 4 {
+		hist.Add(id, usage.Sample{Time: time.Unix(t0+5*int64(i), 0), CPUCount: 2, CPUUsedPct: 12.345, MemUsed: 100 << 20,
+			MemTotal: 1 << 30, MemCache: 7 << 20, DiskUsed: 1 << 30, DiskTotal: 4 << 30})
+	}
+	hist.Add(other, usage.Sample{Time: time.Unix(t0, 0)})
+	for _, c := range []struct {
+		name, query string
+		want        []int64 // timestampUnix of the samples answered
+	}{
+		{"no window", "", []int64{t0, t0 + 5, t0 + 10, t0 + 15}},
+		{"start", fmt.Sprintf("?start=%d", t0+5), []int64{t0 + 5, t0 + 10, t0 + 15}},
+		{"end", fmt.Sprintf("?end=%d", t0+5), []int64{t0, t0 + 5}},
+		{"both, included", fmt.Sprintf("?start=%d&end=%d", t0+5, t0+10), []int64{t0 + 5, t0 + 10}},
+		{"start equals end", fmt.Sprintf("?start=%d&end=%d", t0+10, t0+10), []int64{t0 + 10}},
+		{"a past window", "?start=0&end=10", []int64{}},
+		{"a future window", fmt.Sprintf("?start=%d", t0+16), []int64{}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			a := ts.must(t, 200, "GET", "/sandboxes/"+id+"/metrics"+c.query, ts.alice, "", nil)
+			var got []map[string]any
+			if err := json.Unmarshal(a.body, &got); err != nil || got == nil {
+				t.Fatalf("metrics %s: %v (want a list)", a.body, err)
+			}
+			var stamps []int64
+			for _, m := range got {
+				stamps = append(stamps, int64(m["timestampUnix"].(float64)))
+			}
+			if fmt.Sprint(stamps) != fmt.Sprint(c.want) && !(len(stamps) == 0 && len(c.want) == 0) {
+				t.Fatalf("samples at %v, want %v: %s", stamps, c.want, a.body)
+			}
+			if len(got) > 0 {
+				want := map[string]any{"timestamp": time.Unix(int64(got[0]["timestampUnix"].(float64)), 0).UTC().Format(time.RFC3339),
+					"cpuCount": 2.0, "cpuUsedPct": 12.35, "memUsed": float64(100 << 20), "memTotal": float64(1 << 30),
+					"memCache": float64(7 << 20), "diskUsed": float64(1 << 30), "diskTotal": float64(4 << 30)}
+				for k, v := range want {
+					if got[0][k] != v {
+						t.Errorf("%s = %v, want %v", k, got[0][k], v)
+					}
+				}
+			}
+		})
+	}
+	// Bad windows are refused, naming what is wrong.
+	for _, c := range []struct{ query, want string }{
+		{"?start=soon", "unix seconds"},
+		{"?end=-5", "unix seconds"},
+		{"?start=1.5", "unix seconds"},
+		{"?start=", "unix seconds"},
+		{"?end=99999999999999999999", "unix seconds"},
+		{"?end=253402300800", "unix seconds"},
+		{"?start=1&start=2", "once"},
+		{fmt.Sprintf("?start=%d&end=%d", t0+10, t0+5), "after end"},
+	} {
+		e2bError(t, ts.do(t, "GET", "/sandboxes/"+id+"/metrics"+c.query, ts.alice, ""), 400, c.want)
+	}
+	// Another tenant's sandbox is not found, its samples unread.
+	e2bError(t, ts.do(t, "GET", "/sandboxes/"+id+"/metrics", ts.bob, ""), 404, "not found")
+	// Without a history every list is empty.
+	bare := newTestServer(t)
+	if a := bare.must(t, 200, "GET", "/sandboxes/"+bare.row(t, bare.aliceP, apiv1.StateRunning)+"/metrics", bare.alice, "", nil); strings.TrimSpace(string(a.body)) != "[]" {
+		t.Errorf("metrics without a history: %s", a.body)
 	}
 	// Logs are not kept: both routes say so, and where the output is.
 	for _, path := range []string{"/sandboxes/" + id + "/logs", "/v2/sandboxes/" + id + "/logs?limit=10"} {

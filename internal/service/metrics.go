@@ -107,6 +107,23 @@ func (s *Service) GuestStats(ctx context.Context, p Principal, id string) (agent
 	return st, nil
 }
 
+// LookedAfter lists the sandboxes this server looks after (with a VM, or
+// suspended), each with whether its VM runs now: what the E2B metrics'
+// history (package usage) samples, and forgets once a sandbox is gone.
+func (s *Service) LookedAfter() map[string]bool {
+	s.mu.Lock()
+	lives := make([]*live, 0, len(s.live))
+	for _, lv := range s.live {
+		lives = append(lives, lv)
+	}
+	s.mu.Unlock()
+	out := make(map[string]bool, len(lives))
+	for _, lv := range lives {
+		out[lv.id] = lv.hasVM()
+	}
+	return out
+}
+
 // SandboxMetrics is GuestStats as the API shows it.
 // The host side of the metrics comes from the sandbox's cgroup: the CPU
 // its QEMU used between two readings at least vmmWindow apart (taken

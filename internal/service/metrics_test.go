@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -235,4 +236,34 @@ func TestSandboxCollector(t *testing.T) {
 			t.Errorf("skipped counted for sandboxes that are not running here: %v", got)
 		}
 	})
+}
+
+// TestLookedAfter: the sandboxes the usage history samples are those this
+// server looks after, running or suspended, until they are deleted.
+func TestLookedAfter(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	a, b := f.create(t, apiv1.CreateSandbox{}), f.create(t, apiv1.CreateSandbox{})
+	f.wait(t, a.Operation.ID)
+	f.wait(t, b.Operation.ID)
+	want := map[string]bool{a.Sandbox.ID: true, b.Sandbox.ID: true}
+	if got := f.s.LookedAfter(); !maps.Equal(got, want) {
+		t.Fatalf("LookedAfter = %v, want both running %v", got, want)
+	}
+	so, err := f.s.Suspend(ctx, f.admin, b.Sandbox.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.wait(t, so.Operation.ID)
+	if got := f.s.LookedAfter(); !maps.Equal(got, map[string]bool{a.Sandbox.ID: true, b.Sandbox.ID: false}) {
+		t.Fatalf("LookedAfter = %v, want %s suspended (false)", got, b.Sandbox.ID)
+	}
+	del, err := f.s.DeleteSandbox(ctx, f.admin, a.Sandbox.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.wait(t, del.Operation.ID)
+	if got := f.s.LookedAfter(); !maps.Equal(got, map[string]bool{b.Sandbox.ID: false}) {
+		t.Fatalf("LookedAfter = %v, want only the suspended %s", got, b.Sandbox.ID)
+	}
 }

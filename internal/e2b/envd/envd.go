@@ -45,8 +45,10 @@ import (
 
 // EnvdVersion is the envd version this implementation is faithful to, for
 // the control plane's envdVersion field. The SDKs gate features on it:
-// 0.5.7 enables octet-stream uploads; file metadata (0.6.2) and entries in
-// watch events (0.6.3) stay off.
+// 0.5.7 enables octet-stream uploads. The next gate, file metadata (0.6.2:
+// X-Metadata-* headers kept as user.e2b.* extended attributes), is not
+// served, so entries in watch events (0.6.3), which are, stay off too
+// (docs/e2b.md, "The envd version").
 const EnvdVersion = "0.5.7"
 
 // Request is what the router knows of a request for a sandbox's envd.
