@@ -54,9 +54,9 @@ cluster-down: build
 # (scripts/errcheck.sh), at the versions tools/lint/go.mod pins, built from
 # the Go module proxy into $(TOOLS) the first time (docs/testing.md).
 TOOLS := .tools
-$(TOOLS)/staticcheck $(TOOLS)/errcheck &: tools/lint/go.mod tools/lint/go.sum
+$(TOOLS)/staticcheck $(TOOLS)/errcheck $(TOOLS)/gotestsum &: tools/lint/go.mod tools/lint/go.sum
 	GOBIN=$(CURDIR)/$(TOOLS) scripts/timed.sh "vet's tools" $(GO) -C tools/lint install tool
-	@touch $(TOOLS)/staticcheck $(TOOLS)/errcheck
+	@touch $(TOOLS)/staticcheck $(TOOLS)/errcheck $(TOOLS)/gotestsum
 
 vet: $(TOOLS)/staticcheck $(TOOLS)/errcheck
 	scripts/timed.sh vet $(GO) vet -trimpath ./...
@@ -85,6 +85,10 @@ unit:
 	@scripts/timed.sh "the control plane's build" tools/kube/build.sh >/dev/null
 	scripts/timed.sh "unit (cluster)" env CGO_ENABLED=1 AIRLOCK_KUBE_BIN=$$(tools/kube/build.sh) $(GO) test -race -count=1 $(KUBE_PKGS)
 
+# The e2e tests run under gotestsum (scripts/gotest.sh), which prints what
+# go test prints and then the tests that took 30 s or more, slowest first,
+# so that a slow test shows where it can be found; its record of every
+# test stays in bin/e2e-tests.json.
 # The network tests make test hosts in network namespaces with iproute2's ip.
 # The cluster test (e2e/cluster_test.go) runs `airlock node` against etcd,
 # kube-apiserver and kube-scheduler from tools/kube/build.sh.
@@ -93,14 +97,15 @@ unit:
 # installed from e2e/e2bsdk's lockfile (again only when the lockfile is
 # newer than the install); the agent clients' tests (the MCP TypeScript SDK,
 # the OpenAI Agents SDK) from e2e/agents' lockfile the same way.
-e2e: setup
+e2e: setup $(TOOLS)/gotestsum
 	@command -v ip >/dev/null || { apt-get update -qq && apt-get install -y -qq iproute2; }
 	@scripts/ensure-postgres.sh
 	@scripts/ensure-node.sh >/dev/null
 	@cd e2e/e2bsdk && { [ node_modules/.package-lock.json -nt package-lock.json ] || PATH="$$(../../scripts/ensure-node.sh)$$PATH" npm ci --no-audit --no-fund; }
 	@cd e2e/agents && { [ node_modules/.package-lock.json -nt package-lock.json ] || PATH="$$(../../scripts/ensure-node.sh)$$PATH" npm ci --no-audit --no-fund; }
 	@scripts/timed.sh "the control plane's build" tools/kube/build.sh >/dev/null
-	AIRLOCK_BIN=$(CURDIR)/$(BIN) PATH="$$(scripts/ensure-node.sh)$$PATH" AIRLOCK_KUBE_BIN=$$(tools/kube/build.sh) scripts/timed.sh e2e $(GO) test -trimpath -count=1 -timeout 30m ./e2e/...
+	AIRLOCK_BIN=$(CURDIR)/$(BIN) PATH="$$(scripts/ensure-node.sh)$$PATH" AIRLOCK_KUBE_BIN=$$(tools/kube/build.sh) scripts/timed.sh e2e \
+		scripts/gotest.sh $(TOOLS)/gotestsum $(BIN)/e2e-tests.json -trimpath -count=1 -timeout 50m ./e2e/...
 
 # The reliability suite alone (e2e/reliability_test.go), long: 500
 # create/exec/delete cycles instead of 50, with the attacks from inside a
