@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -383,7 +384,8 @@ func truncate(s string) string {
 	return s
 }
 
-// TestHTTPAuth: /v1/mcp needs a key, and GET and DELETE (a stateless
+// TestHTTPAuth: /v1/mcp needs a key, answers a call without a session in
+// JSON, and GET and DELETE (a stateless
 // server has no sessions to stream or end) answer 405.
 func TestHTTPAuth(t *testing.T) {
 	f := newFixture(t)
@@ -394,6 +396,7 @@ func TestHTTPAuth(t *testing.T) {
 	}{
 		{"POST", "", 401},
 		{"POST", "ak_wrong", 401},
+		{"POST", f.user, 200}, // a bare tools/list, no initialize first: the server is stateless
 		{"GET", f.user, 405},
 		{"DELETE", f.user, 405},
 	} {
@@ -407,9 +410,13 @@ func TestHTTPAuth(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode != c.want {
-			t.Errorf("%s /v1/mcp with key %q: %d, want %d", c.method, c.key, resp.StatusCode, c.want)
+			t.Errorf("%s /v1/mcp with key %q: %d, want %d: %s", c.method, c.key, resp.StatusCode, c.want, b)
+		}
+		if c.want == 200 && (!strings.Contains(string(b), `"run_command"`) || !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json")) {
+			t.Errorf("tools/list answered %s: %s", resp.Header.Get("Content-Type"), b)
 		}
 	}
 }
