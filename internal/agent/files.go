@@ -28,7 +28,7 @@ func (a *Agent) handleFile(st net.Conn, req *agentproto.Request) {
 	case agentproto.OpRead:
 		err = readFile(st, req.Path)
 	case agentproto.OpWrite:
-		err = writeFile(st, req.Path, req.Mode)
+		err = writeFile(st, req.Path, req.Mode, req.Metadata)
 	case agentproto.OpStat:
 		var s agentproto.Stat
 		if s, err = statPath(req.Path); err == nil {
@@ -36,8 +36,11 @@ func (a *Agent) handleFile(st net.Conn, req *agentproto.Request) {
 		}
 	case agentproto.OpList:
 		var items []agentproto.Stat
-		if items, err = list(req.Path, req.Depth); err == nil {
-			reply(st, agentproto.Result{Items: items})
+		if items, err = list(req.Path, req.Depth); err == nil && reply(st, agentproto.Result{Items: items}) != nil {
+			// Too large for one message (or the host went away, and
+			// this answer fails too).
+			err = &agentproto.Error{Code: agentproto.CodeInvalid,
+				Message: fmt.Sprintf("the %d entries under %s, with their metadata, are too large for one answer: list less deep", len(items), req.Path)}
 		}
 	case agentproto.OpMkdir:
 		if err = os.MkdirAll(req.Path, 0o755); err == nil {
@@ -236,20 +239,24 @@ func (d *dataReader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// writeFile writes the streamed data into a temporary file beside path and
-// renames it into place only once all of it arrived, so a failed transfer
-// leaves the old file untouched.
-func writeFile(st net.Conn, path string, mode uint32) error {
+// writeFile writes the streamed data into a temporary file beside path,
+// gives it its mode and metadata, and renames it into place only once all
+// of that is done, so a failed transfer leaves the old file untouched. It
+// answers the new file's stat with the metadata set.
+func writeFile(st net.Conn, path string, mode uint32, md map[string]string) error {
 	if mode == 0 {
 		mode = 0o644
-	}
-	if mode > 0o7777 {
-		return &agentproto.Error{Code: agentproto.CodeInvalid, Message: fmt.Sprintf("mode %o is not a permission mode", mode)}
 	}
 	in := newDataReader(st)
 	fail := func(err error) error {
 		io.Copy(io.Discard, in) // keep the stream in step until the host's EOF
 		return err
+	}
+	if mode > 0o7777 {
+		return fail(&agentproto.Error{Code: agentproto.CodeInvalid, Message: fmt.Sprintf("mode %o is not a permission mode", mode)})
+	}
+	if err := agentproto.CheckMetadata(md); err != nil {
+		return fail(&agentproto.Error{Code: agentproto.CodeInvalid, Message: err.Error()})
 	}
 	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
 		return fail(&agentproto.Error{Code: agentproto.CodeIsDir, Message: fmt.Sprintf("%s is a directory", path)})
@@ -271,13 +278,26 @@ func writeFile(st net.Conn, path string, mode uint32) error {
 		tmp.Close()
 		return err
 	}
+	if err := setMetadata(tmp, md); err != nil {
+		tmp.Close()
+		return err
+	}
+	fi, err := tmp.Stat()
+	if err != nil {
+		tmp.Close()
+		return err
+	}
 	if err := tmp.Close(); err != nil {
 		return err
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
 		return err
 	}
-	return reply(st, agentproto.Result{})
+	s := toStat(path, fi, "")
+	if len(md) > 0 {
+		s.Metadata = md
+	}
+	return reply(st, agentproto.Result{Stat: &s})
 }
 
 // unixMode turns permission bits including setuid, setgid and sticky into
@@ -331,7 +351,9 @@ func statPath(path string) (agentproto.Stat, error) {
 	if fi.Mode()&fs.ModeSymlink != 0 {
 		target, _ = os.Readlink(path)
 	}
-	return toStat(path, fi, target), nil
+	s := toStat(path, fi, target)
+	s.Metadata = readMetadata(path)
+	return s, nil
 }
 
 // maxListItems bounds one listing, so a huge tree cannot exhaust memory.

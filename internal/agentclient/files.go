@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 
 	"github.com/airlockhq/airlock/internal/agentproto"
+	"github.com/airlockhq/airlock/internal/errdefs"
 )
 
 func jsonDecode(b []byte, v any) error {
@@ -82,28 +84,53 @@ func (c *Client) receive(ctx context.Context, r io.Reader, w io.Writer) error {
 }
 
 // send streams r as MsgData and then MsgEOF, and reads the result.
-func (c *Client) send(ctx context.Context, req agentproto.Request, r io.Reader) error {
+func (c *Client) send(ctx context.Context, req agentproto.Request, r io.Reader) (agentproto.Result, error) {
 	st, done, err := c.open(ctx, req)
 	if err != nil {
-		return err
+		return agentproto.Result{}, err
 	}
 	defer done()
 	// The agent may refuse before reading everything (a directory in the
 	// way, a full disk); it then reads on to our EOF, so keep sending.
 	if _, err := io.CopyBuffer(agentproto.DataWriter{W: st, Type: agentproto.MsgData}, r, make([]byte, agentproto.ChunkSize)); err != nil {
-		return c.linkErr(ctx, err)
+		return agentproto.Result{}, c.linkErr(ctx, err)
 	}
 	if err := agentproto.WriteMsg(st, agentproto.MsgEOF, nil); err != nil {
-		return c.linkErr(ctx, err)
+		return agentproto.Result{}, c.linkErr(ctx, err)
 	}
-	_, err = c.result(ctx, st)
-	return err
+	return c.result(ctx, st)
 }
 
 // WriteFile writes r to path in the sandbox with the permission mode, after
 // creating missing parent directories. The file appears whole or not at all.
 func (c *Client) WriteFile(ctx context.Context, path string, mode uint32, r io.Reader) error {
-	return c.send(ctx, agentproto.Request{Op: agentproto.OpWrite, Path: path, Mode: mode}, r)
+	_, err := c.WriteFileMetadata(ctx, path, mode, nil, r)
+	return err
+}
+
+// WriteFileMetadata is WriteFile that gives the new file the metadata md
+// (agentproto.MetadataXattrPrefix) and returns the file's stat as the
+// agent wrote it. An agent that does not confirm the metadata, as one
+// older than file metadata ignores it, is an error: the file was written
+// then, without metadata.
+func (c *Client) WriteFileMetadata(ctx context.Context, path string, mode uint32, md map[string]string, r io.Reader) (agentproto.Stat, error) {
+	res, err := c.send(ctx, agentproto.Request{Op: agentproto.OpWrite, Path: path, Mode: mode, Metadata: md}, r)
+	if err != nil {
+		return agentproto.Stat{}, err
+	}
+	return written(path, md, res)
+}
+
+// written reads the answer to a write of path with metadata md.
+func written(path string, md map[string]string, res agentproto.Result) (agentproto.Stat, error) {
+	var st agentproto.Stat
+	if res.Stat != nil {
+		st = *res.Stat
+	}
+	if len(md) > 0 && (res.Stat == nil || !maps.Equal(st.Metadata, md)) {
+		return st, fmt.Errorf("the sandbox's guest agent wrote %s without its metadata: it predates file metadata; a sandbox started from now on has one that keeps it: %w", path, errdefs.ErrPrecondition)
+	}
+	return st, nil
 }
 
 // Stat describes path without following a final symlink.
@@ -158,5 +185,6 @@ func (c *Client) TarOut(ctx context.Context, path string, w io.Writer) error {
 
 // TarIn extracts the tar stream r into the directory path.
 func (c *Client) TarIn(ctx context.Context, path string, r io.Reader) error {
-	return c.send(ctx, agentproto.Request{Op: agentproto.OpTarIn, Path: path}, r)
+	_, err := c.send(ctx, agentproto.Request{Op: agentproto.OpTarIn, Path: path}, r)
+	return err
 }

@@ -107,6 +107,12 @@ type Request struct {
 	Depth int `json:"depth,omitempty"`
 	// Recursive lets remove delete a directory and what it holds.
 	Recursive bool `json:"recursive,omitempty"`
+	// Metadata is the file metadata a write gives the file (see
+	// MetadataXattrPrefix), set on the new file before it takes the
+	// path's place; the file replaced keeps its own. The write's result
+	// then holds the file's Stat with the metadata set, which tells the
+	// host that the agent kept it.
+	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
 // InitRequest prepares a freshly booted guest to run the sandbox.
@@ -374,6 +380,10 @@ type Stat struct {
 	ModifiedAt time.Time `json:"modified_at"`
 	// Target is a symlink's destination.
 	Target string `json:"target,omitempty"`
+	// Metadata is the file metadata found on the entry itself (a
+	// symlink's own, which is none), bounded as BoundMetadata bounds it.
+	// A read's stat leaves it out.
+	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
 // Result ends a request: either Error or the fields of the operation.
