@@ -34,8 +34,8 @@ import (
 
 // DefaultEnvdVersion is the envd version reported to SDKs unless
 // Config.EnvdVersion says otherwise: the one package envd is faithful to.
-// The SDKs gate features on it (octet-stream uploads from 0.5.7, for
-// one), so it must not claim more than the envd handler serves.
+// The SDKs gate features on it (file metadata from 0.6.2, for one), so
+// it must not claim more than the envd handler serves.
 const DefaultEnvdVersion = envd.EnvdVersion
 
 // EnvdPort is the guest port SDKs address envd on.

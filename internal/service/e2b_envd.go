@@ -1,12 +1,14 @@
 package service
 
 // What E2B's envd layer (internal/e2b/envd) needs beyond the native API
-// of sandboxes: a sandbox's default environment, and stats that keep a
-// symlink's target. What it needs of commands is sessions.Commands'.
+// of sandboxes: a sandbox's default environment, stats that keep a
+// symlink's target and a file's metadata, and writes that set metadata.
+// What it needs of commands is sessions.Commands'.
 
 import (
 	"context"
 	"fmt"
+	"io"
 	"maps"
 
 	"github.com/airlockhq/airlock/internal/agentproto"
@@ -30,13 +32,33 @@ func (s *Service) SandboxEnv(ctx context.Context, p Principal, id string) (map[s
 
 // Entry describes a path in a sandbox without following a final symlink;
 // Target is a symlink's destination as the link reads, "" for the rest.
+// Metadata is the file metadata on the entry (agentproto.MetadataXattrPrefix),
+// nil when it has none.
 type Entry struct {
 	apiv1.Stat
-	Target string
+	Target   string
+	Metadata map[string]string
 }
 
+// entryView is the guest's stat as an Entry. The metadata, which anything
+// in the guest may have set, is bounded here again.
 func entryView(st agentproto.Stat) Entry {
-	return Entry{Stat: statView(st), Target: st.Target}
+	return Entry{Stat: statView(st), Target: st.Target, Metadata: agentproto.BoundMetadata(st.Metadata)}
+}
+
+// WriteEntry streams r into path, creating parent directories, and gives
+// the new file the metadata md (agentproto.CheckMetadata says which is
+// accepted; nil is none). Bad metadata is refused before anything is
+// written. It returns the file's entry as written, with its metadata.
+func (s *Service) WriteEntry(ctx context.Context, p Principal, sbx, path string, mode uint32, md map[string]string, r io.Reader) (Entry, error) {
+	if err := agentproto.CheckMetadata(md); err != nil {
+		return Entry{}, fmt.Errorf("%v: %w", err, errdefs.ErrInvalid)
+	}
+	st, err := s.writeFile(ctx, p, sbx, path, mode, md, r)
+	if err != nil {
+		return Entry{}, err
+	}
+	return entryView(st), nil
 }
 
 // StatEntry describes path, keeping a symlink's target.

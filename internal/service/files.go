@@ -75,15 +75,22 @@ func (s *Service) filesOf(ctx context.Context, p Principal, sbx, path string) (a
 
 // WriteFile streams r into path, creating parent directories.
 func (s *Service) WriteFile(ctx context.Context, p Principal, sbx, path string, mode uint32, r io.Reader) error {
+	_, err := s.writeFile(ctx, p, sbx, path, mode, nil, r)
+	return err
+}
+
+// writeFile streams r into path with the file metadata md, which the
+// caller checked.
+func (s *Service) writeFile(ctx context.Context, p Principal, sbx, path string, mode uint32, md map[string]string, r io.Reader) (agentproto.Stat, error) {
 	agent, release, err := s.filesOf(ctx, p, sbx, path)
 	if err != nil {
-		return err
+		return agentproto.Stat{}, err
 	}
 	defer release()
 	cr := &countReader{r: &spaceGuard{r: r, s: s, dir: s.sandboxDir(sbx)}}
-	err = agent.WriteFile(ctx, path, mode, cr)
+	st, err := agent.WriteFileMetadata(ctx, path, mode, md, cr)
 	s.m.streamed(int(cr.n))
-	return err
+	return st, err
 }
 
 type countReader struct {

@@ -26,6 +26,10 @@
 //   - Files are written by the guest agent, as root; owner and group read
 //     "root". Relative paths resolve against the user's home (/root for
 //     root and when no user is given, /home/<user> otherwise).
+//   - File metadata (X-Metadata-<key> headers on POST /files) is kept by
+//     the guest agent as extended attributes user.e2b.<key> on the new
+//     file, set before it takes its path; keys are lowercased, as envd
+//     does, and bounded as agentproto.CheckMetadata says.
 package envd
 
 import (
@@ -44,12 +48,13 @@ import (
 )
 
 // EnvdVersion is the envd version this implementation is faithful to, for
-// the control plane's envdVersion field. The SDKs gate features on it:
-// 0.5.7 enables octet-stream uploads. The next gate, file metadata (0.6.2:
-// X-Metadata-* headers kept as user.e2b.* extended attributes), is not
-// served, so entries in watch events (0.6.3), which are, stay off too
-// (docs/e2b.md, "The envd version").
-const EnvdVersion = "0.5.7"
+// the control plane's envdVersion field. The SDKs gate features on it,
+// and every gate up to this version is served: octet-stream uploads
+// (0.5.7), file metadata (0.6.2: X-Metadata-* headers kept as user.e2b.*
+// extended attributes, shown in EntryInfo.metadata), entries in watch
+// events (0.6.3), and allowNetworkMounts on watches (0.6.4: accepted; a
+// sandbox has no network mounts). See docs/e2b.md, "The envd version".
+const EnvdVersion = "0.6.4"
 
 // Request is what the router knows of a request for a sandbox's envd.
 type Request struct {

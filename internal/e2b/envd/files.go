@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/airlockhq/airlock/internal/agentproto"
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/errdefs"
 )
@@ -234,17 +235,58 @@ func acceptEncoding(h string) (gz, ok bool) {
 
 // writtenFile is one entry of POST /files' answer.
 type writtenFile struct {
-	Path string `json:"path"`
-	Name string `json:"name"`
-	Type string `json:"type"`
+	Path     string            `json:"path"`
+	Name     string            `json:"name"`
+	Type     string            `json:"type"`
+	Metadata map[string]string `json:"metadata,omitempty"`
+}
+
+// metadataHeaderPrefix starts the name of each header of an upload that
+// gives the written files metadata: "X-Metadata-<key>: <value>".
+const metadataHeaderPrefix = "X-Metadata-"
+
+// uploadMetadata reads the file metadata an upload's headers give. Keys
+// are lowercased, as E2B's envd keeps them: header names are
+// case-insensitive, and the SDKs' fetch and HTTP/2 send them lowercase
+// anyway. A key given twice, and anything agentproto.CheckMetadata
+// refuses, is an invalid_argument naming the key.
+func uploadMetadata(h http.Header) (map[string]string, error) {
+	var md map[string]string
+	for name, vals := range h {
+		if len(name) < len(metadataHeaderPrefix) || !strings.EqualFold(name[:len(metadataHeaderPrefix)], metadataHeaderPrefix) {
+			continue
+		}
+		raw := name[len(metadataHeaderPrefix):]
+		if err := agentproto.CheckMetadataKey(raw); err != nil {
+			return nil, errorf(codeInvalidArgument, "header %s: %v", truncate(name, 80), err)
+		}
+		k := strings.ToLower(raw)
+		if _, dup := md[k]; dup || len(vals) != 1 {
+			return nil, errorf(codeInvalidArgument, "metadata key %q is given more than once", k)
+		}
+		if md == nil {
+			md = map[string]string{}
+		}
+		md[k] = vals[0]
+	}
+	if err := agentproto.CheckMetadata(md); err != nil {
+		return nil, errorf(codeInvalidArgument, "%v", err)
+	}
+	return md, nil
 }
 
 // upload is POST /files: a multipart form (parts named "file", each
 // written as it arrives, to the path query or else the part's file name)
 // or a raw body to the path query. Parents are created; files are
-// replaced.
+// replaced. X-Metadata-* headers give every written file their metadata;
+// bad ones are refused before anything is written.
 func (s *Server) upload(w http.ResponseWriter, r *http.Request, req Request) {
 	user, err := fileUser(r)
+	if err != nil {
+		fileError(w, err)
+		return
+	}
+	md, err := uploadMetadata(r.Header)
 	if err != nil {
 		fileError(w, err)
 		return
@@ -278,10 +320,11 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, req Request) {
 				return errorf(codeInvalidArgument, "you cannot upload multiple files to the same path '%s' in one upload request", p)
 			}
 		}
-		if err := s.svc.WriteFile(r.Context(), req.Principal, req.SandboxID, p, 0o644, data); err != nil {
+		e, err := s.svc.WriteEntry(r.Context(), req.Principal, req.SandboxID, p, 0o644, md, data)
+		if err != nil {
 			return err
 		}
-		written = append(written, writtenFile{Path: p, Name: path.Base(p), Type: "file"})
+		written = append(written, writtenFile{Path: p, Name: path.Base(p), Type: "file", Metadata: e.Metadata})
 		return nil
 	}
 	switch {

@@ -70,6 +70,7 @@ func (rs *resolver) entry(e service.Entry) entryInfo {
 		Owner:        "root",
 		Group:        "root",
 		ModifiedTime: timestamp(e.ModifiedAt),
+		Metadata:     e.Metadata,
 	}
 	if e.SizeBytes != 0 {
 		size := int64String(e.SizeBytes)
@@ -78,7 +79,9 @@ func (rs *resolver) entry(e service.Entry) entryInfo {
 	info.Type = fileType(e.Type)
 	if e.Type == "symlink" {
 		if target, te, ok := rs.follow(e); ok {
+			// What envd reads through the link: the target's.
 			info.Type, info.Mode, info.SymlinkTarget = fileType(te.Type), uint32(parseMode(te.Mode).Perm()), &target
+			info.Metadata = te.Metadata
 		} else {
 			t := e.Target
 			info.SymlinkTarget = &t

@@ -182,18 +182,20 @@ const (
 )
 
 // entryInfo is filesystem.EntryInfo. Type is omitted when unspecified, as
-// protojson omits an enum's zero value.
+// protojson omits an enum's zero value, and Metadata when empty, as it
+// omits an empty map.
 type entryInfo struct {
-	Name          string       `json:"name,omitempty"`
-	Type          string       `json:"type,omitempty"`
-	Path          string       `json:"path,omitempty"`
-	Size          *int64String `json:"size,omitempty"`
-	Mode          uint32       `json:"mode,omitempty"`
-	Permissions   string       `json:"permissions,omitempty"`
-	Owner         string       `json:"owner,omitempty"`
-	Group         string       `json:"group,omitempty"`
-	ModifiedTime  string       `json:"modifiedTime,omitempty"`
-	SymlinkTarget *string      `json:"symlinkTarget,omitempty"`
+	Name          string            `json:"name,omitempty"`
+	Type          string            `json:"type,omitempty"`
+	Path          string            `json:"path,omitempty"`
+	Size          *int64String      `json:"size,omitempty"`
+	Mode          uint32            `json:"mode,omitempty"`
+	Permissions   string            `json:"permissions,omitempty"`
+	Owner         string            `json:"owner,omitempty"`
+	Group         string            `json:"group,omitempty"`
+	ModifiedTime  string            `json:"modifiedTime,omitempty"`
+	SymlinkTarget *string           `json:"symlinkTarget,omitempty"`
+	Metadata      map[string]string `json:"metadata,omitempty"`
 }
 
 type entryResponse struct {

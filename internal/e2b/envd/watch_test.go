@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io/fs"
+	"strings"
 	"testing"
 	"time"
 
@@ -64,6 +65,11 @@ func TestEntryInfo(t *testing.T) {
 		`"owner":"root","group":"root","modifiedTime":"2023-11-14T22:13:20Z"}`
 	if string(b) != want {
 		t.Errorf("file:\n got %s\nwant %s", b, want)
+	}
+	e.Metadata = map[string]string{"author": "mish"}
+	b, _ = json.Marshal(rs.entry(e))
+	if want := strings.TrimSuffix(want, "}") + `,"metadata":{"author":"mish"}}`; string(b) != want {
+		t.Errorf("file with metadata:\n got %s\nwant %s", b, want)
 	}
 	d := ent("/tmp", "dir", 0, "1777", 0)
 	if info := rs.entry(d); info.Type != fileTypeDirectory || info.Permissions != (fs.ModeDir|fs.ModeSticky|0o777).String() || info.Size != nil {
