@@ -294,6 +294,63 @@ const cases = [
     },
   },
   {
+    // envd 0.6.2: X-Metadata-* headers kept as user.e2b.* extended
+    // attributes; keys come back lowercased, as E2B's envd keeps them.
+    name: 'files.write with metadata, getInfo and list show it',
+    needs: ['create'],
+    fn: async (log) => {
+      const dir = `/tmp/e2e-meta-${runId}`
+      const md = { author: 'e2e', Purpose: 'metadata test', run: runId }
+      const want = { author: 'e2e', purpose: 'metadata test', run: runId }
+      const same = (got) => JSON.stringify(Object.entries(got || {}).sort()) === JSON.stringify(Object.entries(want).sort())
+      const info = await sbx.files.write(`${dir}/a.txt`, 'with metadata\n', { metadata: md })
+      log('write', info)
+      equal(info.path, `${dir}/a.txt`, 'WriteInfo.path')
+      assert(same(info.metadata), 'WriteInfo.metadata must be what was sent, keys lowercased', info.metadata)
+      const raw = await sbx.files.write(`${dir}/b.txt`, 'octet-stream\n', { metadata: md, useOctetStream: true })
+      assert(same(raw.metadata), 'WriteInfo.metadata of an octet-stream upload', raw.metadata)
+      const got = await sbx.files.getInfo(`${dir}/a.txt`)
+      assert(same(got.metadata), 'files.getInfo().metadata', got)
+      const list = await sbx.files.list(dir)
+      for (const name of ['a.txt', 'b.txt']) {
+        const e = list.find((x) => x.name === name)
+        assert(e && same(e.metadata), `files.list() entry ${name} with its metadata`, list)
+      }
+      const shell = await sbx.commands.run(`python3 -c 'import os; print(os.getxattr("${dir}/a.txt", "user.e2b.author").decode())'`)
+      equal(shell.stdout, 'e2e\n', 'the xattr a shell in the sandbox reads')
+      await sbx.files.write(`${dir}/a.txt`, 'without\n')
+      equal((await sbx.files.getInfo(`${dir}/a.txt`)).metadata, undefined, 'metadata after a write without any')
+      // Within what the SDK checks, too large for a file: envd's 400.
+      const e = await rejects(() => sbx.files.write(`${dir}/c.txt`, 'x', { metadata: { big: 'v'.repeat(5000) } }), 'write with 5000 bytes of metadata')
+      assert(/at most 4000/.test(e.message), 'the refusal says the bound', e)
+      equal(await sbx.files.exists(`${dir}/c.txt`), false, 'a refused write writes nothing')
+    },
+  },
+  {
+    // envd 0.6.3 and 0.6.4: entries on watch events, allowNetworkMounts.
+    name: 'files.watchDir with includeEntry and allowNetworkMounts',
+    needs: ['create'],
+    fn: async (log) => {
+      const dir = `/tmp/e2e-watch-entry-${runId}`
+      await sbx.files.makeDir(dir)
+      const events = []
+      const w = await sbx.files.watchDir(dir, (ev) => events.push(ev), { timeoutMs: 60_000, includeEntry: true, allowNetworkMounts: true })
+      try {
+        await sleep(300)
+        await sbx.files.write(`${dir}/new.txt`, 'x', { metadata: { step: 'one' } })
+        const got = await until(() => events.some((ev) => ev.name === 'new.txt' && ev.entry), 15_000)
+        log('events', events)
+        assert(got, 'no event with an entry for new.txt', events)
+        const ev = events.find((ev) => ev.name === 'new.txt' && ev.entry)
+        equal(ev.entry.path, `${dir}/new.txt`, 'the event entry\'s path')
+        equal(ev.entry.type, FileType.FILE, 'the event entry\'s type')
+        equal(ev.entry.metadata && ev.entry.metadata.step, 'one', 'the event entry\'s metadata')
+      } finally {
+        await w.stop()
+      }
+    },
+  },
+  {
     name: 'files.watchDir',
     needs: ['create'],
     fn: async (log) => {
