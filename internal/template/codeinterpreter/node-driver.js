@@ -229,6 +229,14 @@ function checker() {
   return service
 }
 
+// declares reports whether a top-level statement declares a name.
+function declares(st) {
+  const t = typescript()
+  return t.isVariableStatement(st) || t.isFunctionDeclaration(st) || t.isClassDeclaration(st) ||
+    t.isInterfaceDeclaration(st) || t.isTypeAliasDeclaration(st) || t.isEnumDeclaration(st) ||
+    t.isModuleDeclaration(st) || t.isImportDeclaration(st) || t.isImportEqualsDeclaration(st)
+}
+
 // compileTypeScript type-checks a cell and returns it as JavaScript, or
 // throws a TSError naming every type error in the cell.
 function compileTypeScript(code) {
@@ -251,7 +259,9 @@ function compileTypeScript(code) {
     err.stack = lines.join('\n')
     throw err
   }
-  history += code + '\n;\n'
+  // Only a cell that declares something matters to the cells after it.
+  const sf = svc.getProgram().getSourceFile(checkedFile)
+  if (sf.statements.some((st) => st.getStart(sf) >= start && declares(st))) history += code + '\n;\n'
   let js = t.transpileModule(code, {
     compilerOptions: { target: t.ScriptTarget.ES2022, module: t.ModuleKind.CommonJS, esModuleInterop: true },
   }).outputText
