@@ -72,7 +72,9 @@ vet: $(TOOLS)/staticcheck $(TOOLS)/errcheck
 # Go module proxy (tools/kube/build.sh: about 20 minutes the first time):
 # they go last, so that a build started in the background (make test) has
 # the other packages' time to finish.
-# The code interpreter's server runs against Debian's Jupyter kernel, the
+# The code interpreter's server runs against Debian's Jupyter kernels
+# (Python's, and R's from r-cran-irkernel) and runs JavaScript and
+# TypeScript under node with Debian's node-typescript, the
 # e2b bench scenario's script checks with node (scripts/ensure-node.sh),
 # and the whole setup runs into a temporary directory (AIRLOCK_SETUP_IT).
 KUBE_PKGS := ./internal/cluster/... ./internal/kubetest/...
@@ -81,6 +83,7 @@ unit:
 	@/usr/bin/python3 -c 'import jupyter_client, ipykernel' 2>/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends python3-jupyter-client python3-ipykernel; }
 	@scripts/ensure-postgres.sh
 	@scripts/ensure-node.sh >/dev/null
+	@test -e /usr/share/nodejs/typescript/package.json -a -e /usr/share/jupyter/kernels/ir/kernel.json || { apt-get update -qq && apt-get install -y -qq --no-install-recommends node-typescript r-cran-irkernel; }
 	scripts/timed.sh unit env CGO_ENABLED=1 AIRLOCK_SETUP_IT=1 PATH="$$(scripts/ensure-node.sh)$$PATH" $(GO) test -race -count=1 . $$($(GO) list ./internal/... ./cmd/... | grep -v -E '/internal/(cluster|kubetest)$$')
 	@scripts/timed.sh "the control plane's build" tools/kube/build.sh >/dev/null
 	scripts/timed.sh "unit (cluster)" env CGO_ENABLED=1 AIRLOCK_KUBE_BIN=$$(tools/kube/build.sh) $(GO) test -race -count=1 $(KUBE_PKGS)

@@ -43,7 +43,8 @@ var e2bSDKKeyShape = regexp.MustCompile(`^e2b_[0-9a-f]{40}$`)
 // watches, info, list, timeouts, pause and resume (by connect, and by a
 // command with lifecycle.autoResume), guest ports, egress
 // with and without internet access, snapshots and forks, and kill; then
-// runCode when the code-interpreter template is there.
+// runCode when the code-interpreter template is there, in Python,
+// JavaScript, TypeScript, bash and R.
 //
 // E2E_SDK_CASES, a regular expression, runs only the script cases whose
 // names match (and those they need): with
@@ -184,7 +185,10 @@ func TestE2BSDK(t *testing.T) {
 			}
 			return
 		}
-		runSDKScript(t, s, node, dir, "code-interpreter.mjs", scriptEnv, 6*time.Minute)
+		// Each language's first run starts its interpreter, which under
+		// emulation takes up to a minute or two (TypeScript's checker
+		// loads its library then).
+		runSDKScript(t, s, node, dir, "code-interpreter.mjs", scriptEnv, 20*time.Minute)
 	})
 
 	// Every sandbox the SDK made was killed through it: none may be left.

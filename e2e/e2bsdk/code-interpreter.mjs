@@ -7,7 +7,7 @@
 
 import { Sandbox } from '@e2b/code-interpreter'
 import { readFileSync } from 'node:fs'
-import { assert, equal, run } from './harness.mjs'
+import { assert, equal, rejects, run } from './harness.mjs'
 
 for (const k of ['E2B_API_URL', 'E2B_SANDBOX_URL', 'E2B_API_KEY', 'E2B_DOMAIN']) {
   if (!process.env[k]) {
@@ -109,6 +109,20 @@ const cases = [
       await sbx.removeCodeContext(ctx)
     },
   },
+  ...languageCases(),
+  {
+    name: 'an unknown language is refused',
+    needs: ['create code-interpreter sandbox'],
+    fn: async (log) => {
+      for (const language of ['cobol', 'java']) {
+        const err = await rejects(() => sbx.runCode('1', { language }), `runCode in ${language}`)
+        log(language, String(err))
+        assert(/400/.test(String(err)), `runCode in ${language} must fail with 400`, String(err))
+        const err2 = await rejects(() => sbx.createCodeContext({ language }), `createCodeContext in ${language}`)
+        assert(/400/.test(String(err2)), `createCodeContext in ${language} must fail with 400`, String(err2))
+      }
+    },
+  },
   {
     // Both kernels were started in the template snapshot: each sandbox
     // must still draw its own random numbers.
@@ -141,6 +155,109 @@ const cases = [
     },
   },
 ]
+
+// The languages besides Python, each in a context of its own: state
+// kept, output streamed as it is printed, an error with its traceback,
+// a result with its MIME data, its alias, restart, list and delete.
+// The first run of each starts its interpreter (TypeScript's checker
+// loads its library then), which takes long under emulation.
+function languageCases() {
+  const languages = [
+    {
+      language: 'javascript', alias: 'js', aliasCode: '[1, 2].map((x) => x * 2)', aliasText: '[ 2, 4 ]',
+      set: 'let kept = await Promise.resolve(6)', get: 'kept * 7', kept: '42',
+      stream: "console.log('out'); await new Promise((r) => setTimeout(r, 1500)); console.error('err')",
+      fail: 'function f() { return null.x }\nf()', errName: 'TypeError', trace: /at f \(cell\.js/,
+      value: '({ a: [1, 2] })', mime: (r) => JSON.stringify(r.json) === '{"a":[1,2]}',
+    },
+    {
+      language: 'typescript', alias: 'ts', aliasCode: 'const n: number = 2\nn + 1', aliasText: '3',
+      set: 'const kept: number = 6', get: 'kept * 7', kept: '42',
+      stream: "console.log('out'); await new Promise<void>((r) => setTimeout(r, 1500)); console.error('err')",
+      fail: 'const s: string = kept', errName: 'TSError', trace: /cell\.ts\(1,7\): error TS2322/,
+      value: 'interface P { a: number[] }\nconst p: P = { a: [1, 2] }\np', mime: (r) => JSON.stringify(r.json) === '{"a":[1,2]}',
+    },
+    {
+      language: 'bash', aliasCode: 'echo $((6 * 7))', aliasStdout: '42\n',
+      set: 'kept=42; cd /tmp', get: 'echo "$kept $PWD"', keptStdout: '42 /tmp\n',
+      stream: 'echo out; sleep 1.5; echo err >&2',
+      fail: 'ls /nonexistent-dir', errName: 'CommandExitError', trace: /nonexistent-dir/,
+    },
+    {
+      language: 'r', aliasCode: 'sum(1:3)', aliasText: '[1] 6',
+      set: 'kept <- 6', get: 'kept * 7', kept: '[1] 42',
+      stream: "cat('out\\n'); Sys.sleep(1.5); message('err')",
+      fail: "f <- function() stop('boom')\nf()", errName: 'ERROR', trace: /boom/,
+      value: 'data.frame(a = 1:2)', mime: (r) => /<table/.test(r.html || ''),
+    },
+  ]
+  const slow = { timeoutMs: 280_000, requestTimeoutMs: 280_000 }
+  return languages.map((l) => ({
+    name: `${l.language}: context state, streamed output, error, result, restart`,
+    needs: ['create code-interpreter sandbox'],
+    timeoutMs: 600_000,
+    fn: async (log) => {
+      // The language's default context, by its name or alias.
+      const first = await sbx.runCode(l.aliasCode, { language: l.alias || l.language, ...slow })
+      log('default context', first.toJSON())
+      equal(first.error, undefined, 'error in the default context')
+      if (l.aliasText) equal(first.text, l.aliasText, 'text in the default context')
+      else equal(first.logs.stdout.join(''), l.aliasStdout, 'stdout in the default context')
+
+      const ctx = await sbx.createCodeContext({ language: l.language, ...slow })
+      log('context', ctx)
+      equal(ctx.language, l.language, 'language of the context')
+      const set = await sbx.runCode(l.set, { context: ctx, ...slow })
+      equal(set.error, undefined, 'error setting state')
+      const got = async () => {
+        const ex = await sbx.runCode(l.get, { context: ctx, ...slow })
+        return l.kept ? ex.text : ex.logs.stdout.join('')
+      }
+      equal(await got(), l.kept || l.keptStdout, 'state kept in the context')
+
+      // Output comes as it is printed: "out" well before the run ends.
+      const seen = []
+      const start = Date.now()
+      let outAt
+      const streamed = await sbx.runCode(l.stream, {
+        context: ctx,
+        ...slow,
+        onStdout: (m) => { seen.push(['stdout', m.line]); outAt ??= Date.now() },
+        onStderr: (m) => seen.push(['stderr', m.line]),
+      })
+      const end = Date.now()
+      log('stream', { seen, outMs: outAt - start, endMs: end - start })
+      equal(streamed.error, undefined, 'error in the streaming run')
+      assert(seen.some(([k, v]) => k === 'stdout' && v.includes('out')), 'onStdout must see out', seen)
+      assert(seen.some(([k, v]) => k === 'stderr' && v.includes('err')), 'onStderr must see err', seen)
+      assert(outAt !== undefined && end - outAt >= 1000, 'out must arrive before the 1.5 s wait ends', { outMs: outAt - start, endMs: end - start })
+
+      const failed = await sbx.runCode(l.fail, { context: ctx, ...slow })
+      log('error', failed.error)
+      assert(failed.error, 'execution.error must be set', failed.toJSON())
+      equal(failed.error.name, l.errName, 'error name')
+      assert(failed.error.value, 'error value', failed.error)
+      const tb = failed.error.traceback.replace(/\x1b\[[0-9;]*m/g, '')
+      assert(l.trace.test(tb), `traceback must match ${l.trace}`, tb)
+      equal(await got(), l.kept || l.keptStdout, 'state after the error')
+
+      if (l.value) {
+        const ex = await sbx.runCode(l.value, { context: ctx, ...slow })
+        const main = ex.results.find((r) => r.isMainResult)
+        log('result', main && main.formats())
+        assert(main && l.mime(main), 'a main result with its MIME data', ex.results.map((r) => r.toJSON()))
+      }
+
+      const listed = await sbx.listCodeContexts()
+      assert(listed.some((c) => c.id === ctx.id && c.language === l.language), 'listCodeContexts must show the context', listed)
+      await sbx.restartCodeContext(ctx)
+      assert(await got() !== (l.kept || l.keptStdout), 'a restart must drop the state')
+      await sbx.removeCodeContext(ctx)
+      const after = await sbx.listCodeContexts()
+      assert(!after.some((c) => c.id === ctx.id), 'removeCodeContext must remove the context', after)
+    },
+  }))
+}
 
 let code = 1
 try {

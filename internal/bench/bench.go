@@ -72,6 +72,9 @@ const (
 	// server against a cold clone that starts it.
 	ScenarioCloneBoot    = "clone_vs_boot"
 	ScenarioWarmTemplate = "warm_template_create"
+	// ScenarioRunCodeRTT prices a code interpreter's run in each
+	// language against the same in Python.
+	ScenarioRunCodeRTT = "run_code_rtt"
 
 	ScenarioNetThroughput = "net_tcp_throughput"
 	ScenarioNetConnect    = "net_connect_latency"
@@ -111,7 +114,7 @@ const (
 
 // Scenarios lists every scenario in the order Run runs them.
 func Scenarios() []string {
-	return []string{ScenarioBoot, ScenarioSnapshot, ScenarioCloneBoot, ScenarioWarmPool, ScenarioWarmTemplate, ScenarioJail, ScenarioExecRTT, ScenarioThroughput,
+	return []string{ScenarioBoot, ScenarioSnapshot, ScenarioCloneBoot, ScenarioWarmPool, ScenarioWarmTemplate, ScenarioRunCodeRTT, ScenarioJail, ScenarioExecRTT, ScenarioThroughput,
 		ScenarioNetThroughput, ScenarioNetConnect, ScenarioNetDNS, ScenarioNetHTTPKeepAlive, ScenarioNetHTTPConnect, ScenarioPause,
 		ScenarioSuspend, ScenarioCheckpointPause, ScenarioForkFirstOutput, ScenarioForkPSS, ScenarioIdleWake, ScenarioIdlePSS, ScenarioConcurrent, ScenarioTemplateBuild, ScenarioImageCreate,
 		ScenarioE2BCreate, ScenarioE2BExecRTT, ScenarioPGCreate, ScenarioPGExecRTT, ScenarioEventLatency, ScenarioMCPRunCommand,
@@ -175,7 +178,7 @@ type Config struct {
 	// Default 5.
 	BootRuns int
 	// ExecRuns is how many execs each side of exec_rtt and api_exec_rtt
-	// makes. Default 200.
+	// makes, and how many rounds run_code_rtt makes. Default 200.
 	ExecRuns int
 	// ThroughputMiB is how many MiB stdout_throughput streams, in MiB.
 	// Default 200.
@@ -430,6 +433,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		{ScenarioCloneBoot, r.cloneVsBoot},
 		{ScenarioWarmPool, r.warmPoolCreate},
 		{ScenarioWarmTemplate, r.warmTemplateCreate},
+		{ScenarioRunCodeRTT, r.runCodeRTT},
 		{ScenarioJail, r.jailCost},
 		{ScenarioExecRTT, r.execRTT},
 		{ScenarioThroughput, r.stdoutThroughput},

@@ -34,7 +34,7 @@ type lacks struct {
 	net      error // root, python3 and template base: the net_ scenarios
 	base     error // template base: the e2b_ scenarios
 	jail     error // a jailed runtime: jail_cost
-	ci       error // the code-interpreter template: warm_template_create
+	ci       error // the code-interpreter template: warm_template_create, run_code_rtt
 }
 
 // errNoKube is why the cluster_ scenarios cannot run without
@@ -65,7 +65,7 @@ func (l lacks) why(name string) error {
 		return l.net
 	case ScenarioJail:
 		return l.jail
-	case ScenarioWarmTemplate:
+	case ScenarioWarmTemplate, ScenarioRunCodeRTT:
 		return l.ci
 	}
 	return nil

@@ -30,7 +30,7 @@ func TestSkips(t *testing.T) {
 				ScenarioE2BCreate, ScenarioE2BExecRTT}},
 		{"every scenario, lacking the rest", Config{Dir: dir, KubeBin: "/kube"},
 			lacks{postgres: errors.New("no postgres"), busybox: errors.New("no busybox"), jail: errors.New("unjailed"), ci: errors.New("no code-interpreter")},
-			[]string{ScenarioWarmTemplate, ScenarioJail, ScenarioImageCreate, ScenarioPGCreate, ScenarioPGExecRTT}},
+			[]string{ScenarioWarmTemplate, ScenarioRunCodeRTT, ScenarioJail, ScenarioImageCreate, ScenarioPGCreate, ScenarioPGExecRTT}},
 		// Named scenarios run, and fail saying what they lack.
 		{"named scenarios are never skipped", Config{Dir: dir, Scenarios: []string{ScenarioE2BCreate, ScenarioBoot}},
 			lacks{kube: errNoKube, e2b: noNode}, nil},

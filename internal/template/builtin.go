@@ -38,23 +38,35 @@ var baseExtraPackages = []string{"python3-pip", "python3-venv", "git", "build-es
 
 // codeInterpreterPackages are installed into the code-interpreter
 // template on top of basePackages: Jupyter's Python kernel and client,
-// and the data libraries E2B's code interpreter offers.
+// the data libraries E2B's code interpreter offers, Node.js and the
+// TypeScript compiler for JavaScript and TypeScript, and R's Jupyter
+// kernel (IRkernel). Bash is in the base already.
 var codeInterpreterPackages = []string{
 	"python3-ipykernel", "python3-jupyter-client", "python3-matplotlib-inline",
 	"python3-numpy", "python3-pandas", "python3-matplotlib",
+	"nodejs", "node-typescript", "r-cran-irkernel",
 }
 
 // codeInterpreterServer is the server of E2B's code interpreter protocol
-// (port 49999: /execute, /contexts, /health) over Jupyter kernels.
+// (port 49999: /execute, /contexts, /health) over Jupyter kernels, node
+// and bash.
 //
 //go:embed codeinterpreter/server.py
 var codeInterpreterServer []byte
 
-// Where the code-interpreter template holds its server, and the port it
-// serves on (E2B's).
+// codeInterpreterNodeDriver runs the JavaScript and TypeScript cells of
+// one code context in a node process; the server starts it from beside
+// itself.
+//
+//go:embed codeinterpreter/node-driver.js
+var codeInterpreterNodeDriver []byte
+
+// Where the code-interpreter template holds its server and the node
+// driver, and the port it serves on (E2B's).
 const (
-	CodeInterpreterServerPath = "/opt/airlock/code-interpreter/server.py"
-	CodeInterpreterPort       = 49999
+	CodeInterpreterServerPath     = "/opt/airlock/code-interpreter/server.py"
+	CodeInterpreterNodeDriverPath = "/opt/airlock/code-interpreter/node-driver.js"
+	CodeInterpreterPort           = 49999
 )
 
 // baseRecipe identifies what the base template is made of, so that setup
@@ -66,12 +78,33 @@ func baseRecipe() string {
 }
 
 // codeInterpreterRecipe identifies what the code-interpreter template is
-// made of, so that setup rebuilds it when its packages or server change.
+// made of, so that setup rebuilds it when its packages, its server or the
+// server's node driver change.
 func codeInterpreterRecipe() string {
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\n%s\n%s\n%s\n", Suite, strings.Join(basePackages, ","), strings.Join(baseExtraPackages, ","), strings.Join(codeInterpreterPackages, ","))
-	h.Write(codeInterpreterServer)
+	for _, f := range codeInterpreterFiles() {
+		// Each file's path and length first, so that moving bytes from
+		// one file to the next changes the hash.
+		fmt.Fprintf(h, "%s %d\n", f.path, len(f.data))
+		h.Write(f.data)
+	}
 	return "sha256:" + hex.EncodeToString(h.Sum(nil))
+}
+
+// codeInterpreterFiles are the files airlock writes into the
+// code-interpreter template, with their paths there.
+func codeInterpreterFiles() []struct {
+	path string
+	data []byte
+} {
+	return []struct {
+		path string
+		data []byte
+	}{
+		{CodeInterpreterServerPath, codeInterpreterServer},
+		{CodeInterpreterNodeDriverPath, codeInterpreterNodeDriver},
+	}
 }
 
 // BuildConfig says where and how built-in templates are made.
@@ -125,7 +158,7 @@ func Builtins() []Builtin {
 				ReadyPort: CodeInterpreterPort, ReadyPath: "/health",
 				Recipe: codeInterpreterRecipe(),
 			},
-			Describe: "base with Jupyter's Python kernel, numpy, pandas and matplotlib, and a server of E2B's code interpreter protocol on port 49999",
+			Describe: "base with Jupyter's Python kernel, numpy, pandas and matplotlib, Node.js with TypeScript, R's Jupyter kernel, and a server of E2B's code interpreter protocol on port 49999",
 			build:    buildCodeInterpreter,
 		},
 	}
@@ -347,7 +380,7 @@ func buildBase(ctx context.Context, root string, cfg BuildConfig) error {
 }
 
 // buildCodeInterpreter makes the base tree with codeInterpreterPackages
-// too, drops documentation, and adds the code interpreter's server and
+// too, drops documentation, and adds the code interpreter's files and
 // E2B's working directory /home/user.
 func buildCodeInterpreter(ctx context.Context, root string, cfg BuildConfig) error {
 	if err := debootstrapTree(ctx, root, cfg, basePackages, append(slices.Clone(baseExtraPackages), codeInterpreterPackages...)); err != nil {
@@ -361,12 +394,14 @@ func buildCodeInterpreter(ctx context.Context, root string, cfg BuildConfig) err
 			}
 		}
 	}
-	server := filepath.Join(root, CodeInterpreterServerPath)
-	if err := os.MkdirAll(filepath.Dir(server), 0o755); err != nil {
-		return err
-	}
-	if err := os.WriteFile(server, codeInterpreterServer, 0o644); err != nil {
-		return err
+	for _, f := range codeInterpreterFiles() {
+		p := filepath.Join(root, f.path)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(p, f.data, 0o644); err != nil {
+			return err
+		}
 	}
 	return os.MkdirAll(filepath.Join(root, "home", "user"), 0o755)
 }
