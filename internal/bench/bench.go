@@ -178,7 +178,8 @@ type Config struct {
 	// Default 5.
 	BootRuns int
 	// ExecRuns is how many execs each side of exec_rtt and api_exec_rtt
-	// makes, and how many rounds run_code_rtt makes. Default 200.
+	// makes, how many rounds run_code_rtt makes, and four times those of
+	// mcp_run_command_rtt. Default 200.
 	ExecRuns int
 	// ThroughputMiB is how many MiB stdout_throughput streams, in MiB.
 	// Default 200.

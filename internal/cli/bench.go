@@ -154,7 +154,7 @@ func runBench(ctx context.Context, env *Env, args []string) error {
 	fs := newFlagSet("bench", "airlock bench [FLAGS]", benchAbout, env)
 	tpl := fs.String("template", bench.DefaultTemplate, "template `ref` the sandboxes boot from")
 	runs := fs.Int("runs", bench.DefaultBootRuns, "cold boots per side in the boot scenario")
-	execRuns := fs.Int("exec-runs", bench.DefaultExecRuns, "execs per side in the exec_rtt and api_exec_rtt scenarios")
+	execRuns := fs.Int("exec-runs", bench.DefaultExecRuns, "execs per side in the exec_rtt and api_exec_rtt scenarios, the rounds of run_code_rtt, and four times the rounds of mcp_run_command_rtt")
 	mib := fs.Int("throughput-mib", bench.DefaultThroughputMiB, "`MiB` of stdout per side in the stdout_throughput scenario")
 	apiRuns := fs.Int("api-runs", bench.DefaultAPIRuns, "sandboxes per side in the api_create_to_first_output, e2b_create_to_first_output and image_template_create_to_first_output scenarios")
 	pauseRuns := fs.Int("pause-runs", bench.DefaultPauseRuns, "rounds of pause and resume per side in the pause_resume scenario")
