@@ -299,7 +299,7 @@ const cases = [
     name: 'files.write with metadata, getInfo and list show it',
     needs: ['create'],
     fn: async (log) => {
-      const dir = `/tmp/e2e-meta-${runId}`
+      const dir = `/home/user/e2e-meta-${runId}` // on the disk: the guest's /tmp is a tmpfs, which keeps no user attributes
       const md = { author: 'e2e', Purpose: 'metadata test', run: runId }
       const want = { author: 'e2e', purpose: 'metadata test', run: runId }
       const same = (got) => JSON.stringify(Object.entries(got || {}).sort()) === JSON.stringify(Object.entries(want).sort())
@@ -331,7 +331,7 @@ const cases = [
     name: 'files.watchDir with includeEntry and allowNetworkMounts',
     needs: ['create'],
     fn: async (log) => {
-      const dir = `/tmp/e2e-watch-entry-${runId}`
+      const dir = `/home/user/e2e-watch-entry-${runId}`
       await sbx.files.makeDir(dir)
       const events = []
       const w = await sbx.files.watchDir(dir, (ev) => events.push(ev), { timeoutMs: 60_000, includeEntry: true, allowNetworkMounts: true })
