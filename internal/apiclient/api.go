@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/airlockhq/airlock/internal/apiv1"
 )
@@ -170,6 +171,39 @@ func (c *Client) WaitOperation(ctx context.Context, id string) (apiv1.Operation,
 		op, err := c.GetOperation(ctx, id, waitPollS)
 		if err != nil || op.Done() {
 			return op, err
+		}
+	}
+}
+
+// sandboxPoll is how often WaitSandbox looks at a sandbox.
+const sandboxPoll = 250 * time.Millisecond
+
+// WaitSandbox returns the sandbox once it has left the creating state (as
+// the children of a fork, whose operation ends with the checkpoint, do).
+// One that failed to start is returned with an error giving its reason.
+func (c *Client) WaitSandbox(ctx context.Context, id string) (apiv1.Sandbox, error) {
+	t := time.NewTicker(sandboxPoll)
+	defer t.Stop()
+	for {
+		sb, err := c.GetSandbox(ctx, id)
+		if err != nil {
+			return sb, err
+		}
+		switch sb.State {
+		case apiv1.StateCreating:
+		case apiv1.StateFailed:
+			msg := "no reason given"
+			if sb.LastError != nil && sb.LastError.Message != "" {
+				msg = sb.LastError.Message
+			}
+			return sb, fmt.Errorf("sandbox %s failed: %s", id, msg)
+		default:
+			return sb, nil
+		}
+		select {
+		case <-ctx.Done():
+			return sb, ctx.Err()
+		case <-t.C:
 		}
 	}
 }

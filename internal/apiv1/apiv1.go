@@ -5,6 +5,7 @@ package apiv1
 
 import (
 	"encoding/json"
+	"fmt"
 	"time"
 
 	"github.com/airlockhq/airlock/internal/timings"
@@ -86,6 +87,19 @@ type Operation struct {
 
 // Done reports whether the operation has finished.
 func (o Operation) Done() bool { return o.Status == OpSucceeded || o.Status == OpFailed }
+
+// Failure is the error of a failed operation, nil for any other: its
+// kind, its target and the server's reason.
+func (o Operation) Failure() error {
+	if o.Status != OpFailed {
+		return nil
+	}
+	msg := "no reason given"
+	if o.Error != nil && o.Error.Message != "" {
+		msg = o.Error.Message
+	}
+	return fmt.Errorf("%s %s failed: %s", o.Kind, o.TargetID, msg)
+}
 
 // Sandbox states.
 const (

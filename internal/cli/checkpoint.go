@@ -276,27 +276,9 @@ func waitSandbox(ctx context.Context, env *Env, c *apiclient.Client, id string) 
 	var wg sync.WaitGroup
 	wg.Go(func() { showProgress(env.Stderr, fmt.Sprintf("creating %s…", id), stop) })
 	defer func() { close(stop); wg.Wait() }()
-	t := time.NewTicker(250 * time.Millisecond)
-	defer t.Stop()
-	for {
-		sb, err := c.GetSandbox(ctx, id)
-		if err != nil {
-			return sb, err
-		}
-		if sb.State != apiv1.StateCreating {
-			if sb.State == apiv1.StateFailed {
-				msg := "no reason given"
-				if sb.LastError != nil && sb.LastError.Message != "" {
-					msg = sb.LastError.Message
-				}
-				return sb, &ExitError{Code: 1, Err: fmt.Errorf("sandbox %s failed: %s", id, msg)}
-			}
-			return sb, nil
-		}
-		select {
-		case <-ctx.Done():
-			return sb, ctx.Err()
-		case <-t.C:
-		}
+	sb, err := c.WaitSandbox(ctx, id)
+	if err != nil && sb.State == apiv1.StateFailed {
+		return sb, &ExitError{Code: 1, Err: err}
 	}
+	return sb, err
 }

@@ -223,14 +223,10 @@ func showProgress(w io.Writer, msg string, stop <-chan struct{}) {
 
 // opError is the error of a failed operation, nil for others. It exits 1.
 func opError(op apiv1.Operation) error {
-	if op.Status != apiv1.OpFailed {
-		return nil
+	if err := op.Failure(); err != nil {
+		return &ExitError{Code: 1, Err: err}
 	}
-	msg := "no reason given"
-	if op.Error != nil && op.Error.Message != "" {
-		msg = op.Error.Message
-	}
-	return &ExitError{Code: 1, Err: fmt.Errorf("%s %s failed: %s", op.Kind, op.TargetID, msg)}
+	return nil
 }
 
 // formatTime is t as the API writes it, or "-" for none.
