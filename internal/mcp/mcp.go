@@ -114,26 +114,24 @@ const baseHeader = "Airlock-Mcp-Base"
 // room for a write_file of MaxWriteBytes as JSON-escaped text.
 const MaxRequestBytes = 48 << 20
 
-// bearer is the API key of the HTTP request that carried a tool call.
-func bearer(req *sdk.CallToolRequest) string {
+// header is a header of the HTTP request that carried a tool call, ""
+// on stdio.
+func header(req *sdk.CallToolRequest, name string) string {
 	if req == nil || req.Extra == nil || req.Extra.Header == nil {
 		return ""
 	}
-	key, _ := strings.CutPrefix(req.Extra.Header.Get("Authorization"), "Bearer ")
+	return req.Extra.Header.Get(name)
+}
+
+// bearer is the API key of the HTTP request that carried a tool call.
+func bearer(req *sdk.CallToolRequest) string {
+	key, _ := strings.CutPrefix(header(req, "Authorization"), "Bearer ")
 	return strings.TrimSpace(key)
 }
 
 // publicBase is where the HTTP request that carried a tool call was
-// addressed to.
-func publicBase(req *sdk.CallToolRequest) string {
-	if req == nil || req.Extra == nil || req.Extra.Header == nil {
-		return apiclient.DefaultURL
-	}
-	if b := req.Extra.Header.Get(baseHeader); b != "" {
-		return b
-	}
-	return apiclient.DefaultURL
-}
+// addressed to, as Handler recorded it.
+func publicBase(req *sdk.CallToolRequest) string { return header(req, baseHeader) }
 
 // errClient is the message of a failed call of airlock, as a tool result
 // shows it: the API's message, without the error class the API's code

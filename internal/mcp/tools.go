@@ -17,6 +17,7 @@ import (
 
 	"github.com/airlockhq/airlock/internal/apiclient"
 	"github.com/airlockhq/airlock/internal/apiv1"
+	"github.com/airlockhq/airlock/internal/template"
 )
 
 // Limits of what one tool call moves, so that an agent's context and the
@@ -45,10 +46,6 @@ const (
 	DefaultCommandTimeoutS = 300
 	MaxCommandTimeoutS     = 3600
 )
-
-// CodeInterpreterPort is where the code-interpreter template's server
-// listens in the sandbox.
-const CodeInterpreterPort = 49999
 
 type tools struct{ cfg Config }
 
@@ -146,14 +143,7 @@ func wait(ctx context.Context, c *apiclient.Client, op apiv1.Operation) error {
 			return err
 		}
 	}
-	if op.Status == apiv1.OpFailed {
-		msg := "no reason given"
-		if op.Error != nil && op.Error.Message != "" {
-			msg = op.Error.Message
-		}
-		return fmt.Errorf("%s of %s failed: %s", op.Kind, op.TargetID, msg)
-	}
-	return nil
+	return op.Failure()
 }
 
 type listSandboxesIn struct {
@@ -385,9 +375,9 @@ func (t *tools) readCommandOutput(ctx context.Context, req *sdk.CallToolRequest,
 	if err != nil {
 		return nil, readOutputOut{}, errClient("read_command_output "+in.CommandID, err)
 	}
-	actx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	actx := ctx
 	if cmd.State != apiv1.CommandExited {
+		var cancel context.CancelFunc
 		actx, cancel = context.WithTimeout(ctx, outputSettle)
 		defer cancel()
 	}
@@ -619,11 +609,11 @@ func (t *tools) runCode(ctx context.Context, req *sdk.CallToolRequest, in runCod
 	if err != nil {
 		return nil, runCodeOut{}, err
 	}
-	resp, err := c.Port(ctx, in.SandboxID, CodeInterpreterPort, http.MethodPost, "execute", bytes.NewReader(b), "application/json")
+	resp, err := c.Port(ctx, in.SandboxID, template.CodeInterpreterPort, http.MethodPost, "execute", bytes.NewReader(b), "application/json")
 	if err != nil {
 		var ae *apiclient.Error
 		if errors.As(err, &ae) && ae.Status == http.StatusBadGateway {
-			return nil, runCodeOut{}, fmt.Errorf("run_code: sandbox %s runs no code interpreter on port %d: make the sandbox from the code-interpreter template", in.SandboxID, CodeInterpreterPort)
+			return nil, runCodeOut{}, fmt.Errorf("run_code: sandbox %s runs no code interpreter on port %d: make the sandbox from the code-interpreter template", in.SandboxID, template.CodeInterpreterPort)
 		}
 		return nil, runCodeOut{}, errClient("run_code", err)
 	}
@@ -710,9 +700,6 @@ type forkOut struct {
 	SandboxIDs   []string `json:"sandbox_ids"`
 }
 
-// childPoll is how often fork_sandbox looks whether its children run.
-const childPoll = 250 * time.Millisecond
-
 func (t *tools) forkSandbox(ctx context.Context, req *sdk.CallToolRequest, in forkIn) (*sdk.CallToolResult, forkOut, error) {
 	c, err := t.client(req)
 	if err != nil {
@@ -736,22 +723,8 @@ func (t *tools) forkSandbox(ctx context.Context, req *sdk.CallToolRequest, in fo
 	}
 	out := forkOut{CheckpointID: f.Checkpoint, SandboxIDs: []string{}}
 	for _, sb := range f.Sandboxes {
-		for sb.State == apiv1.StateCreating {
-			select {
-			case <-ctx.Done():
-				return nil, forkOut{}, errClient("fork_sandbox "+in.SandboxID, ctx.Err())
-			case <-time.After(childPoll):
-			}
-			if sb, err = c.GetSandbox(ctx, sb.ID); err != nil {
-				return nil, forkOut{}, errClient("fork_sandbox: child "+sb.ID, err)
-			}
-		}
-		if sb.State == apiv1.StateFailed {
-			msg := "no reason given"
-			if sb.LastError != nil {
-				msg = sb.LastError.Message
-			}
-			return nil, forkOut{}, fmt.Errorf("fork_sandbox: child %s failed: %s", sb.ID, msg)
+		if _, err := c.WaitSandbox(ctx, sb.ID); err != nil {
+			return nil, forkOut{}, errClient("fork_sandbox: child "+sb.ID, err)
 		}
 		out.SandboxIDs = append(out.SandboxIDs, sb.ID)
 	}
