@@ -33,19 +33,12 @@ func (r *runner) mcpRunCommand(ctx context.Context) (_ Result, err error) {
 		return Result{}, err
 	}
 	r.progressf("booting a %s sandbox over the API for %s", r.tpl.Ref(), ScenarioMCPRunCommand)
-	created, err := s.client.CreateSandbox(ctx, apiv1.CreateSandbox{Template: r.cfg.Template})
-	if err != nil {
-		return Result{}, fmt.Errorf("create a sandbox over the API: %w", err)
+	id, err := s.createSandbox(ctx, r.cfg.Template)
+	if id != "" {
+		defer func() { err = errors.Join(err, s.deleteSandbox(id)) }()
 	}
-	id := created.Sandbox.ID
-	s.live[id] = true
-	defer func() { err = errors.Join(err, s.deleteSandbox(id)) }()
-	op, err := s.client.WaitOperation(ctx, created.Operation.ID)
 	if err != nil {
 		return Result{}, err
-	}
-	if op.Status != apiv1.OpSucceeded {
-		return Result{}, fmt.Errorf("create sandbox %s: %s", id, opFailure(op))
 	}
 
 	cmd := exec.Command(self, "mcp", "--url", s.url)
