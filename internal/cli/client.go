@@ -41,24 +41,31 @@ func addServerFlags(fs *flagSet) *serverFlags {
 // client returns a client of the server the flags name, with the API key
 // of $AIRLOCK_API_KEY or of the admin key file.
 func (f *serverFlags) client(env *Env) (*apiclient.Client, error) {
-	u, err := url.Parse(f.url)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("--url %q is not an http:// or https:// URL: %w", f.url, errdefs.ErrInvalid)
+	if err := f.checkURL(); err != nil {
+		return nil, err
 	}
 	key, err := apiKey(env.Dir)
 	if err != nil {
 		return nil, err
 	}
-	return f.clientWithKey(key)
+	return apiclient.New(f.url, key), nil
 }
 
 // clientWithKey returns a client of the server the flags name with key.
 func (f *serverFlags) clientWithKey(key string) (*apiclient.Client, error) {
-	u, err := url.Parse(f.url)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("--url %q is not an http:// or https:// URL: %w", f.url, errdefs.ErrInvalid)
+	if err := f.checkURL(); err != nil {
+		return nil, err
 	}
 	return apiclient.New(f.url, key), nil
+}
+
+// checkURL says whether --url is an http:// or https:// URL.
+func (f *serverFlags) checkURL() error {
+	u, err := url.Parse(f.url)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("--url %q is not an http:// or https:// URL: %w", f.url, errdefs.ErrInvalid)
+	}
+	return nil
 }
 
 // adminKeyFile is where `airlock serve` writes the admin key.
