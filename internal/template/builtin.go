@@ -92,16 +92,17 @@ func codeInterpreterRecipe() string {
 	return "sha256:" + hex.EncodeToString(h.Sum(nil))
 }
 
-// codeInterpreterFiles are the files airlock writes into the
-// code-interpreter template, with their paths there.
-func codeInterpreterFiles() []struct {
+// treeFile is a file airlock writes into a built-in template's tree: its
+// path there, a constant, and its bytes, embedded in the binary.
+type treeFile struct {
 	path string
 	data []byte
-} {
-	return []struct {
-		path string
-		data []byte
-	}{
+}
+
+// codeInterpreterFiles are the files airlock writes into the
+// code-interpreter template.
+func codeInterpreterFiles() []treeFile {
+	return []treeFile{
 		{CodeInterpreterServerPath, codeInterpreterServer},
 		{CodeInterpreterNodeDriverPath, codeInterpreterNodeDriver},
 	}
