@@ -19,25 +19,6 @@ import (
 	"github.com/airlockhq/airlock/internal/testenv"
 )
 
-// xattrDir is a directory whose filesystem keeps user extended
-// attributes, as the guest's ext4 does; a host whose temporary directory
-// keeps none is Lacking.
-func xattrDir(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	probe := filepath.Join(dir, "probe")
-	if err := os.WriteFile(probe, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Setxattr(probe, "user.probe", []byte("1"), 0); err != nil {
-		testenv.Lacking(t, "%s keeps no user extended attributes: %v", dir, err)
-	}
-	if err := os.Remove(probe); err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
-
 func getxattr(t *testing.T, path, name string) (string, error) {
 	t.Helper()
 	buf := make([]byte, 8<<10)
@@ -60,7 +41,7 @@ func readAll(t *testing.T, path string) string {
 func TestFileMetadata(t *testing.T) {
 	_, c := startAgent(t)
 	ctx := context.Background()
-	dir := xattrDir(t)
+	dir := testenv.XattrDir(t)
 	path := filepath.Join(dir, "sub", "f.txt")
 	md := map[string]string{"author": "mish", "Purpose": "up load", "empty": ""}
 
@@ -100,7 +81,7 @@ func TestFileMetadata(t *testing.T) {
 func TestFileMetadataRefusedChangesNothing(t *testing.T) {
 	_, c := startAgent(t)
 	ctx := context.Background()
-	dir := xattrDir(t)
+	dir := testenv.XattrDir(t)
 	old := filepath.Join(dir, "old")
 	if err := os.WriteFile(old, []byte("old"), 0o644); err != nil {
 		t.Fatal(err)
@@ -139,7 +120,7 @@ func TestFileMetadataRefusedChangesNothing(t *testing.T) {
 func TestFileMetadataDoesNotFollowSymlink(t *testing.T) {
 	_, c := startAgent(t)
 	ctx := context.Background()
-	dir := xattrDir(t)
+	dir := testenv.XattrDir(t)
 	victim := filepath.Join(dir, "victim")
 	if err := os.WriteFile(victim, []byte("victim"), 0o644); err != nil {
 		t.Fatal(err)
@@ -171,7 +152,7 @@ func TestFileMetadataDoesNotFollowSymlink(t *testing.T) {
 func TestFileMetadataRead(t *testing.T) {
 	_, c := startAgent(t)
 	ctx := context.Background()
-	dir := xattrDir(t)
+	dir := testenv.XattrDir(t)
 	path := filepath.Join(dir, "f")
 	if err := os.WriteFile(path, nil, 0o644); err != nil {
 		t.Fatal(err)
@@ -214,7 +195,7 @@ func TestFileMetadataRead(t *testing.T) {
 // error, not an answer that never comes.
 func TestListTooLargeForOneAnswer(t *testing.T) {
 	_, c := startAgent(t)
-	dir := xattrDir(t)
+	dir := testenv.XattrDir(t)
 	value := []byte(strings.Repeat("v", 3900))
 	for i := range 400 {
 		p := filepath.Join(dir, fmt.Sprintf("f%03d", i))

@@ -16,8 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/airlockhq/airlock/internal/apiv1"
 	"github.com/airlockhq/airlock/internal/datadir"
 	"github.com/airlockhq/airlock/internal/sandbox/sandboxtest"
@@ -34,10 +32,7 @@ import (
 // temporary directory keeps none is Lacking).
 func newLiveFixture(t *testing.T) (f *fixture, dir string) {
 	t.Helper()
-	dir = t.TempDir()
-	if err := unix.Setxattr(dir, "user.probe", []byte("1"), 0); err != nil {
-		testenv.Lacking(t, "%s keeps no user extended attributes: %v", dir, err)
-	}
+	dir = testenv.XattrDir(t)
 	ctx := context.Background()
 	dd := datadir.Dir{Root: t.TempDir()}
 	st, err := store.Open(dd.Store())
